@@ -1,0 +1,135 @@
+/*
+ * dmem/buffer.h - spillable buffers: allocate, free, inspect, lock, unlock.
+ *
+ * A buffer is named by a dmem_handle_t. Its bytes may be on the device or
+ * deferred (spilled) to host memory, disk or the controller. Code that wants
+ * to touch the bytes locks the buffer first: the lock brings the bytes back
+ * (ordered on the locker's stream, without host synchronisation) and keeps
+ * them on the device until the matching unlock. Nothing spills a locked
+ * buffer.
+ *
+ * Every function here is thread-safe.
+ */
+#ifndef DMEM_BUFFER_H
+#define DMEM_BUFFER_H
+
+#include "dmem/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** dmem_alloc flags. */
+enum {
+  DMEM_ALLOC_DEFAULT = 0,
+  /** Never spillable (for memory whose address is handed out for good). */
+  DMEM_ALLOC_PINNED = 1u << 0
+};
+
+/** Most locks one buffer can hold at once. */
+#define DMEM_LOCK_COUNT_MAX 0xFFFFFFu
+
+/** Snapshot of one buffer, from dmem_buffer_info. */
+typedef struct dmem_buffer_info {
+  size_t size;           /**< bytes, as allocated */
+  dmem_state_t state;    /**< where the bytes are */
+  unsigned lock_count;   /**< current number of locks */
+  bool pinned;           /**< allocated with DMEM_ALLOC_PINNED */
+  int priority;          /**< higher stays on the device longer */
+  uint64_t spill_count;  /**< completed spills of this buffer */
+} dmem_buffer_info_t;
+
+/**
+ * Allocate a spillable buffer of `size` bytes, resident on the device. Its
+ * contents are uninitialised. If the allocation would pass the device limit,
+ * or the backend runs out of memory, unlocked buffers are spilled (lowest
+ * priority first, least recently unlocked first) and the allocation retried.
+ *
+ * @param flags  0 or DMEM_ALLOC_PINNED.
+ * @param h_out  receives the handle on success; untouched on failure.
+ * @return DMEM_OK;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL, size 0, unknown flags;
+ *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit, or nothing more
+ *                                    can be spilled;
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY handle table could not grow, or victims
+ *                                    could not be spilled for lack of host
+ *                                    memory;
+ *         DMEM_ERR_IO                victims could not be written to disk;
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
+ */
+DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
+                                  dmem_handle_t *h_out);
+
+/**
+ * Free a buffer. The handle is stale at once for every call except
+ * dmem_unlock: if the buffer is locked, its memory is reclaimed at the last
+ * unlock (and the locks taken before the free stay valid until then).
+ * A buffer in a spill or unspill is reclaimed when that move finishes.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
+ *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free - or
+ *         forged handle).
+ */
+DMEM_API dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h);
+
+/**
+ * Snapshot of a buffer's size, state, lock count, flags and counters.
+ *
+ * @param info_out written whole on success; untouched on failure.
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt or info_out NULL);
+ *         DMEM_ERR_STALE_HANDLE.
+ */
+DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
+                                        dmem_buffer_info_t *info_out);
+
+/**
+ * Lock a buffer for use on `stream` and return its device address. A resident
+ * buffer is locked with one atomic operation. A deferred buffer gets device
+ * memory (spilling others if needed) and its host->device copy is enqueued on
+ * `stream`: work the caller enqueues on `stream` afterwards is ordered after
+ * the copy; no host synchronisation happens. If the bytes are already being
+ * copied back on another stream, `stream` waits for that copy's event. A lock
+ * on a buffer being spilled cancels the spill.
+ *
+ * The address is valid until the matching dmem_unlock. The caller must not
+ * unlock before the device work that uses the address has completed (use
+ * dmem_sync_and_unlock or dmem_stream_release to have dmem do it).
+ *
+ * @param dev_ptr_out receives the device address; untouched on failure.
+ * @return DMEM_OK;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or dev_ptr_out NULL, lock count at
+ *                                    DMEM_LOCK_COUNT_MAX;
+ *         DMEM_ERR_STALE_HANDLE;
+ *         DMEM_ERR_BUSY              called from a controller callback for the
+ *                                    buffer that callback is moving;
+ *         DMEM_ERR_OUT_OF_MEMORY     no device memory for the retrieve;
+ *         DMEM_ERR_IO, DMEM_ERR_CALLBACK (disk or controller retrieve failed;
+ *                                    the bytes stay where they were);
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
+ */
+DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
+                                 dmem_stream_t stream, void **dev_ptr_out);
+
+/**
+ * Release one lock. At the last unlock the buffer becomes spillable again, and
+ * if it was freed while locked its memory is reclaimed.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
+ *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_NOT_LOCKED (lock count is 0).
+ */
+DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
+
+/**
+ * Set a buffer's priority class. Eviction spills lower priorities first, and
+ * within a class the least recently unlocked first. Default 0.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
+ *         DMEM_ERR_STALE_HANDLE.
+ */
+DMEM_API dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h,
+                                         int priority);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DMEM_BUFFER_H */

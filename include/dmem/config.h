@@ -1,0 +1,63 @@
+/*
+ * dmem/config.h - runtime creation parameters and environment variables.
+ *
+ * Environment variables (read by dmem_config_init, validated again by
+ * dmem_runtime_create, which fails with DMEM_ERR_CONFIG on a malformed value):
+ *   DMEM_BACKEND       auto | cuda | host
+ *   DMEM_DEVICE        device ordinal (non-negative integer)
+ *   DMEM_DEVICE_LIMIT  bytes, with optional K/M/G/T suffix (powers of 1024),
+ *                      or "N%" of the device's capacity (0 < N <= 100)
+ *   DMEM_HOST_LIMIT    bytes, with optional K/M/G/T suffix; 0 = unlimited
+ *   DMEM_SPILL_DIR     directory under which the private spill directory is
+ *                      made (default: $TMPDIR or /tmp)
+ *   DMEM_LOG           off | error | warn | info | debug, or 0..4
+ *   DMEM_STATS         0 | 1: print statistics to stderr at destroy
+ *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
+ *                      K/M/G/T suffix)
+ */
+#ifndef DMEM_CONFIG_H
+#define DMEM_CONFIG_H
+
+#include "dmem/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dmem_log_level {
+  DMEM_LOG_OFF = 0,
+  DMEM_LOG_ERROR = 1,
+  DMEM_LOG_WARN = 2,
+  DMEM_LOG_INFO = 3,
+  DMEM_LOG_DEBUG = 4
+} dmem_log_level_t;
+
+/**
+ * Creation parameters. Always start from dmem_config_init(), which sets
+ * struct_size so that the struct can grow without breaking callers.
+ */
+typedef struct dmem_config {
+  size_t struct_size;            /**< sizeof(dmem_config_t), set by dmem_config_init */
+  dmem_backend_t backend;        /**< default DMEM_BACKEND_AUTO */
+  int device;                    /**< CUDA device ordinal, default 0 */
+  size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity */
+  double device_limit_fraction;  /**< 0 < f <= 1: limit = f * capacity (used when device_limit is 0) */
+  size_t host_limit;             /**< bytes of spilled data kept in host memory; 0: unlimited */
+  const char *spill_dir;         /**< parent of the private spill directory; NULL: $TMPDIR or /tmp */
+  dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
+  bool print_stats;              /**< print statistics to stderr at destroy */
+  size_t host_backend_capacity;  /**< simulated device memory of the host backend; default 1 GiB */
+} dmem_config_t;
+
+/**
+ * Fill *cfg with defaults, then apply the DMEM_* environment variables whose
+ * values are well formed. Malformed values are left at their defaults here and
+ * reported by dmem_runtime_create as DMEM_ERR_CONFIG. cfg == NULL is ignored.
+ * Thread-safe (reads the environment only).
+ */
+DMEM_API void dmem_config_init(dmem_config_t *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DMEM_CONFIG_H */

@@ -1,0 +1,75 @@
+/*
+ * dmem/launch.h - RMMEP-1 entry points for wrapping kernel launches.
+ *
+ * A C library wraps each kernel launch in one of these calls; dmem locks the
+ * buffers (retrieving spilled ones), passes their device addresses to the
+ * launch function, and unlocks them once the work is done.
+ *
+ * The launch function runs with no dmem-internal mutex held and may call back
+ * into the runtime. When an entry point fails before calling it, it is never
+ * called. Every function here is thread-safe.
+ */
+#ifndef DMEM_LAUNCH_H
+#define DMEM_LAUNCH_H
+
+#include "dmem/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * Lock all `n` handles (all or nothing), call fn(user, NULL, ptrs, n) on the
+ * default stream, synchronise the default stream, unlock all. Duplicated
+ * handles are allowed (each is locked once per occurrence).
+ *
+ * @return fn's status if it was called and the synchronisation succeeded;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or fn NULL, or hs NULL with n > 0;
+ *         any status of dmem_lock (then fn is not called and nothing stays
+ *         locked); DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL from the
+ *         synchronisation.
+ */
+DMEM_API dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs,
+                                            size_t n, dmem_launch_fn fn, void *user);
+
+/**
+ * Lock all `n` handles on `stream` (all or nothing), record them in the
+ * stream's lock registry and call fn(user, stream, ptrs, n). The buffers stay
+ * locked until dmem_sync_and_unlock(stream) or dmem_stream_release(stream).
+ * If fn fails, its buffers are still registered: work it enqueued before
+ * failing may use them.
+ *
+ * @return fn's status; DMEM_ERR_INVALID_ARGUMENT (rt or fn NULL, hs NULL with
+ *         n > 0); any status of dmem_lock (fn not called, nothing locked);
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY (registry could not grow; nothing locked).
+ */
+DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream,
+                                         const dmem_handle_t *hs, size_t n,
+                                         dmem_launch_fn fn, void *user);
+
+/**
+ * Synchronise `stream`, then unlock every buffer its registry holds (RMMEP-1
+ * syncAndUnlock). A stream with nothing registered is just synchronised.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
+ *         DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL (synchronisation failed; the
+ *         buffers stay registered and locked).
+ */
+DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream);
+
+/**
+ * Record an event on `stream` and return at once; the buffers registered on
+ * `stream` so far are unlocked once the event completes. Completion is found
+ * by the runtime whenever it looks for spill victims, reports state or is
+ * polled (dmem_runtime_poll). No host stall.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL
+ *         (event could not be recorded; the buffers stay registered).
+ */
+DMEM_API dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DMEM_LAUNCH_H */

@@ -1,0 +1,67 @@
+/*
+ * dmem/spill.h - explicit moves between tiers, and eviction by policy.
+ * Every function here is thread-safe.
+ */
+#ifndef DMEM_SPILL_H
+#define DMEM_SPILL_H
+
+#include "dmem/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * Move an unlocked buffer to `tier` and wait for the move to finish. A
+ * resident buffer is copied device->host on the runtime's own copy stream
+ * (never the caller's); a buffer in the host tier may be moved further to
+ * disk or to the controller. Spilling to the tier the buffer is already in is
+ * a no-op. A lock arriving during the copy cancels the spill; this call then
+ * returns DMEM_ERR_BUSY and the buffer stays resident with its data intact.
+ *
+ * @param tier DMEM_TIER_HOST, DMEM_TIER_DISK or DMEM_TIER_CONTROLLER (the
+ *             latter only with a controller that has store and retrieve).
+ * @return DMEM_OK;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt NULL, tier invalid, controller tier
+ *                                    without such a controller, or moving
+ *                                    from disk/controller back to host;
+ *         DMEM_ERR_STALE_HANDLE;
+ *         DMEM_ERR_BUSY              locked, pinned, being moved by another
+ *                                    thread, or the spill was cancelled;
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY, DMEM_ERR_IO, DMEM_ERR_CALLBACK (the
+ *                                    buffer stays where it was, data intact);
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
+ */
+DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier);
+
+/**
+ * Bring a deferred buffer back to the device, with the host->device copy
+ * ordered on `stream` (returns once it is enqueued). A resident buffer is left
+ * as it is. Does not lock.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
+ *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (another thread is moving it,
+ *         or called from a controller callback moving this buffer);
+ *         DMEM_ERR_OUT_OF_MEMORY; DMEM_ERR_IO; DMEM_ERR_CALLBACK;
+ *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. On failure the bytes stay
+ *         where they were.
+ */
+DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
+
+/**
+ * Spill unlocked buffers by policy (or by the controller's victim selection)
+ * until at least `bytes` of device memory have been freed or nothing more can
+ * be spilled.
+ *
+ * @param freed_out receives the bytes actually freed (may be less than
+ *                  `bytes`); may be NULL. Written on DMEM_OK only.
+ * @return DMEM_OK (even if fewer bytes could be freed);
+ *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_CALLBACK (victim
+ *         selection failed); DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL.
+ */
+DMEM_API dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DMEM_SPILL_H */

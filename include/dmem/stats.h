@@ -1,0 +1,45 @@
+/*
+ * dmem/stats.h - runtime-wide statistics.
+ */
+#ifndef DMEM_STATS_H
+#define DMEM_STATS_H
+
+#include "dmem/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Snapshot of the runtime's accounting. Sizes in bytes. */
+typedef struct dmem_stats {
+  size_t device_capacity;    /**< device memory of the backend */
+  size_t device_limit;       /**< the limit dmem keeps to */
+  size_t device_used;        /**< bytes of buffers resident on the device */
+  size_t device_locked;      /**< of which locked */
+  size_t device_pinned;      /**< of which pinned (never spillable) */
+  size_t host_used;          /**< spilled bytes held in host memory */
+  size_t disk_used;          /**< spilled bytes held on disk */
+  size_t controller_used;    /**< spilled bytes held by the controller */
+  size_t buffer_count;       /**< live buffers */
+  uint64_t spill_count;      /**< completed spills (device -> any tier) */
+  uint64_t unspill_count;    /**< completed retrieves (any tier -> device) */
+  uint64_t bytes_spilled;
+  uint64_t bytes_unspilled;
+  double seconds_spilling;   /**< wall time spent in spill copies */
+  double seconds_unspilling; /**< wall time spent setting up retrieves (to enqueue) */
+  uint64_t oom_evictions;    /**< buffers spilled because an allocation needed room */
+  uint64_t cancelled_spills; /**< spills cancelled by a lock */
+} dmem_stats_t;
+
+/**
+ * Fill *stats_out (written whole) after completing finished stream releases.
+ * Thread-safe; the figures are a consistent-enough snapshot, not atomic as a
+ * whole.
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt or stats_out NULL).
+ */
+DMEM_API dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DMEM_STATS_H */

@@ -1,0 +1,29 @@
+/*
+ * runtime/atomic.h - C11 atomics with the memory order in the name.
+ * Every acquire names its release partner in a comment at the call site.
+ */
+#ifndef DMEM_ATOMIC_H
+#define DMEM_ATOMIC_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define dmem_atomic_load_relaxed(p) atomic_load_explicit((p), memory_order_relaxed)
+#define dmem_atomic_load_acquire(p) atomic_load_explicit((p), memory_order_acquire)
+#define dmem_atomic_store_relaxed(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
+#define dmem_atomic_store_release(p, v) atomic_store_explicit((p), (v), memory_order_release)
+#define dmem_atomic_add_relaxed(p, v) atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
+#define dmem_atomic_sub_relaxed(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
+#define dmem_atomic_add_acq_rel(p, v) atomic_fetch_add_explicit((p), (v), memory_order_acq_rel)
+#define dmem_atomic_sub_acq_rel(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_acq_rel)
+/* Compare-and-swap: acq_rel on success, acquire on failure (the failing load
+ * re-reads the word that a partner published with release). */
+#define dmem_atomic_cas_acq_rel(p, expected, desired)                                      \
+  atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_acq_rel, \
+                                        memory_order_acquire)
+#define dmem_atomic_cas_strong_acq_rel(p, expected, desired)                                 \
+  atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_acq_rel, \
+                                          memory_order_acquire)
+
+#endif /* DMEM_ATOMIC_H */

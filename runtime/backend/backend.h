@@ -1,0 +1,85 @@
+/*
+ * runtime/backend/backend.h - the internal table of functions a backend
+ * provides. Two backends: cuda.c (CUDA Runtime API, static; Driver API through
+ * cudaGetDriverEntryPointByVersion) and host.c (device memory simulated in host
+ * memory, streams as FIFO worker threads).
+ *
+ * Conventions:
+ *  - Every function returns dmem_status_t and records the detail with
+ *    dmem__set_error() at the place the failure is first detected.
+ *  - Outputs are written only on success.
+ *  - `stream` NULL means the backend's default stream.
+ *  - Every function is thread-safe.
+ *  - Sticky context errors (CUDA: cudaErrorIllegalAddress, LaunchFailure,
+ *    ...) return DMEM_ERR_DEVICE_FATAL; the runtime then refuses work.
+ */
+#ifndef DMEM_BACKEND_H
+#define DMEM_BACKEND_H
+
+#include <stddef.h>
+
+#include "dmem/config.h"
+#include "dmem/status.h"
+
+typedef struct dmem__backend dmem__backend_t;
+
+struct dmem__backend {
+  const char *name;        /* "cuda" or "host" */
+  dmem_backend_t kind;     /* DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
+  size_t device_capacity;  /* total device memory (host: simulated capacity) */
+
+  /* Device memory. device_alloc returns DMEM_ERR_OUT_OF_MEMORY when the
+   * device (or the simulated capacity) is exhausted; the runtime then spills
+   * and retries. device_free(NULL) is a no-op. */
+  dmem_status_t (*device_alloc)(dmem__backend_t *be, size_t size, void **ptr_out);
+  dmem_status_t (*device_free)(dmem__backend_t *be, void *ptr);
+
+  /* Page-locked host memory (CUDA: cudaMallocHost; host: malloc). Returns
+   * DMEM_ERR_HOST_OUT_OF_MEMORY on failure. host_free(NULL) is a no-op. */
+  dmem_status_t (*host_alloc)(dmem__backend_t *be, size_t size, void **ptr_out);
+  dmem_status_t (*host_free)(dmem__backend_t *be, void *ptr);
+
+  /* Copy n bytes (any direction, cudaMemcpyDefault semantics), in stream
+   * order on `stream`. Returns once enqueued. */
+  dmem_status_t (*memcpy_async)(dmem__backend_t *be, void *dst, const void *src, size_t n,
+                                void *stream);
+
+  /* Streams. stream_create makes a stream that does not synchronise with the
+   * default stream. stream_destroy waits for queued work first. */
+  dmem_status_t (*stream_create)(dmem__backend_t *be, void **stream_out);
+  dmem_status_t (*stream_destroy)(dmem__backend_t *be, void *stream);
+  dmem_status_t (*stream_synchronize)(dmem__backend_t *be, void *stream);
+  /* Make later work on `stream` wait for `event`'s last record. */
+  dmem_status_t (*stream_wait_event)(dmem__backend_t *be, void *stream, void *event);
+  /* Run fn(user) in stream order; fn must not call the backend's device
+   * API. */
+  dmem_status_t (*launch_host_func)(dmem__backend_t *be, void *stream, void (*fn)(void *),
+                                    void *user);
+
+  /* Events (no timing). An event never recorded counts as complete.
+   * event_query returns DMEM_OK when complete and DMEM_ERR_BUSY while the
+   * work before its last record is still pending. */
+  dmem_status_t (*event_create)(dmem__backend_t *be, void **event_out);
+  dmem_status_t (*event_destroy)(dmem__backend_t *be, void *event);
+  dmem_status_t (*event_record)(dmem__backend_t *be, void *event, void *stream);
+  dmem_status_t (*event_query)(dmem__backend_t *be, void *event);
+  dmem_status_t (*event_synchronize)(dmem__backend_t *be, void *event);
+
+  /* Free and total device memory as the device sees it. */
+  dmem_status_t (*mem_info)(dmem__backend_t *be, size_t *free_out, size_t *total_out);
+
+  /* Tear down (after the runtime has freed everything). */
+  void (*destroy)(dmem__backend_t *be);
+};
+
+/* Create the host backend with a simulated device capacity in bytes. */
+dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_t **be_out);
+
+/* Create the CUDA backend on cfg->device. DMEM_ERR_NO_DEVICE when no driver
+ * or device is usable (also in builds without CUDA support). */
+dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_t **be_out);
+
+/* Whether a CUDA device is usable (for DMEM_BACKEND_AUTO). */
+int dmem__backend_cuda_available(void);
+
+#endif /* DMEM_BACKEND_H */

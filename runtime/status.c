@@ -1,0 +1,57 @@
+/*
+ * runtime/status.c - status names and messages (from the X-macro table),
+ * the thread-local error detail, and the logger.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dmem/status.h"
+#include "error.h"
+
+const char *dmem_status_name(dmem_status_t status) {
+  switch (status) {
+#define DMEM_STATUS_NAME_(name, value, msg) \
+  case DMEM_##name:                         \
+    return "DMEM_" #name;
+    DMEM_STATUS_MAP(DMEM_STATUS_NAME_)
+#undef DMEM_STATUS_NAME_
+  }
+  return "DMEM_UNKNOWN_STATUS";
+}
+
+const char *dmem_status_string(dmem_status_t status) {
+  switch (status) {
+#define DMEM_STATUS_MSG_(name, value, msg) \
+  case DMEM_##name:                        \
+    return msg;
+    DMEM_STATUS_MAP(DMEM_STATUS_MSG_)
+#undef DMEM_STATUS_MSG_
+  }
+  return "unknown status";
+}
+
+static _Thread_local char dmem__detail[512];
+
+const char *dmem_last_error_detail(void) { return dmem__detail; }
+
+dmem_status_t dmem__error(dmem_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(dmem__detail, sizeof dmem__detail, fmt, ap);
+  va_end(ap);
+  DMEM_LOG_AT(DMEM_LOG_DEBUG, "%s: %s", dmem_status_name(status), dmem__detail);
+  return status;
+}
+
+int dmem__log_level = DMEM_LOG_WARN;
+
+void dmem__log(dmem_log_level_t level, const char *fmt, ...) {
+  static const char *const names[] = {"off", "error", "warn", "info", "debug"};
+  char line[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "dmem[%s]: %s\n", ((unsigned)level <= 4u ? names[level] : "?"), line);
+}

@@ -1,0 +1,161 @@
+/*
+ * tests/check.h - the test helper: cases, typed checks, one binary per area.
+ *
+ *   TEST_CASE(name) { ... }       a case; each case is its own CTest test
+ *                                 (tests/CMakeLists.txt finds them by regex)
+ *   CHECK_*(...)  continue on failure (the case still fails)
+ *   REQUIRE_*(...) stop the case on failure
+ *   SKIP(reason)  exit 77 (CTest "skipped")
+ *
+ * Run `binary` for every case, `binary name` for one, `binary --list`.
+ */
+#ifndef DMEM_TEST_CHECK_H
+#define DMEM_TEST_CHECK_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dmem/dmem.h>
+
+typedef void (*check_fn)(void);
+static struct { const char *name; check_fn fn; } check_cases_[256];
+static int check_ncases_;
+static int check_failed_;
+
+static inline void check_register_(const char *name, check_fn fn) {
+  if (check_ncases_ < 256) {
+    check_cases_[check_ncases_].name = name;
+    check_cases_[check_ncases_].fn = fn;
+    check_ncases_++;
+  }
+}
+
+#define TEST_CASE(name)                                                               \
+  static void test_##name(void);                                                      \
+  __attribute__((constructor)) static void check_reg_##name(void) {                  \
+    check_register_(#name, test_##name);                                              \
+  }                                                                                   \
+  static void test_##name(void)
+
+#define CHECK_FAIL_(stop, ...)                                     \
+  do {                                                             \
+    fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                \
+    fprintf(stderr, __VA_ARGS__);                                  \
+    fprintf(stderr, "\n");                                         \
+    check_failed_ = 1;                                             \
+    if (stop) return;                                              \
+  } while (0)
+
+#define CHECK_CMP_(stop, a, op, b)                                                       \
+  do {                                                                                   \
+    long long check_a_ = (long long)(a), check_b_ = (long long)(b);                      \
+    if (!(check_a_ op check_b_))                                                         \
+      CHECK_FAIL_(stop, "%s %s %s: %lld vs %lld", #a, #op, #b, check_a_, check_b_);    \
+  } while (0)
+
+#define CHECK_UCMP_(stop, a, op, b)                                                      \
+  do {                                                                                   \
+    unsigned long long check_a_ = (unsigned long long)(a),                               \
+                       check_b_ = (unsigned long long)(b);                               \
+    if (!(check_a_ op check_b_))                                                         \
+      CHECK_FAIL_(stop, "%s %s %s: %llu vs %llu", #a, #op, #b, check_a_, check_b_);    \
+  } while (0)
+
+#define CHECK_ST_(stop, expr, want)                                                       \
+  do {                                                                                    \
+    dmem_status_t check_s_ = (expr), check_w_ = (want);                                   \
+    if (check_s_ != check_w_)                                                             \
+      CHECK_FAIL_(stop, "%s: got %s, want %s (%s)", #expr, dmem_status_name(check_s_),   \
+                  dmem_status_name(check_w_), dmem_last_error_detail());                 \
+  } while (0)
+
+#define CHECK_EQ(a, b) CHECK_CMP_(0, a, ==, b)
+#define CHECK_NE(a, b) CHECK_CMP_(0, a, !=, b)
+#define CHECK_LT(a, b) CHECK_CMP_(0, a, <, b)
+#define CHECK_LE(a, b) CHECK_CMP_(0, a, <=, b)
+#define CHECK_GT(a, b) CHECK_CMP_(0, a, >, b)
+#define CHECK_GE(a, b) CHECK_CMP_(0, a, >=, b)
+#define CHECK_UEQ(a, b) CHECK_UCMP_(0, a, ==, b)
+#define CHECK_TRUE(x) CHECK_CMP_(0, !!(x), ==, 1)
+#define CHECK_OK(expr) CHECK_ST_(0, expr, DMEM_OK)
+#define CHECK_STATUS(expr, want) CHECK_ST_(0, expr, want)
+#define CHECK_STR(a, b)                                                              \
+  do {                                                                               \
+    const char *check_a_ = (a), *check_b_ = (b);                                     \
+    if (strcmp(check_a_, check_b_) != 0)                                             \
+      CHECK_FAIL_(0, "%s == %s: \"%s\" vs \"%s\"", #a, #b, check_a_, check_b_);    \
+  } while (0)
+
+#define REQUIRE_EQ(a, b) CHECK_CMP_(1, a, ==, b)
+#define REQUIRE_TRUE(x) CHECK_CMP_(1, !!(x), ==, 1)
+#define REQUIRE_OK(expr) CHECK_ST_(1, expr, DMEM_OK)
+#define REQUIRE_STATUS(expr, want) CHECK_ST_(1, expr, want)
+
+#define SKIP(...)                          \
+  do {                                     \
+    fprintf(stderr, "SKIP: " __VA_ARGS__); \
+    fprintf(stderr, "\n");                 \
+    exit(77);                              \
+  } while (0)
+
+/* Deterministic fill and verification of a byte pattern keyed by `seed`. */
+static inline void check_fill(void *p, size_t n, uint64_t seed) {
+  unsigned char *b = (unsigned char *)p;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    b[i] = (unsigned char)x;
+  }
+}
+static inline size_t check_verify(const void *p, size_t n, uint64_t seed) {
+  const unsigned char *b = (const unsigned char *)p;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    if (b[i] != (unsigned char)x) bad++;
+  }
+  return bad;
+}
+
+/* A runtime on the backend from DMEM_BACKEND (default host) with a small
+ * simulated device. */
+static inline dmem_runtime_t *check_runtime(size_t device_limit) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = device_limit;
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
+  if (st != DMEM_OK) {
+    fprintf(stderr, "dmem_runtime_create: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+    exit(1);
+  }
+  return rt;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+    for (int i = 0; i < check_ncases_; i++) printf("%s\n", check_cases_[i].name);
+    return 0;
+  }
+  int ran = 0, failed = 0;
+  for (int i = 0; i < check_ncases_; i++) {
+    if (argc > 1 && strcmp(argv[1], check_cases_[i].name) != 0) continue;
+    check_failed_ = 0;
+    check_cases_[i].fn();
+    ran++;
+    if (check_failed_) failed++;
+    fprintf(stderr, "[%s] %s\n", check_failed_ ? "FAIL" : " ok ", check_cases_[i].name);
+  }
+  if (ran == 0) {
+    fprintf(stderr, "no such case: %s\n", argc > 1 ? argv[1] : "(none)");
+    return 2;
+  }
+  return failed ? 1 : 0;
+}
+
+#endif /* DMEM_TEST_CHECK_H */
