@@ -1,0 +1,179 @@
+/*
+ * pybridge/pydmem.h - internal declarations shared by the files of the
+ * CPython extension dmem._dmem (Python C API only).
+ *
+ * Threading model
+ *  - Every C call that may spill, copy, synchronise or wait runs with the GIL
+ *    released, between pyd_enter() and pyd_leave(). While it runs, the
+ *    runtime's `active` counter is raised so that Runtime.close() waits for it
+ *    instead of destroying the runtime under it.
+ *  - Callbacks (controller trampolines, launch functions, DLPack deleters)
+ *    take the GIL with PyGILState_Ensure; they may come from any thread.
+ *  - A controller callback that raises stores its exception in the calling
+ *    thread's innermost pyd_ctx_t (the Python call that is waiting in C on
+ *    this thread), which then raises CallbackError from it. With no such
+ *    call (a runtime thread, a Buffer being collected) the exception goes to
+ *    sys.unraisablehook.
+ *  - All fields of the objects below are read and written with the GIL held.
+ */
+#ifndef PYDMEM_H
+#define PYDMEM_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "dmem/dmem.h"
+
+/* ---- objects --------------------------------------------------------------- */
+
+typedef struct pyd_binding pyd_binding_t;
+
+typedef struct pyd_runtime {
+  PyObject_HEAD
+  dmem_runtime_t *rt;          /* NULL once closed */
+  dmem_backend_t backend;      /* DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
+  int device;                  /* device ordinal (DLPack device_id) */
+  int closing;                 /* close() has started: refuse new calls */
+  Py_ssize_t active;           /* calls in flight with the GIL released */
+  pyd_binding_t *bindings;     /* controller bindings, current first; freed at close */
+  PyObject *weakreflist;
+  struct pyd_runtime *live_prev, *live_next; /* list of open runtimes (atexit) */
+} pyd_runtime_t;
+
+/* One installed controller. Bindings are never freed before the C runtime is
+ * destroyed, because a callback of a replaced controller may still be running
+ * on another thread with `user` pointing here. */
+struct pyd_binding {
+  pyd_runtime_t *owner;        /* borrowed: outlives every callback */
+  PyObject *obj;               /* strong; NULL once replaced or cleared */
+  unsigned mask;               /* PYD_CB_* methods the controller overrides */
+  int closing;                 /* runtime being destroyed: FREE events only */
+  pyd_binding_t *next;
+};
+
+enum {
+  PYD_CB_ON_ALLOC = 1u << 0,
+  PYD_CB_ON_FREE = 1u << 1,
+  PYD_CB_ON_SPILL = 1u << 2,
+  PYD_CB_ON_UNSPILL = 1u << 3,
+  PYD_CB_ON_PRESSURE = 1u << 4,
+  PYD_CB_SELECT_VICTIMS = 1u << 5,
+  PYD_CB_STORE = 1u << 6,
+  PYD_CB_RETRIEVE = 1u << 7,
+  PYD_CB_EVENTS = 0x1f
+};
+
+typedef struct pyd_buffer {
+  PyObject_HEAD
+  pyd_runtime_t *rt;           /* strong */
+  dmem_handle_t h;
+  size_t size;
+  unsigned char owning;        /* frees the handle when collected */
+  unsigned char freed;         /* free() was called on this object */
+  PyObject *weakreflist;
+} pyd_buffer_t;
+
+typedef struct pyd_stream {
+  PyObject_HEAD
+  pyd_runtime_t *rt;           /* strong */
+  dmem_stream_t s;             /* NULL once closed */
+  Py_ssize_t views;            /* lock views open on this stream */
+} pyd_stream_t;
+
+typedef struct pyd_view {
+  PyObject_HEAD
+  pyd_buffer_t *buf;           /* strong */
+  PyObject *stream_obj;        /* strong ref to what `stream` came from, or NULL */
+  dmem_stream_t stream;
+  dmem_handle_t h;
+  void *ptr;
+  int state;                   /* PYD_VIEW_* */
+} pyd_view_t;
+
+enum { PYD_VIEW_NEW = 0, PYD_VIEW_LOCKED = 1, PYD_VIEW_DONE = 2 };
+
+extern PyTypeObject pyd_runtime_type;
+extern PyTypeObject pyd_buffer_type;
+extern PyTypeObject pyd_stream_type;
+extern PyTypeObject pyd_view_type;
+
+/* ---- calls with the GIL released ------------------------------------------ */
+
+typedef struct pyd_ctx {
+  struct pyd_ctx *prev;
+  pyd_runtime_t *rt;
+  PyObject *exc;               /* first exception raised by a controller callback */
+  PyThreadState *ts;
+  int accept;                  /* 0: nobody will raise exc (collection): unraisable */
+} pyd_ctx_t;
+
+extern _Thread_local pyd_ctx_t *pyd_tls_ctx;
+
+/* Start a call on rt: push the context, count it, release the GIL. */
+static inline void pyd_enter(pyd_ctx_t *c, pyd_runtime_t *rt, int accept) {
+  c->prev = pyd_tls_ctx;
+  c->rt = rt;
+  c->exc = NULL;
+  c->accept = accept;
+  pyd_tls_ctx = c;
+  rt->active++;
+  c->ts = PyEval_SaveThread();
+}
+
+/* End it: take the GIL back, uncount, pop the context. */
+static inline void pyd_leave(pyd_ctx_t *c) {
+  PyEval_RestoreThread(c->ts);
+  c->rt->active--;
+  pyd_tls_ctx = c->prev;
+}
+
+/* After pyd_leave: raise CallbackError (from a stored callback exception) or
+ * the exception of `st`. Returns 0 when nothing was raised, -1 otherwise. */
+int pyd_finish(pyd_ctx_t *c, dmem_status_t st);
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Raise the exception class of `st` with dmem_last_error_detail() (or
+ * `detail` if not NULL). Returns NULL. */
+PyObject *pyd_raise(dmem_status_t st, const char *detail);
+/* Raise CallbackError with __cause__ = cause (reference stolen). */
+PyObject *pyd_raise_callback(dmem_status_t st, PyObject *cause);
+/* Fetch the current exception, normalised, with its traceback attached. */
+PyObject *pyd_fetch_exception(void);
+/* A callback failed (exception set): store it for the waiting call or report
+ * it through sys.unraisablehook. Clears the error indicator. */
+void pyd_callback_failed(PyObject *where);
+/* Non-zero while the interpreter is shutting down (no Python callbacks). */
+int pyd_finalizing(void);
+
+/* ---- helpers used across files ----------------------------------------------- */
+
+/* 0 if rt is open; else ValueError("runtime is closed") and -1. */
+int pyd_runtime_check(pyd_runtime_t *rt);
+/* Convert a stream argument (None, dmem.Stream, or under CUDA an int address
+ * or an object exposing one) into *out; *keep receives a new reference to
+ * the Stream object when it is one (else NULL). -1 with exception on error. */
+int pyd_stream_arg(pyd_runtime_t *rt, PyObject *o, dmem_stream_t *out, PyObject **keep);
+/* Handle of a Buffer of rt (or an int handle if allow_int). -1 on error. */
+int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out);
+/* New Buffer object. owning = 0 gives a wrapper that does not free. */
+PyObject *pyd_buffer_new(pyd_runtime_t *rt, dmem_handle_t h, size_t size, int owning);
+/* Fill an existing DmemError instance attributes. */
+const char *pyd_state_name(dmem_state_t s);
+const char *pyd_tier_name(dmem_tier_t t);
+
+/* Controller (controller.c). */
+PyObject *pyd_runtime_set_controller(pyd_runtime_t *self, PyObject *obj);
+PyObject *pyd_runtime_get_controller(pyd_runtime_t *self, void *closure);
+void pyd_bindings_mark_closing(pyd_runtime_t *self);
+void pyd_bindings_free(pyd_runtime_t *self);
+int pyd_bindings_traverse(pyd_runtime_t *self, visitproc visit, void *arg);
+void pyd_bindings_clear(pyd_runtime_t *self);
+extern PyObject *pyd_controller_base; /* dmem.Controller, registered by the package */
+
+/* Views (view.c). */
+int pyd_view_type_ready(void);
+
+#endif /* PYDMEM_H */

@@ -1,0 +1,843 @@
+/*
+ * pybridge/runtime_obj.c - dmem.Runtime and dmem.Stream, the launch entry
+ * points, eviction and statistics.
+ */
+#include "pydmem.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+pyd_runtime_t *pyd_live_runtimes = NULL;
+
+/* ---- configuration arguments ---------------------------------------------- */
+
+/* Parse a size: None (0), a non-negative int, or a string "N", "N[KMGT][i][B]"
+ * (powers of 1024) or, if fraction != NULL, "P%" (0 < P <= 100). */
+static int pyd_size_arg(PyObject *o, const char *what, size_t *bytes, double *fraction) {
+  if (o == Py_None) return 0;
+  if (PyBool_Check(o)) goto type_error;
+  if (PyIndex_Check(o)) {
+    PyObject *idx = PyNumber_Index(o);
+    if (!idx) return -1;
+    size_t v = PyLong_AsSize_t(idx);
+    Py_DECREF(idx);
+    if (v == (size_t)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError, "%s must be a non-negative number of bytes", what);
+      return -1;
+    }
+    *bytes = v;
+    return 0;
+  }
+  if (PyUnicode_Check(o)) {
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s) return -1;
+    while (*s == ' ') s++;
+    char *end = NULL;
+    errno = 0;
+    if (fraction && strchr(s, '%')) {
+      double p = strtod(s, &end);
+      while (end && *end == ' ') end++;
+      if (end == s || !end || *end != '%' || end[1] != '\0' || !(p > 0.0 && p <= 100.0) ||
+          errno)
+        goto value_error;
+      *fraction = p / 100.0;
+      return 0;
+    }
+    if (*s < '0' || *s > '9') goto value_error;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) goto value_error;
+    while (*end == ' ') end++;
+    unsigned shift = 0;
+    switch (*end) {
+      case 'k': case 'K': shift = 10; end++; break;
+      case 'm': case 'M': shift = 20; end++; break;
+      case 'g': case 'G': shift = 30; end++; break;
+      case 't': case 'T': shift = 40; end++; break;
+      default: break;
+    }
+    if (shift && (*end == 'i' || *end == 'I')) end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end != '\0') goto value_error;
+    if (shift && v > (~0ull >> shift)) goto value_error;
+    *bytes = (size_t)(v << shift);
+    return 0;
+  value_error:
+    PyErr_Format(PyExc_ValueError, "%s: malformed size %R (expected bytes, e.g. 1048576, '512M'%s)",
+                 what, o, fraction ? " or '80%'" : "");
+    return -1;
+  }
+type_error:
+  PyErr_Format(PyExc_TypeError, "%s must be an int or a str, not %.100s", what,
+               Py_TYPE(o)->tp_name);
+  return -1;
+}
+
+/* ---- Runtime ---------------------------------------------------------------- */
+
+static void pyd_live_link(pyd_runtime_t *r) {
+  r->live_prev = NULL;
+  r->live_next = pyd_live_runtimes;
+  if (pyd_live_runtimes) pyd_live_runtimes->live_prev = r;
+  pyd_live_runtimes = r;
+}
+
+static void pyd_live_unlink(pyd_runtime_t *r) {
+  if (r->live_prev) r->live_prev->live_next = r->live_next;
+  else if (pyd_live_runtimes == r) pyd_live_runtimes = r->live_next;
+  if (r->live_next) r->live_next->live_prev = r->live_prev;
+  r->live_prev = r->live_next = NULL;
+}
+
+static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"backend", "device", "device_limit", "host_limit",
+                           "spill_dir", "host_capacity", NULL};
+  PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
+           *spill_dir = Py_None, *host_capacity = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOOOOO:Runtime", kwlist, &backend, &device,
+                                   &device_limit, &host_limit, &spill_dir, &host_capacity))
+    return NULL;
+
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (backend != Py_None) {
+    if (!PyUnicode_Check(backend)) {
+      PyErr_Format(PyExc_TypeError, "backend must be a str, not %.100s", Py_TYPE(backend)->tp_name);
+      return NULL;
+    }
+    if (PyUnicode_CompareWithASCIIString(backend, "auto") == 0) cfg.backend = DMEM_BACKEND_AUTO;
+    else if (PyUnicode_CompareWithASCIIString(backend, "cuda") == 0) cfg.backend = DMEM_BACKEND_CUDA;
+    else if (PyUnicode_CompareWithASCIIString(backend, "host") == 0) cfg.backend = DMEM_BACKEND_HOST;
+    else {
+      PyErr_Format(PyExc_ValueError, "backend must be 'auto', 'cuda' or 'host', not %R", backend);
+      return NULL;
+    }
+  }
+  if (device != Py_None) {
+    if (!PyLong_Check(device) || PyBool_Check(device)) {
+      PyErr_Format(PyExc_TypeError, "device must be an int, not %.100s", Py_TYPE(device)->tp_name);
+      return NULL;
+    }
+    int ovf = 0;
+    long d = PyLong_AsLongAndOverflow(device, &ovf);
+    if (d == -1 && PyErr_Occurred()) return NULL;
+    if (ovf || d < 0 || d > 1 << 20) {
+      PyErr_Format(PyExc_ValueError, "device must be a non-negative ordinal, not %R", device);
+      return NULL;
+    }
+    cfg.device = (int)d;
+  }
+  if (device_limit != Py_None) {
+    size_t b = 0;
+    double f = 0.0;
+    if (pyd_size_arg(device_limit, "device_limit", &b, &f) < 0) return NULL;
+    cfg.device_limit = b;
+    if (f > 0.0) {
+      cfg.device_limit = 0;
+      cfg.device_limit_fraction = f;
+    }
+  }
+  if (host_limit != Py_None && pyd_size_arg(host_limit, "host_limit", &cfg.host_limit, NULL) < 0)
+    return NULL;
+  if (host_capacity != Py_None) {
+    size_t b = 0;
+    if (pyd_size_arg(host_capacity, "host_capacity", &b, NULL) < 0) return NULL;
+    if (b == 0) {
+      PyErr_SetString(PyExc_ValueError, "host_capacity must be positive");
+      return NULL;
+    }
+    cfg.host_backend_capacity = b;
+  }
+  PyObject *dir_bytes = NULL;
+  if (spill_dir != Py_None) {
+    if (!PyUnicode_FSConverter(spill_dir, &dir_bytes)) return NULL;
+    cfg.spill_dir = PyBytes_AS_STRING(dir_bytes);
+  }
+
+  pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
+  if (!self) {
+    Py_XDECREF(dir_bytes);
+    return NULL;
+  }
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st;
+  Py_BEGIN_ALLOW_THREADS
+  st = dmem_runtime_create(&cfg, &rt);
+  Py_END_ALLOW_THREADS
+  Py_XDECREF(dir_bytes);
+  if (st != DMEM_OK) {
+    Py_DECREF(self);
+    return pyd_raise(st, NULL);
+  }
+  self->rt = rt;
+  self->backend = dmem_runtime_backend(rt);
+  self->device = cfg.device;
+  pyd_live_link(self);
+  return (PyObject *)self;
+}
+
+/* Close: refuse new calls, wait for the calls in flight (GIL released while
+ * waiting), stop controller callbacks, destroy. timeout_s < 0: wait forever.
+ * Returns -1 with an exception if it cannot close. */
+int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s) {
+  if (!self->rt) return 0;
+  for (pyd_ctx_t *c = pyd_tls_ctx; c; c = c->prev) {
+    if (c->rt == self) {
+      pyd_raise(DMEM_ERR_BUSY, "Runtime.close() called from a callback of this runtime");
+      return -1;
+    }
+  }
+  int was_closing = self->closing;
+  self->closing = 1;
+  double waited = 0.0;
+  while (self->active > 0) {
+    if (timeout_s >= 0 && waited >= timeout_s) {
+      self->closing = was_closing;
+      pyd_raise(DMEM_ERR_BUSY, "Runtime.close(): calls still in flight on other threads");
+      return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec ts = {0, 200 * 1000};
+    nanosleep(&ts, NULL);
+    Py_END_ALLOW_THREADS
+    waited += 200e-6;
+  }
+  if (!self->rt) return 0; /* closed by another thread while we waited */
+  dmem_runtime_t *rt = self->rt;
+  pyd_bindings_mark_closing(self);
+  /* destroy may deliver FREE events to the controller (GIL taken there). */
+  Py_BEGIN_ALLOW_THREADS
+  dmem_runtime_destroy(rt);
+  Py_END_ALLOW_THREADS
+  self->rt = NULL;
+  pyd_bindings_free(self);
+  pyd_live_unlink(self);
+  return 0;
+}
+
+static PyObject *pyd_runtime_close(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_close_impl(self, -1.0) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static int pyd_runtime_traverse(pyd_runtime_t *self, visitproc visit, void *arg) {
+  return pyd_bindings_traverse(self, visit, arg);
+}
+
+static int pyd_runtime_clear(pyd_runtime_t *self) {
+  pyd_bindings_clear(self);
+  return 0;
+}
+
+static void pyd_runtime_dealloc(pyd_runtime_t *self) {
+  PyObject_GC_UnTrack(self);
+  if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+  if (self->rt) {
+    /* No Buffer, Stream or call refers to us any more: nothing in flight. */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    self->active = 0;
+    self->closing = 0;
+    if (pyd_runtime_close_impl(self, 0.0) < 0) PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_Restore(et, ev, etb);
+  }
+  pyd_bindings_free(self);
+  pyd_live_unlink(self);
+  PyTypeObject *tp = Py_TYPE(self);
+  tp->tp_free((PyObject *)self);
+  if (tp->tp_flags & Py_TPFLAGS_HEAPTYPE) Py_DECREF(tp);
+}
+
+static PyObject *pyd_runtime_enter(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
+
+static PyObject *pyd_runtime_exit(pyd_runtime_t *self, PyObject *args) {
+  if (pyd_runtime_close_impl(self, -1.0) < 0) return NULL;
+  Py_RETURN_FALSE;
+}
+
+/* alloc(nbytes, *, priority=0, pinned=False): the hot path; keep it thin. */
+static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames) {
+  PyObject *size_o = nargs >= 1 ? args[0] : NULL, *prio_o = NULL, *pinned_o = NULL;
+  if (nargs != 1) {
+    if (nargs > 1) {
+      PyErr_Format(PyExc_TypeError, "alloc() takes 1 positional argument but %zd were given",
+                   nargs);
+      return NULL;
+    }
+  }
+  if (kwnames) {
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nk; i++) {
+      PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+      if (PyUnicode_CompareWithASCIIString(k, "priority") == 0) prio_o = v;
+      else if (PyUnicode_CompareWithASCIIString(k, "pinned") == 0) pinned_o = v;
+      else if (PyUnicode_CompareWithASCIIString(k, "nbytes") == 0 && !size_o) size_o = v;
+      else {
+        PyErr_Format(PyExc_TypeError, "alloc() got an unexpected keyword argument %R", k);
+        return NULL;
+      }
+    }
+  }
+  if (!size_o) {
+    PyErr_SetString(PyExc_TypeError, "alloc() missing required argument 'nbytes'");
+    return NULL;
+  }
+  size_t size;
+  if (PyLong_CheckExact(size_o)) {
+    size = PyLong_AsSize_t(size_o);
+  } else if (PyIndex_Check(size_o) && !PyBool_Check(size_o)) {
+    PyObject *idx = PyNumber_Index(size_o);
+    if (!idx) return NULL;
+    size = PyLong_AsSize_t(idx);
+    Py_DECREF(idx);
+  } else {
+    PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s", Py_TYPE(size_o)->tp_name);
+    return NULL;
+  }
+  if (size == (size_t)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "nbytes must be a non-negative int that fits size_t");
+    return NULL;
+  }
+  int priority = 0;
+  if (prio_o) {
+    if (!PyLong_Check(prio_o) || PyBool_Check(prio_o)) {
+      PyErr_Format(PyExc_TypeError, "priority must be an int, not %.100s",
+                   Py_TYPE(prio_o)->tp_name);
+      return NULL;
+    }
+    int ovf = 0;
+    long p = PyLong_AsLongAndOverflow(prio_o, &ovf);
+    if (ovf || p < -2147483647L - 1 || p > 2147483647L) {
+      PyErr_SetString(PyExc_ValueError, "priority out of the range of a C int");
+      return NULL;
+    }
+    priority = (int)p;
+  }
+  unsigned flags = DMEM_ALLOC_DEFAULT;
+  if (pinned_o) {
+    int t = PyObject_IsTrue(pinned_o);
+    if (t < 0) return NULL;
+    if (t) flags |= DMEM_ALLOC_PINNED;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+
+  pyd_ctx_t ctx;
+  dmem_handle_t h = DMEM_HANDLE_NULL;
+  dmem_status_t st;
+  pyd_enter(&ctx, self, 1);
+  st = dmem_alloc(self->rt, size, flags, &h);
+  if (st == DMEM_OK && priority != 0) {
+    st = dmem_set_priority(self->rt, h, priority);
+    if (st != DMEM_OK) dmem_free(self->rt, h);
+  }
+  pyd_leave(&ctx);
+  PyObject *buf = NULL;
+  if (st == DMEM_OK) {
+    buf = pyd_buffer_new(self, h, size, 1);
+    if (!buf) {
+      /* Keep the handle from leaking. */
+      pyd_ctx_t c2;
+      pyd_enter(&c2, self, 0);
+      dmem_free(self->rt, h);
+      pyd_leave(&c2);
+      Py_XDECREF(ctx.exc);
+      return NULL;
+    }
+  }
+  if (pyd_finish(&ctx, st) < 0) {
+    Py_XDECREF(buf); /* the allocation is undone: the buffer is freed */
+    return NULL;
+  }
+  return buf;
+}
+
+static PyObject *pyd_runtime_stream(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  pyd_stream_t *so = PyObject_New(pyd_stream_t, &pyd_stream_type);
+  if (!so) return NULL;
+  so->rt = NULL;
+  so->s = NULL;
+  so->views = 0;
+  pyd_ctx_t ctx;
+  dmem_stream_t s = NULL;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_stream_create(self->rt, &s);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) {
+    Py_DECREF(so);
+    return NULL;
+  }
+  Py_INCREF(self);
+  so->rt = self;
+  so->s = s;
+  return (PyObject *)so;
+}
+
+/* ---- launches ------------------------------------------------------------------ */
+
+typedef struct pyd_launch {
+  PyObject *fn;
+  PyObject *result; /* fn's return value */
+  PyObject *exc;    /* exception raised by fn */
+} pyd_launch_t;
+
+static dmem_status_t pyd_launch_trampoline(void *user, dmem_stream_t stream,
+                                           void *const *ptrs, size_t n) {
+  pyd_launch_t *L = user;
+  if (pyd_finalizing()) return DMEM_ERR_CALLBACK;
+  PyGILState_STATE g = PyGILState_Ensure();
+  dmem_status_t st = DMEM_ERR_CALLBACK;
+  PyObject *lst = PyList_New((Py_ssize_t)n), *s = NULL, *r = NULL;
+  if (!lst) goto fail;
+  for (size_t i = 0; i < n; i++) {
+    PyObject *p = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)ptrs[i]);
+    if (!p) goto fail;
+    PyList_SET_ITEM(lst, (Py_ssize_t)i, p);
+  }
+  if (stream) {
+    s = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)stream);
+    if (!s) goto fail;
+  } else {
+    s = Py_None;
+    Py_INCREF(s);
+  }
+  r = PyObject_CallFunctionObjArgs(L->fn, s, lst, NULL);
+  if (!r) goto fail;
+  Py_XSETREF(L->result, r);
+  st = DMEM_OK;
+  goto done;
+fail:
+  if (!L->exc) L->exc = pyd_fetch_exception();
+  else PyErr_WriteUnraisable(L->fn);
+done:
+  Py_XDECREF(lst);
+  Py_XDECREF(s);
+  PyGILState_Release(g);
+  return st;
+}
+
+/* Handles of a sequence of Buffers; *seq_out keeps them alive. */
+static int pyd_handles_arg(pyd_runtime_t *rt, PyObject *buffers, PyObject **seq_out,
+                           dmem_handle_t **hs_out, size_t *n_out) {
+  if (PyUnicode_Check(buffers) || PyBytes_Check(buffers) ||
+      PyObject_TypeCheck(buffers, &pyd_buffer_type)) {
+    PyErr_SetString(PyExc_TypeError, "buffers must be a sequence of dmem.Buffer");
+    return -1;
+  }
+  PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence of dmem.Buffer");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  dmem_handle_t *hs = PyMem_Malloc(sizeof *hs * (size_t)(n ? n : 1));
+  if (!hs) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (pyd_handle_arg(rt, PySequence_Fast_GET_ITEM(seq, i), 0, &hs[i]) < 0) {
+      PyMem_Free(hs);
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  *seq_out = seq;
+  *hs_out = hs;
+  *n_out = (size_t)n;
+  return 0;
+}
+
+static PyObject *pyd_launch_finish(pyd_ctx_t *ctx, pyd_launch_t *L, dmem_status_t st) {
+  if (L->exc) {
+    /* fn raised: re-raise the original exception. */
+    if (ctx->exc) {
+      /* a controller callback raised too: attach it as context */
+      PyObject *old = ctx->exc;
+      ctx->exc = NULL;
+      if (PyExceptionInstance_Check(L->exc)) PyException_SetContext(L->exc, old);
+      else Py_DECREF(old);
+    }
+    PyObject *e = L->exc;
+    L->exc = NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+    Py_DECREF(e);
+    Py_CLEAR(L->result);
+    return NULL;
+  }
+  if (pyd_finish(ctx, st) < 0) {
+    Py_CLEAR(L->result);
+    return NULL;
+  }
+  if (!L->result) Py_RETURN_NONE;
+  return L->result;
+}
+
+static PyObject *pyd_runtime_lock_and_launch(pyd_runtime_t *self, PyObject *args,
+                                             PyObject *kwds) {
+  static char *kwlist[] = {"buffers", "fn", NULL};
+  PyObject *buffers, *fn;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:lock_and_launch", kwlist, &buffers, &fn))
+    return NULL;
+  if (!PyCallable_Check(fn)) {
+    PyErr_Format(PyExc_TypeError, "fn must be callable, not %.100s", Py_TYPE(fn)->tp_name);
+    return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  PyObject *seq;
+  dmem_handle_t *hs;
+  size_t n;
+  if (pyd_handles_arg(self, buffers, &seq, &hs, &n) < 0) return NULL;
+  pyd_launch_t L = {fn, NULL, NULL};
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_lock_and_launch(self->rt, hs, n, pyd_launch_trampoline, &L);
+  pyd_leave(&ctx);
+  PyMem_Free(hs);
+  Py_DECREF(seq);
+  return pyd_launch_finish(&ctx, &L, st);
+}
+
+static PyObject *pyd_runtime_launch_async(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"stream", "buffers", "fn", NULL};
+  PyObject *stream_o, *buffers, *fn;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:launch_async", kwlist, &stream_o, &buffers,
+                                   &fn))
+    return NULL;
+  if (!PyCallable_Check(fn)) {
+    PyErr_Format(PyExc_TypeError, "fn must be callable, not %.100s", Py_TYPE(fn)->tp_name);
+    return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  dmem_stream_t s;
+  PyObject *keep;
+  if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) return NULL;
+  PyObject *seq;
+  dmem_handle_t *hs;
+  size_t n;
+  if (pyd_handles_arg(self, buffers, &seq, &hs, &n) < 0) {
+    Py_XDECREF(keep);
+    return NULL;
+  }
+  pyd_launch_t L = {fn, NULL, NULL};
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_launch_async(self->rt, s, hs, n, pyd_launch_trampoline, &L);
+  pyd_leave(&ctx);
+  PyMem_Free(hs);
+  Py_DECREF(seq);
+  Py_XDECREF(keep);
+  return pyd_launch_finish(&ctx, &L, st);
+}
+
+typedef dmem_status_t (*pyd_stream_op_t)(dmem_runtime_t *, dmem_stream_t);
+
+static PyObject *pyd_runtime_stream_op(pyd_runtime_t *self, PyObject *stream_o,
+                                       pyd_stream_op_t op) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  dmem_stream_t s;
+  PyObject *keep;
+  if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) return NULL;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = op(self->rt, s);
+  pyd_leave(&ctx);
+  Py_XDECREF(keep);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *pyd_runtime_sync_and_unlock(pyd_runtime_t *self, PyObject *const *args,
+                                             Py_ssize_t nargs) {
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "sync_and_unlock() takes at most 1 argument (stream)");
+    return NULL;
+  }
+  return pyd_runtime_stream_op(self, nargs ? args[0] : Py_None, dmem_sync_and_unlock);
+}
+
+static PyObject *pyd_runtime_stream_release(pyd_runtime_t *self, PyObject *const *args,
+                                            Py_ssize_t nargs) {
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "stream_release() takes at most 1 argument (stream)");
+    return NULL;
+  }
+  return pyd_runtime_stream_op(self, nargs ? args[0] : Py_None, dmem_stream_release);
+}
+
+static PyObject *pyd_runtime_synchronize(pyd_runtime_t *self, PyObject *const *args,
+                                         Py_ssize_t nargs) {
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "synchronize() takes at most 1 argument (stream)");
+    return NULL;
+  }
+  return pyd_runtime_stream_op(self, nargs ? args[0] : Py_None, dmem_stream_synchronize);
+}
+
+static PyObject *pyd_runtime_evict(pyd_runtime_t *self, PyObject *arg) {
+  if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s", Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  size_t nbytes = PyLong_AsSize_t(arg);
+  if (nbytes == (size_t)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "nbytes must be a non-negative int that fits size_t");
+    return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  size_t freed = 0;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_evict(self->rt, nbytes, &freed);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  return PyLong_FromSize_t(freed);
+}
+
+static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_runtime_poll(self->rt);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  dmem_stats_t s;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_stats(self->rt, &s);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  return Py_BuildValue(
+      "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K}",
+      "device_capacity", (Py_ssize_t)s.device_capacity, "device_limit", (Py_ssize_t)s.device_limit,
+      "device_used", (Py_ssize_t)s.device_used, "device_locked", (Py_ssize_t)s.device_locked,
+      "device_pinned", (Py_ssize_t)s.device_pinned, "host_used", (Py_ssize_t)s.host_used,
+      "disk_used", (Py_ssize_t)s.disk_used, "controller_used", (Py_ssize_t)s.controller_used,
+      "buffer_count", (Py_ssize_t)s.buffer_count, "spill_count",
+      (unsigned long long)s.spill_count, "unspill_count", (unsigned long long)s.unspill_count,
+      "bytes_spilled", (unsigned long long)s.bytes_spilled, "bytes_unspilled",
+      (unsigned long long)s.bytes_unspilled, "seconds_spilling", s.seconds_spilling,
+      "seconds_unspilling", s.seconds_unspilling, "oom_evictions",
+      (unsigned long long)s.oom_evictions, "cancelled_spills",
+      (unsigned long long)s.cancelled_spills);
+}
+
+static PyObject *pyd_runtime_get_backend(pyd_runtime_t *self, void *closure) {
+  return PyUnicode_FromString(self->backend == DMEM_BACKEND_CUDA ? "cuda" : "host");
+}
+
+static PyObject *pyd_runtime_get_closed(pyd_runtime_t *self, void *closure) {
+  return PyBool_FromLong(!self->rt || self->closing);
+}
+
+static PyObject *pyd_runtime_get_device(pyd_runtime_t *self, void *closure) {
+  return PyLong_FromLong(self->device);
+}
+
+static PyObject *pyd_runtime_repr(pyd_runtime_t *self) {
+  if (!self->rt) return PyUnicode_FromString("<dmem.Runtime closed>");
+  return PyUnicode_FromFormat("<dmem.Runtime backend=%s device=%d>",
+                              self->backend == DMEM_BACKEND_CUDA ? "cuda" : "host", self->device);
+}
+
+static PyMethodDef pyd_runtime_methods[] = {
+    {"alloc", (PyCFunction)(void (*)(void))pyd_runtime_alloc, METH_FASTCALL | METH_KEYWORDS,
+     "alloc(nbytes, *, priority=0, pinned=False) -> Buffer\n\n"
+     "Allocate a spillable buffer (uninitialised). May spill other buffers."},
+    {"stream", (PyCFunction)pyd_runtime_stream, METH_NOARGS,
+     "stream() -> Stream: a new stream of this runtime."},
+    {"lock_and_launch", (PyCFunction)(void (*)(void))pyd_runtime_lock_and_launch,
+     METH_VARARGS | METH_KEYWORDS,
+     "lock_and_launch(buffers, fn) -> fn's result\n\n"
+     "Lock the buffers, call fn(None, ptrs) with their device addresses (ints) on the default\n"
+     "stream, synchronise, unlock. An exception raised by fn propagates unchanged."},
+    {"launch_async", (PyCFunction)(void (*)(void))pyd_runtime_launch_async,
+     METH_VARARGS | METH_KEYWORDS,
+     "launch_async(stream, buffers, fn) -> fn's result\n\n"
+     "Lock the buffers on stream, register them there, call fn(stream_int_or_None, ptrs).\n"
+     "They stay locked until sync_and_unlock(stream) or stream_release(stream). An exception\n"
+     "raised by fn propagates unchanged (the buffers stay registered)."},
+    {"sync_and_unlock", (PyCFunction)(void (*)(void))pyd_runtime_sync_and_unlock, METH_FASTCALL,
+     "sync_and_unlock(stream=None): synchronise stream, unlock what it registered."},
+    {"stream_release", (PyCFunction)(void (*)(void))pyd_runtime_stream_release, METH_FASTCALL,
+     "stream_release(stream=None): unlock what stream registered once its work completes."},
+    {"synchronize", (PyCFunction)(void (*)(void))pyd_runtime_synchronize, METH_FASTCALL,
+     "synchronize(stream=None): wait for the work queued on stream."},
+    {"evict", (PyCFunction)pyd_runtime_evict, METH_O,
+     "evict(nbytes) -> int: spill by policy until nbytes are freed; returns bytes freed."},
+    {"poll", (PyCFunction)pyd_runtime_poll, METH_NOARGS,
+     "poll(): complete finished stream releases."},
+    {"stats", (PyCFunction)pyd_runtime_stats, METH_NOARGS,
+     "stats() -> dict: every field of dmem_stats_t."},
+    {"set_controller", (PyCFunction)pyd_runtime_set_controller, METH_O,
+     "set_controller(controller): install a dmem.Controller (None removes it)."},
+    {"close", (PyCFunction)pyd_runtime_close, METH_NOARGS,
+     "close(): destroy the runtime. Live Buffers raise StaleHandleError afterwards."},
+    {"__enter__", (PyCFunction)pyd_runtime_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)pyd_runtime_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef pyd_runtime_getset[] = {
+    {"backend", (getter)pyd_runtime_get_backend, NULL, "'cuda' or 'host'", NULL},
+    {"closed", (getter)pyd_runtime_get_closed, NULL, "True after close()", NULL},
+    {"device", (getter)pyd_runtime_get_device, NULL, "device ordinal", NULL},
+    {"controller", (getter)pyd_runtime_get_controller, NULL, "the installed controller or None",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject pyd_runtime_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dmem.Runtime",
+    .tp_basicsize = sizeof(pyd_runtime_t),
+    .tp_dealloc = (destructor)pyd_runtime_dealloc,
+    .tp_repr = (reprfunc)pyd_runtime_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
+              "        spill_dir=None, host_capacity=None)\n\n"
+              "A dmem runtime. device_limit: bytes, '512M' or '80%'; host_limit: bytes of\n"
+              "spilled data kept in host memory (None: unlimited); host_capacity: simulated\n"
+              "device memory of the host backend. Context manager; close() destroys it.",
+    .tp_traverse = (traverseproc)pyd_runtime_traverse,
+    .tp_clear = (inquiry)pyd_runtime_clear,
+    .tp_weaklistoffset = offsetof(pyd_runtime_t, weakreflist),
+    .tp_methods = pyd_runtime_methods,
+    .tp_getset = pyd_runtime_getset,
+    .tp_new = pyd_runtime_new,
+};
+
+/* ---- Stream ------------------------------------------------------------------- */
+
+static int pyd_stream_check(pyd_stream_t *self) {
+  if (!self->s || !self->rt) {
+    PyErr_SetString(PyExc_ValueError, "stream is closed");
+    return -1;
+  }
+  return pyd_runtime_check(self->rt);
+}
+
+static PyObject *pyd_stream_synchronize(pyd_stream_t *self, PyObject *unused) {
+  if (pyd_stream_check(self) < 0) return NULL;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self->rt, 1);
+  dmem_status_t st = dmem_stream_synchronize(self->rt->rt, self->s);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *pyd_stream_close(pyd_stream_t *self, PyObject *unused) {
+  if (!self->s) Py_RETURN_NONE;
+  if (!self->rt->rt) { /* the runtime destroyed it */
+    self->s = NULL;
+    Py_RETURN_NONE;
+  }
+  if (pyd_runtime_check(self->rt) < 0) return NULL;
+  if (self->views > 0) return pyd_raise(DMEM_ERR_BUSY, "stream has open lock views");
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self->rt, 1);
+  dmem_status_t st = dmem_stream_destroy(self->rt->rt, self->s);
+  pyd_leave(&ctx);
+  if (st == DMEM_OK) self->s = NULL;
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static void pyd_stream_dealloc(pyd_stream_t *self) {
+  if (self->rt) {
+    if (self->s && self->rt->rt && !self->rt->closing) {
+      pyd_ctx_t ctx;
+      pyd_enter(&ctx, self->rt, 0);
+      dmem_status_t st = dmem_stream_destroy(self->rt->rt, self->s);
+      if (st == DMEM_ERR_BUSY) { /* launch_async without a sync: finish it */
+        dmem_sync_and_unlock(self->rt->rt, self->s);
+        dmem_stream_destroy(self->rt->rt, self->s);
+      }
+      pyd_leave(&ctx);
+    }
+    Py_DECREF(self->rt);
+  }
+  PyObject_Free(self);
+}
+
+static PyObject *pyd_stream_int(pyd_stream_t *self) {
+  if (!self->s) {
+    PyErr_SetString(PyExc_ValueError, "stream is closed");
+    return NULL;
+  }
+  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)self->s);
+}
+
+static PyObject *pyd_stream_enter(pyd_stream_t *self, PyObject *unused) {
+  if (pyd_stream_check(self) < 0) return NULL;
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
+
+static PyObject *pyd_stream_exit(pyd_stream_t *self, PyObject *args) {
+  PyObject *r = pyd_stream_close(self, NULL);
+  if (!r) return NULL;
+  Py_DECREF(r);
+  Py_RETURN_FALSE;
+}
+
+static PyObject *pyd_stream_cuda_stream(pyd_stream_t *self, PyObject *unused) {
+  if (!self->s) {
+    PyErr_SetString(PyExc_ValueError, "stream is closed");
+    return NULL;
+  }
+  return Py_BuildValue("(iK)", 0, (unsigned long long)(uintptr_t)self->s);
+}
+
+static PyObject *pyd_stream_get_closed(pyd_stream_t *self, void *closure) {
+  return PyBool_FromLong(!self->s || !self->rt || !self->rt->rt);
+}
+
+static PyObject *pyd_stream_repr(pyd_stream_t *self) {
+  if (!self->s) return PyUnicode_FromString("<dmem.Stream closed>");
+  return PyUnicode_FromFormat("<dmem.Stream %p>", self->s);
+}
+
+static PyMethodDef pyd_stream_methods[] = {
+    {"synchronize", (PyCFunction)pyd_stream_synchronize, METH_NOARGS,
+     "Block until the work queued on this stream has completed."},
+    {"close", (PyCFunction)pyd_stream_close, METH_NOARGS,
+     "Destroy the stream (BusyError while buffers are registered on it or views use it)."},
+    {"__enter__", (PyCFunction)pyd_stream_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)pyd_stream_exit, METH_VARARGS, NULL},
+    {"__cuda_stream__", (PyCFunction)pyd_stream_cuda_stream, METH_NOARGS,
+     "CUDA stream protocol: (0, address)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef pyd_stream_getset[] = {
+    {"closed", (getter)pyd_stream_get_closed, NULL, "True after close()", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyNumberMethods pyd_stream_as_number = {
+    .nb_int = (unaryfunc)pyd_stream_int,
+    .nb_index = (unaryfunc)pyd_stream_int,
+};
+
+PyTypeObject pyd_stream_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dmem.Stream",
+    .tp_basicsize = sizeof(pyd_stream_t),
+    .tp_dealloc = (destructor)pyd_stream_dealloc,
+    .tp_repr = (reprfunc)pyd_stream_repr,
+    .tp_as_number = &pyd_stream_as_number,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A stream of a dmem runtime (from Runtime.stream()). int(stream) is its address\n"
+              "(the cudaStream_t under CUDA).",
+    .tp_methods = pyd_stream_methods,
+    .tp_getset = pyd_stream_getset,
+};

@@ -1,0 +1,172 @@
+/*
+ * runtime/config.c - defaults and DMEM_* environment variables.
+ */
+#include "internal.h"
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+
+/* Parse "123", "64K", "1.5G", "80%" (fraction_out may be NULL: then % is an
+ * error). */
+dmem_status_t dmem__parse_size(const char *s, size_t *bytes_out, double *fraction_out) {
+  if (!s) return DMEM_ERR_CONFIG;
+  while (isspace((unsigned char)*s)) s++;
+  if (*s == '\0' || *s == '-' || *s == '+') return DMEM_ERR_CONFIG;
+  errno = 0;
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || errno != 0 || !(v >= 0) || isinf(v)) return DMEM_ERR_CONFIG;
+  while (isspace((unsigned char)*end)) end++;
+  double mult = 1;
+  if (*end == '%') {
+    if (!fraction_out || v <= 0 || v > 100) return DMEM_ERR_CONFIG;
+    end++;
+    while (isspace((unsigned char)*end)) end++;
+    if (*end != '\0') return DMEM_ERR_CONFIG;
+    *fraction_out = v / 100.0;
+    *bytes_out = 0;
+    return DMEM_OK;
+  }
+  switch (toupper((unsigned char)*end)) {
+    case '\0': break;
+    case 'K': mult = 1024.0; end++; break;
+    case 'M': mult = 1024.0 * 1024; end++; break;
+    case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: return DMEM_ERR_CONFIG;
+  }
+  if (*end == 'i' || *end == 'I') end++;
+  if (*end == 'b' || *end == 'B') end++;
+  while (isspace((unsigned char)*end)) end++;
+  if (*end != '\0') return DMEM_ERR_CONFIG;
+  double bytes = v * mult;
+  if (bytes >= 18446744073709551615.0 || bytes != floor(bytes)) return DMEM_ERR_CONFIG;
+  *bytes_out = (size_t)bytes;
+  if (fraction_out) *fraction_out = 0;
+  return DMEM_OK;
+}
+
+static int parse_backend(const char *s, dmem_backend_t *out) {
+  if (strcasecmp(s, "auto") == 0) *out = DMEM_BACKEND_AUTO;
+  else if (strcasecmp(s, "cuda") == 0) *out = DMEM_BACKEND_CUDA;
+  else if (strcasecmp(s, "host") == 0) *out = DMEM_BACKEND_HOST;
+  else return -1;
+  return 0;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || errno != 0 || v < lo || v > hi) return -1;
+  while (isspace((unsigned char)*end)) end++;
+  if (*end != '\0') return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_log(const char *s, dmem_log_level_t *out) {
+  static const char *const names[] = {"off", "error", "warn", "info", "debug"};
+  for (int i = 0; i < 5; i++)
+    if (strcasecmp(s, names[i]) == 0) {
+      *out = (dmem_log_level_t)i;
+      return 0;
+    }
+  if (strcasecmp(s, "warning") == 0) {
+    *out = DMEM_LOG_WARN;
+    return 0;
+  }
+  long v;
+  if (parse_int(s, 0, 4, &v) == 0) {
+    *out = (dmem_log_level_t)v;
+    return 0;
+  }
+  return -1;
+}
+
+/* Apply (cfg != NULL) or only validate the environment; returns the first
+ * malformed variable's status with the detail recorded. */
+static dmem_status_t apply_env(dmem_config_t *cfg) {
+  const char *v;
+  dmem_status_t first = DMEM_OK;
+#define ENV_FAIL(expr)              \
+  do {                              \
+    if (first == DMEM_OK) first = (expr); \
+  } while (0)
+  if ((v = getenv("DMEM_BACKEND")) && *v) {
+    dmem_backend_t b;
+    if (parse_backend(v, &b) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_BACKEND=\"%s\": expected auto, cuda or host", v));
+    else if (cfg) cfg->backend = b;
+  }
+  if ((v = getenv("DMEM_DEVICE")) && *v) {
+    long d;
+    if (parse_int(v, 0, 1023, &d) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_DEVICE=\"%s\": expected a device ordinal", v));
+    else if (cfg) cfg->device = (int)d;
+  }
+  if ((v = getenv("DMEM_DEVICE_LIMIT")) && *v) {
+    size_t bytes;
+    double frac;
+    if (dmem__parse_size(v, &bytes, &frac) != DMEM_OK)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                         "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (K/M/G/T suffix) or N%% "
+                         "with 0 < N <= 100",
+                         v));
+    else if (cfg) {
+      cfg->device_limit = bytes;
+      cfg->device_limit_fraction = frac;
+    }
+  }
+  if ((v = getenv("DMEM_HOST_LIMIT")) && *v) {
+    size_t bytes;
+    if (dmem__parse_size(v, &bytes, NULL) != DMEM_OK)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                         "DMEM_HOST_LIMIT=\"%s\": expected bytes (K/M/G/T suffix)", v));
+    else if (cfg) cfg->host_limit = bytes;
+  }
+  if ((v = getenv("DMEM_HOST_CAPACITY")) && *v) {
+    size_t bytes;
+    if (dmem__parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                         "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (K/M/G/T suffix)", v));
+    else if (cfg) cfg->host_backend_capacity = bytes;
+  }
+  if ((v = getenv("DMEM_SPILL_DIR")) && *v) {
+    if (cfg) cfg->spill_dir = v;
+  }
+  if ((v = getenv("DMEM_LOG")) && *v) {
+    dmem_log_level_t l;
+    if (parse_log(v, &l) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                         "DMEM_LOG=\"%s\": expected off, error, warn, info, debug or 0..4", v));
+    else if (cfg) cfg->log_level = l;
+  }
+  if ((v = getenv("DMEM_STATS")) && *v) {
+    long s;
+    if (parse_int(v, 0, 1, &s) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_STATS=\"%s\": expected 0 or 1", v));
+    else if (cfg) cfg->print_stats = s != 0;
+  }
+#undef ENV_FAIL
+  return first;
+}
+
+void dmem_config_init(dmem_config_t *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->struct_size = sizeof *cfg;
+  cfg->backend = DMEM_BACKEND_AUTO;
+  cfg->device = 0;
+  cfg->log_level = DMEM_LOG_WARN;
+  cfg->host_backend_capacity = (size_t)1 << 30;
+  /* A malformed variable leaves only itself at the default;
+   * dmem_runtime_create reports it. */
+  (void)apply_env(cfg);
+}
+
+dmem_status_t dmem__config_validate_env(void) { return apply_env(NULL); }

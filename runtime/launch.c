@@ -1,0 +1,121 @@
+/*
+ * runtime/launch.c - the RMMEP-1 entry points: dmem_lock_and_launch,
+ * dmem_launch_async, dmem_sync_and_unlock, and dmem_stream_release.
+ */
+#include "internal.h"
+#include <stdlib.h>
+
+
+#define SMALL_N 16
+
+typedef struct lockset {
+  void **ptrs;
+  dmem__reg_entry_t *ents;
+  void *ptrs_small[SMALL_N];
+  dmem__reg_entry_t ents_small[SMALL_N];
+} lockset_t;
+
+static dmem_status_t lockset_init(lockset_t *ls, size_t n) {
+  if (n <= SMALL_N) {
+    ls->ptrs = ls->ptrs_small;
+    ls->ents = ls->ents_small;
+    return DMEM_OK;
+  }
+  ls->ptrs = malloc(n * sizeof *ls->ptrs);
+  ls->ents = malloc(n * sizeof *ls->ents);
+  if (!ls->ptrs || !ls->ents) {
+    free(ls->ptrs);
+    free(ls->ents);
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "lock set of %zu handles", n);
+  }
+  return DMEM_OK;
+}
+
+static void lockset_fini(lockset_t *ls) {
+  if (ls->ptrs != ls->ptrs_small) {
+    free(ls->ptrs);
+    free(ls->ents);
+  }
+}
+
+static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
+  for (size_t i = 0; i < n; i++) (void)dmem__unlock_buffer(rt, e[i].b, e[i].h);
+}
+
+/* All or nothing: on failure nothing stays locked. */
+static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n, void *stream,
+                              lockset_t *ls) {
+  for (size_t i = 0; i < n; i++) {
+    dmem__buffer_t *b = NULL;
+    dmem_status_t st = dmem__lock(rt, hs[i], stream, &ls->ptrs[i], &b);
+    if (st != DMEM_OK) {
+      unlock_n(rt, ls->ents, i);
+      return st;
+    }
+    ls->ents[i].b = b;
+    ls->ents[i].h = hs[i];
+  }
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                                   dmem_launch_fn fn, void *user) {
+  if (!rt || !fn || (!hs && n > 0))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: NULL argument");
+  lockset_t ls;
+  dmem_status_t st = lockset_init(&ls, n);
+  if (st != DMEM_OK) return st;
+  st = lock_all(rt, hs, n, NULL, &ls);
+  if (st != DMEM_OK) {
+    lockset_fini(&ls);
+    return st;
+  }
+  dmem_status_t fst = fn(user, NULL, ls.ptrs, n);
+  st = dmem__be(rt, rt->be->stream_synchronize(rt->be, NULL));
+  unlock_n(rt, ls.ents, n);
+  lockset_fini(&ls);
+  return st != DMEM_OK ? st : fst;
+}
+
+dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const dmem_handle_t *hs,
+                                size_t n, dmem_launch_fn fn, void *user) {
+  if (!rt || !fn || (!hs && n > 0))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: NULL argument");
+  lockset_t ls;
+  dmem_status_t st = lockset_init(&ls, n);
+  if (st != DMEM_OK) return st;
+  st = lock_all(rt, hs, n, stream, &ls);
+  if (st == DMEM_OK && n > 0) {
+    st = dmem__registry_add(rt, stream, ls.ents, n);
+    if (st != DMEM_OK) unlock_n(rt, ls.ents, n);
+  }
+  if (st != DMEM_OK) {
+    lockset_fini(&ls);
+    return st;
+  }
+  st = fn(user, stream, ls.ptrs, n);
+  lockset_fini(&ls);
+  return st;
+}
+
+dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_sync_and_unlock: rt is NULL");
+  dmem_status_t st = dmem__be(rt, rt->be->stream_synchronize(rt->be, stream));
+  if (st != DMEM_OK) return st;
+  dmem__reg_entry_t *v;
+  size_t n;
+  (void)dmem__registry_take(rt, stream, &v, &n);
+  unlock_n(rt, v, n);
+  free(v);
+  dmem__registry_poll(rt, false);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_release: rt is NULL");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  st = dmem__registry_release(rt, stream);
+  dmem__registry_poll(rt, false);
+  return st;
+}

@@ -1,0 +1,199 @@
+/*
+ * runtime/runtime.c - creating and destroying a runtime; backend selection;
+ * polling.
+ */
+#include "internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+
+uint64_t dmem__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+dmem_status_t dmem__be(dmem_runtime_t *rt, dmem_status_t st) {
+  if (st == DMEM_ERR_DEVICE_FATAL) dmem_atomic_store_relaxed(&rt->fatal, 1);
+  return st;
+}
+
+static dmem_status_t check_config(const dmem_config_t *cfg) {
+  if (cfg->struct_size < sizeof *cfg)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_config_t.struct_size is %zu, expected %zu: use dmem_config_init",
+                       cfg->struct_size, sizeof *cfg);
+  if (cfg->backend != DMEM_BACKEND_AUTO && cfg->backend != DMEM_BACKEND_CUDA &&
+      cfg->backend != DMEM_BACKEND_HOST)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "unknown backend %d", (int)cfg->backend);
+  if (cfg->device < 0)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "device %d is negative", cfg->device);
+  if (!(cfg->device_limit_fraction >= 0 && cfg->device_limit_fraction <= 1))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "device_limit_fraction %g not in [0, 1]",
+                       cfg->device_limit_fraction);
+  if ((int)cfg->log_level < DMEM_LOG_OFF || (int)cfg->log_level > DMEM_LOG_DEBUG)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "log level %d not in 0..4", (int)cfg->log_level);
+  if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
+  return DMEM_OK;
+}
+
+static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
+  switch (cfg->backend) {
+    case DMEM_BACKEND_HOST: return dmem__backend_host_create(cfg, be_out);
+    case DMEM_BACKEND_CUDA: return dmem__backend_cuda_create(cfg, be_out);
+    default: break;
+  }
+  if (dmem__backend_cuda_available()) {
+    dmem_status_t st = dmem__backend_cuda_create(cfg, be_out);
+    if (st != DMEM_ERR_NO_DEVICE) return st;
+  }
+  return dmem__backend_host_create(cfg, be_out);
+}
+
+dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **rt_out) {
+  if (!rt_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_runtime_create: rt_out is NULL");
+  dmem_config_t cfg;
+  if (cfg_in) {
+    if (cfg_in->struct_size < sizeof cfg) return check_config(cfg_in);
+    memcpy(&cfg, cfg_in, sizeof cfg);
+  } else {
+    dmem_config_init(&cfg);
+  }
+  dmem_status_t st = dmem__config_validate_env();
+  if (st != DMEM_OK) return st;
+  st = check_config(&cfg);
+  if (st != DMEM_OK) return st;
+  dmem__log_level = (int)cfg.log_level;
+
+  dmem_runtime_t *rt = calloc(1, sizeof *rt);
+  dmem__table_t *table = calloc(1, sizeof *table);
+  if (!rt || !table) {
+    free(rt);
+    free(table);
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "runtime allocation failed");
+  }
+  rt->table = table;
+  if (cfg.spill_dir) {
+    rt->spill_dir_copy = strdup(cfg.spill_dir);
+    if (!rt->spill_dir_copy) {
+      st = dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
+      goto fail_rt;
+    }
+  }
+  cfg.spill_dir = rt->spill_dir_copy;
+  rt->cfg = cfg;
+  st = dmem__table_init(rt->table);
+  if (st != DMEM_OK) goto fail_rt;
+  st = dmem__registry_init(&rt->reg);
+  if (st != DMEM_OK) goto fail_table;
+  pthread_mutex_init(&rt->disk_mu, NULL);
+  pthread_mutex_init(&rt->evpool_mu, NULL);
+  pthread_mutex_init(&rt->ready_mu, NULL);
+  pthread_mutex_init(&rt->tmu, NULL);
+  pthread_cond_init(&rt->tcv, NULL);
+  pthread_mutex_init(&rt->ctl_mu, NULL);
+
+  st = make_backend(&cfg, &rt->be);
+  if (st != DMEM_OK) goto fail_mutexes;
+  rt->capacity = rt->be->device_capacity;
+  if (cfg.device_limit) rt->limit = cfg.device_limit;
+  else if (cfg.device_limit_fraction > 0)
+    rt->limit = (size_t)((double)rt->capacity * cfg.device_limit_fraction);
+  else rt->limit = rt->capacity;
+  rt->host_limit = cfg.host_limit;
+  st = dmem__hostpool_create(rt->be, &rt->hostpool);
+  if (st != DMEM_OK) goto fail_backend;
+  st = dmem__be(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  if (st != DMEM_OK) goto fail_pool;
+  DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
+              rt->be->name, rt->capacity, rt->limit, rt->host_limit);
+  *rt_out = rt;
+  return DMEM_OK;
+
+fail_pool:
+  dmem__hostpool_destroy(rt->hostpool);
+fail_backend:
+  rt->be->destroy(rt->be);
+fail_mutexes:
+  pthread_mutex_destroy(&rt->ctl_mu);
+  pthread_cond_destroy(&rt->tcv);
+  pthread_mutex_destroy(&rt->tmu);
+  pthread_mutex_destroy(&rt->ready_mu);
+  pthread_mutex_destroy(&rt->evpool_mu);
+  pthread_mutex_destroy(&rt->disk_mu);
+  pthread_mutex_destroy(&rt->reg.mu);
+fail_table:
+  dmem__table_fini(rt->table);
+fail_rt:
+  free(rt->spill_dir_copy);
+  free(rt->table);
+  free(rt);
+  return st;
+}
+
+static void print_stats(dmem_runtime_t *rt) {
+  dmem_stats_t s;
+  if (dmem_stats(rt, &s) != DMEM_OK) return;
+  fprintf(stderr,
+          "dmem stats (%s): limit %zu, used %zu, host %zu, disk %zu, buffers %zu\n"
+          "  spills %llu (%llu bytes, %.3f s), unspills %llu (%llu bytes, %.3f s), "
+          "on-demand evictions %llu, cancelled %llu\n",
+          rt->be->name, s.device_limit, s.device_used, s.host_used, s.disk_used, s.buffer_count,
+          (unsigned long long)s.spill_count, (unsigned long long)s.bytes_spilled,
+          s.seconds_spilling, (unsigned long long)s.unspill_count,
+          (unsigned long long)s.bytes_unspilled, s.seconds_unspilling,
+          (unsigned long long)s.oom_evictions, (unsigned long long)s.cancelled_spills);
+}
+
+void dmem_runtime_destroy(dmem_runtime_t *rt) {
+  if (!rt) return;
+  if (rt->cfg.print_stats) print_stats(rt);
+  (void)rt->be->stream_synchronize(rt->be, NULL);
+  (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  dmem__registry_fini(rt);
+  dmem__ready_poll(rt, true);
+  /* Free every buffer still alive, locked ones too. */
+  uint32_t hw = dmem_atomic_load_relaxed(&rt->table->high_water);
+  for (uint32_t slot = 0; slot < hw; slot++) {
+    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
+    if (!b) break;
+    uint64_t w = dmem_atomic_load_relaxed(&b->word);
+    if (dmem__w_state(w) == DMEM__STATE_FREE) continue;
+    w = (w & ~(DMEM__COUNT_MASK | DMEM__F_TRANSIT | DMEM__F_COPYEV)) | DMEM__F_FREED;
+    dmem_atomic_store_relaxed(&b->word, w);
+    dmem__reclaim(rt, b, w);
+  }
+  for (size_t i = 0; i < rt->evpool_n; i++) (void)rt->be->event_destroy(rt->be, rt->evpool[i]);
+  free(rt->evpool);
+  free(rt->ready);
+  dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
+  (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+  dmem__hostpool_destroy(rt->hostpool);
+  rt->be->destroy(rt->be);
+  pthread_mutex_destroy(&rt->ctl_mu);
+  pthread_cond_destroy(&rt->tcv);
+  pthread_mutex_destroy(&rt->tmu);
+  pthread_mutex_destroy(&rt->ready_mu);
+  pthread_mutex_destroy(&rt->evpool_mu);
+  pthread_mutex_destroy(&rt->disk_mu);
+  dmem__table_fini(rt->table);
+  free(rt->table);
+  free(rt->spill_dir_copy);
+  free(rt);
+}
+
+dmem_backend_t dmem_runtime_backend(const dmem_runtime_t *rt) {
+  return rt ? rt->be->kind : DMEM_BACKEND_AUTO;
+}
+
+dmem_status_t dmem_runtime_poll(dmem_runtime_t *rt) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_runtime_poll: rt is NULL");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  dmem__registry_poll(rt, false);
+  dmem__ready_poll(rt, false);
+  return DMEM_OK;
+}

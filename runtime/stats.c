@@ -1,0 +1,43 @@
+/*
+ * runtime/stats.c - dmem_stats.
+ */
+#include "internal.h"
+#include <string.h>
+
+
+dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
+  if (!rt || !stats_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stats: NULL argument");
+  dmem__registry_poll(rt, false);
+  dmem__ready_poll(rt, false);
+  dmem_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.device_capacity = rt->capacity;
+  s.device_limit = rt->limit;
+  s.device_used = dmem_atomic_load_relaxed(&rt->device_used);
+  s.device_pinned = dmem_atomic_load_relaxed(&rt->device_pinned);
+  s.host_used = dmem_atomic_load_relaxed(&rt->host_used);
+  s.disk_used = dmem_atomic_load_relaxed(&rt->disk_used);
+  s.controller_used = dmem_atomic_load_relaxed(&rt->controller_used);
+  s.buffer_count = dmem_atomic_load_relaxed(&rt->buffer_count);
+  s.spill_count = dmem_atomic_load_relaxed(&rt->spill_count);
+  s.unspill_count = dmem_atomic_load_relaxed(&rt->unspill_count);
+  s.bytes_spilled = dmem_atomic_load_relaxed(&rt->bytes_spilled);
+  s.bytes_unspilled = dmem_atomic_load_relaxed(&rt->bytes_unspilled);
+  s.seconds_spilling = (double)dmem_atomic_load_relaxed(&rt->ns_spilling) * 1e-9;
+  s.seconds_unspilling = (double)dmem_atomic_load_relaxed(&rt->ns_unspilling) * 1e-9;
+  s.oom_evictions = dmem_atomic_load_relaxed(&rt->oom_evictions);
+  s.cancelled_spills = dmem_atomic_load_relaxed(&rt->cancelled_spills);
+  /* Locked bytes are counted here rather than on every lock, keeping the
+   * lock fast path to one CAS. */
+  uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
+  for (uint32_t slot = 0; slot < hw; slot++) {
+    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
+    if (!b) break;
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+    unsigned st = dmem__w_state(w);
+    if (dmem__w_count(w) > 0 && (st == DMEM_STATE_RESIDENT || st == DMEM_STATE_UNSPILLING))
+      s.device_locked += b->size;
+  }
+  *stats_out = s;
+  return DMEM_OK;
+}

@@ -1,0 +1,47 @@
+/*
+ * runtime/stream.c - streams, stream-ordered host functions and copies.
+ */
+#include "internal.h"
+
+dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_out) {
+  if (!rt || !s_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_create: NULL argument");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  void *s = NULL;
+  st = dmem__be(rt, rt->be->stream_create(rt->be, &s));
+  if (st == DMEM_OK) *s_out = s;
+  return st;
+}
+
+dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
+  if (!rt || !s) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_destroy: NULL argument");
+  if (dmem__registry_has(rt, s))
+    return dmem__error(DMEM_ERR_BUSY,
+                       "stream %p still has locked buffers registered: call "
+                       "dmem_sync_and_unlock first",
+                       s);
+  return dmem__be(rt, rt->be->stream_destroy(rt->be, s));
+}
+
+dmem_status_t dmem_stream_synchronize(dmem_runtime_t *rt, dmem_stream_t s) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_synchronize: rt is NULL");
+  return dmem__be(rt, rt->be->stream_synchronize(rt->be, s));
+}
+
+dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_t s, void (*fn)(void *),
+                                       void *user) {
+  if (!rt || !fn)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_enqueue_host: NULL argument");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  return dmem__be(rt, rt->be->launch_host_func(rt->be, s, fn, user));
+}
+
+dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n, dmem_stream_t s) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: rt is NULL");
+  if (n == 0) return DMEM_OK;
+  if (!dst || !src) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: NULL address");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  return dmem__be(rt, rt->be->memcpy_async(rt->be, dst, src, n, s));
+}

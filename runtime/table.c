@@ -1,0 +1,102 @@
+/*
+ * runtime/table.c - the handle table: chunks of buffer slots that never move,
+ * so that a handle is looked up without a lock; a free list of slots; a
+ * generation per slot so that a freed or forged handle is stale, never
+ * another buffer.
+ */
+#include "internal.h"
+#include <stdlib.h>
+#include <string.h>
+
+
+dmem_status_t dmem__table_init(dmem__table_t *t) {
+  for (uint32_t i = 0; i < DMEM__MAX_CHUNKS; i++) atomic_init(&t->chunks[i], NULL);
+  atomic_init(&t->high_water, 0);
+  t->free_head = DMEM__NO_SLOT;
+  if (pthread_mutex_init(&t->mu, NULL) != 0)
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "pthread_mutex_init failed");
+  return DMEM_OK;
+}
+
+void dmem__table_fini(dmem__table_t *t) {
+  for (uint32_t i = 0; i < DMEM__MAX_CHUNKS; i++) {
+    dmem__buffer_t *c = dmem_atomic_load_relaxed(&t->chunks[i]);
+    if (!c) break;
+    free(c);
+  }
+  pthread_mutex_destroy(&t->mu);
+}
+
+dmem__buffer_t *dmem__table_slot(dmem__table_t *t, uint32_t slot) {
+  /* acquire: partner is the release store in table_grow */
+  dmem__buffer_t *c = dmem_atomic_load_acquire(&t->chunks[slot >> DMEM__CHUNK_BITS]);
+  return c ? &c[slot & (DMEM__CHUNK_SLOTS - 1)] : NULL;
+}
+
+/* Under t->mu. */
+static dmem_status_t table_grow(dmem__table_t *t, uint32_t chunk) {
+  if (chunk >= DMEM__MAX_CHUNKS)
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table full (%u slots)",
+                       DMEM__MAX_CHUNKS * DMEM__CHUNK_SLOTS);
+  dmem__buffer_t *c = calloc(DMEM__CHUNK_SLOTS, sizeof *c);
+  if (!c) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table chunk allocation failed");
+  for (uint32_t i = 0; i < DMEM__CHUNK_SLOTS; i++) {
+    /* generation 1, empty slot */
+    atomic_init(&c[i].word, ((uint64_t)1 << DMEM__GEN_SHIFT) |
+                                ((uint64_t)DMEM__STATE_FREE << DMEM__STATE_SHIFT) | DMEM__F_FREED);
+    atomic_init(&c[i].last_use, 0);
+    atomic_init(&c[i].priority, 0);
+    atomic_init(&c[i].spill_count, 0);
+    c[i].slot = (chunk << DMEM__CHUNK_BITS) | i;
+  }
+  /* release: partner is the acquire load in dmem__table_lookup */
+  dmem_atomic_store_release(&t->chunks[chunk], c);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffer_t **b_out) {
+  pthread_mutex_lock(&t->mu);
+  uint32_t slot;
+  if (t->free_head != DMEM__NO_SLOT) {
+    slot = t->free_head;
+    t->free_head = dmem__table_slot(t, slot)->next_free;
+  } else {
+    slot = dmem_atomic_load_relaxed(&t->high_water);
+    if (slot == DMEM__NO_SLOT) {
+      pthread_mutex_unlock(&t->mu);
+      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table full");
+    }
+    if ((slot & (DMEM__CHUNK_SLOTS - 1)) == 0) {
+      dmem_status_t st = table_grow(t, slot >> DMEM__CHUNK_BITS);
+      if (st != DMEM_OK) {
+        pthread_mutex_unlock(&t->mu);
+        return st;
+      }
+    }
+    /* release: partner is the acquire load of high_water in lookup */
+    dmem_atomic_store_release(&t->high_water, slot + 1);
+  }
+  pthread_mutex_unlock(&t->mu);
+  *slot_out = slot;
+  *b_out = dmem__table_slot(t, slot);
+  return DMEM_OK;
+}
+
+void dmem__table_give(dmem__table_t *t, dmem__buffer_t *b) {
+  uint32_t slot = b->slot;
+  uint64_t w = dmem_atomic_load_relaxed(&b->word);
+  uint32_t gen = dmem__w_gen(w) + 1;
+  if (gen == 0) gen = 1;
+  b->dev = NULL;
+  b->host = NULL;
+  b->host_charged = false;
+  /* release: partner is the acquire load of any later lock/free with the old
+   * handle, which then sees the new generation and reports it stale */
+  dmem_atomic_store_release(&b->word, ((uint64_t)gen << DMEM__GEN_SHIFT) |
+                                          ((uint64_t)DMEM__STATE_FREE << DMEM__STATE_SHIFT) |
+                                          DMEM__F_FREED);
+  pthread_mutex_lock(&t->mu);
+  b->next_free = t->free_head;
+  t->free_head = slot;
+  pthread_mutex_unlock(&t->mu);
+}
