@@ -160,7 +160,11 @@ int pyd_stream_arg(pyd_runtime_t *rt, PyObject *o, dmem_stream_t *out, PyObject 
 int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out);
 /* New Buffer object. owning = 0 gives a wrapper that does not free. */
 PyObject *pyd_buffer_new(pyd_runtime_t *rt, dmem_handle_t h, size_t size, int owning);
-/* Fill an existing DmemError instance attributes. */
+/* 0 if the Buffer may be used (not freed, runtime open); else StaleHandleError. */
+int pyd_buffer_check(pyd_buffer_t *b);
+/* View of a buffer (view.c). */
+PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o);
+/* Names of states and tiers. */
 const char *pyd_state_name(dmem_state_t s);
 const char *pyd_tier_name(dmem_tier_t t);
 

@@ -453,3 +453,55 @@ void dmem__ready_poll(dmem_runtime_t *rt, bool wait_all) {
   rt->nready = keep;
   pthread_mutex_unlock(&rt->ready_mu);
 }
+
+/* ---- public entry points ------------------------------------------------------- */
+
+dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_spill: rt is NULL");
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b)
+    return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
+                       (unsigned long long)h);
+  if (dmem__tl_transit == b)
+    return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved by this thread",
+                       (unsigned long long)h);
+  return dmem__spill_buffer(rt, b, h, tier, false);
+}
+
+dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_unspill: rt is NULL");
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  /* acquire: partner is the release of the last mover / dmem_alloc */
+  uint64_t w = b ? dmem_atomic_load_acquire(&b->word) : 0;
+  for (;;) {
+    if (!b || dmem__w_gen(w) != dmem__h_gen(h) || (w & DMEM__F_FREED) ||
+        dmem__w_state(w) == DMEM__STATE_FREE)
+      return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
+                         (unsigned long long)h);
+    unsigned s = dmem__w_state(w);
+    if (s == DMEM_STATE_RESIDENT) return DMEM_OK;
+    if (s == DMEM_STATE_SPILLING && (w & DMEM__F_COPYEV)) {
+      /* cancel the spill, as a lock would, and order `stream` after the
+       * copy that still reads the device memory */
+      uint64_t nw = dmem__w_with_state(w, DMEM_STATE_RESIDENT);
+      if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
+      dmem__transit_broadcast(rt);
+      return dmem__be(rt, rt->be->stream_wait_event(rt->be, stream, b->spill_event));
+    }
+    if ((w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING) {
+      if (dmem__tl_transit == b)
+        return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved by this thread",
+                           (unsigned long long)h);
+      dmem__transit_wait(rt, b, w);
+      w = dmem_atomic_load_acquire(&b->word); /* partner: dmem__transit_end */
+      continue;
+    }
+    uint64_t nw = dmem__w_with_state(w, DMEM_STATE_UNSPILLING) | DMEM__F_TRANSIT;
+    if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
+    dmem_atomic_add_relaxed(&rt->moving, 1);
+    dmem__tl_transit = b;
+    return dmem__unspill_owned(rt, b, h, w, stream, false);
+  }
+}

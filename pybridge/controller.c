@@ -1,0 +1,318 @@
+/*
+ * pybridge/controller.c - a Python object as the runtime's controller
+ * (dmem_set_controller): C trampolines that take the GIL and call its
+ * methods.
+ *
+ *   on_alloc(buf), on_free(handle), on_spill(buf, tier), on_unspill(buf),
+ *   on_pressure(nbytes)          notifications (from dmem_event_t)
+ *   select_victims(nbytes)       None (default policy) or an iterable of
+ *                                Buffers / int handles
+ *   store(buf, data)             data: read-only memoryview, valid during the
+ *                                call only (copy it, e.g. bytes(data))
+ *   retrieve(buf, out)           out: writable memoryview to fill
+ *
+ * Only the methods a subclass overrides are installed (a controller that
+ * overrides no on_* method costs nothing per allocation). `buf` arguments are
+ * Buffer wrappers that do not own the handle and compare equal to the owning
+ * Buffer. An exception in a callback is stored for the Python call waiting on
+ * this thread, which raises CallbackError from it; with no such call it goes
+ * to sys.unraisablehook. A failing select_victims/store/retrieve returns
+ * DMEM_ERR_CALLBACK to the runtime (the buffer stays where it was).
+ */
+#include "pydmem.h"
+
+#include <string.h>
+
+static const char *const pyd_cb_names[] = {"on_alloc",   "on_free",        "on_spill",
+                                           "on_unspill", "on_pressure",    "select_victims",
+                                           "store",      "retrieve"};
+#define PYD_NCB (sizeof pyd_cb_names / sizeof pyd_cb_names[0])
+
+/* Save and restore the error indicator around a callback: the thread may be
+ * in the middle of raising (e.g. a Buffer collected during unwinding). */
+typedef struct {
+  PyGILState_STATE g;
+  PyObject *et, *ev, *etb;
+} pyd_gil_t;
+
+static void pyd_gil_take(pyd_gil_t *s) {
+  s->g = PyGILState_Ensure();
+  PyErr_Fetch(&s->et, &s->ev, &s->etb);
+}
+
+static void pyd_gil_drop(pyd_gil_t *s) {
+  PyErr_Restore(s->et, s->ev, s->etb);
+  PyGILState_Release(s->g);
+}
+
+static void pyd_tramp_event(void *user, const dmem_event_t *ev) {
+  pyd_binding_t *b = user;
+  if (pyd_finalizing()) return;
+  pyd_gil_t gs;
+  pyd_gil_take(&gs);
+  unsigned bit = 0;
+  switch (ev->kind) {
+    case DMEM_EVENT_ALLOC: bit = PYD_CB_ON_ALLOC; break;
+    case DMEM_EVENT_FREE: bit = PYD_CB_ON_FREE; break;
+    case DMEM_EVENT_SPILL: bit = PYD_CB_ON_SPILL; break;
+    case DMEM_EVENT_UNSPILL: bit = PYD_CB_ON_UNSPILL; break;
+    case DMEM_EVENT_PRESSURE: bit = PYD_CB_ON_PRESSURE; break;
+  }
+  PyObject *obj = b->obj;
+  if (!obj || !(b->mask & bit) || (b->closing && ev->kind != DMEM_EVENT_FREE)) goto out;
+  Py_INCREF(obj);
+  PyObject *r = NULL, *buf = NULL;
+  switch (ev->kind) {
+    case DMEM_EVENT_ALLOC:
+      buf = pyd_buffer_new(b->owner, ev->handle, ev->size, 0);
+      if (buf) r = PyObject_CallMethod(obj, "on_alloc", "O", buf);
+      break;
+    case DMEM_EVENT_FREE:
+      r = PyObject_CallMethod(obj, "on_free", "K", (unsigned long long)ev->handle);
+      break;
+    case DMEM_EVENT_SPILL:
+      buf = pyd_buffer_new(b->owner, ev->handle, ev->size, 0);
+      if (buf) r = PyObject_CallMethod(obj, "on_spill", "Os", buf, pyd_tier_name(ev->tier));
+      break;
+    case DMEM_EVENT_UNSPILL:
+      buf = pyd_buffer_new(b->owner, ev->handle, ev->size, 0);
+      if (buf) r = PyObject_CallMethod(obj, "on_unspill", "O", buf);
+      break;
+    case DMEM_EVENT_PRESSURE:
+      r = PyObject_CallMethod(obj, "on_pressure", "n", (Py_ssize_t)ev->bytes_needed);
+      break;
+  }
+  if (r) Py_DECREF(r);
+  else pyd_callback_failed(obj);
+  Py_XDECREF(buf);
+  Py_DECREF(obj);
+out:
+  pyd_gil_drop(&gs);
+}
+
+static dmem_status_t pyd_tramp_select(void *user, size_t bytes_needed, dmem_handle_t *victims,
+                                      size_t capacity, size_t *n_out) {
+  pyd_binding_t *b = user;
+  if (pyd_finalizing()) {
+    *n_out = DMEM_VICTIMS_DEFAULT;
+    return DMEM_OK;
+  }
+  pyd_gil_t gs;
+  pyd_gil_take(&gs);
+  dmem_status_t st = DMEM_OK;
+  PyObject *obj = b->obj;
+  if (!obj || b->closing) {
+    *n_out = DMEM_VICTIMS_DEFAULT;
+    goto out;
+  }
+  Py_INCREF(obj);
+  PyObject *r = PyObject_CallMethod(obj, "select_victims", "n", (Py_ssize_t)bytes_needed);
+  PyObject *it = NULL, *item = NULL;
+  if (!r) goto fail;
+  if (r == Py_None) {
+    *n_out = DMEM_VICTIMS_DEFAULT;
+    goto done;
+  }
+  it = PyObject_GetIter(r);
+  if (!it) goto fail;
+  size_t n = 0;
+  while ((item = PyIter_Next(it))) {
+    dmem_handle_t h;
+    if (PyObject_TypeCheck(item, &pyd_buffer_type)) {
+      pyd_buffer_t *vb = (pyd_buffer_t *)item;
+      if (vb->rt != b->owner) {
+        PyErr_SetString(PyExc_ValueError, "select_victims: buffer of another runtime");
+        goto fail;
+      }
+      h = vb->h; /* a freed one is stale: the runtime skips it */
+    } else if (pyd_handle_arg(b->owner, item, 1, &h) < 0) {
+      goto fail;
+    }
+    if (n < capacity) victims[n++] = h;
+    Py_CLEAR(item);
+  }
+  if (PyErr_Occurred()) goto fail;
+  *n_out = n;
+  goto done;
+fail:
+  Py_XDECREF(item);
+  st = DMEM_ERR_CALLBACK;
+  pyd_callback_failed(obj);
+done:
+  Py_XDECREF(it);
+  Py_XDECREF(r);
+  Py_DECREF(obj);
+out:
+  pyd_gil_drop(&gs);
+  return st;
+}
+
+/* store/retrieve: call method(buf, memoryview), then release the memoryview
+ * so that a controller that kept it (instead of copying) cannot reach the
+ * runtime's memory after the call. */
+static dmem_status_t pyd_tramp_move(pyd_binding_t *b, const char *method, dmem_handle_t h,
+                                    void *data, size_t size, int flags) {
+  if (pyd_finalizing()) return DMEM_ERR_CALLBACK;
+  pyd_gil_t gs;
+  pyd_gil_take(&gs);
+  dmem_status_t st = DMEM_ERR_CALLBACK;
+  PyObject *obj = b->obj;
+  if (!obj || b->closing) goto out;
+  Py_INCREF(obj);
+  PyObject *buf = pyd_buffer_new(b->owner, h, size, 0);
+  PyObject *mv = buf ? PyMemoryView_FromMemory(data, (Py_ssize_t)size, flags) : NULL;
+  PyObject *r = mv ? PyObject_CallMethod(obj, method, "OO", buf, mv) : NULL;
+  if (mv) {
+    PyObject *rel = PyObject_CallMethod(mv, "release", NULL);
+    if (!rel) {
+      if (r) {
+        /* Exports of the memoryview are still alive: refuse the move. */
+        PyObject *cause = pyd_fetch_exception();
+        PyErr_Format(PyExc_BufferError,
+                     "%s() kept a view of the runtime's memory beyond the call; copy it "
+                     "(e.g. bytes(data)) instead",
+                     method);
+        if (cause) {
+          PyObject *exc = pyd_fetch_exception();
+          if (exc && PyExceptionInstance_Check(exc)) PyException_SetCause(exc, cause);
+          else Py_DECREF(cause);
+          if (exc) PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+          Py_XDECREF(exc);
+        }
+        Py_CLEAR(r);
+      } else {
+        PyErr_Clear(); /* keep the callback's own exception (set below) */
+      }
+    }
+    Py_XDECREF(rel);
+  }
+  if (r) {
+    st = DMEM_OK;
+    Py_DECREF(r);
+  } else {
+    pyd_callback_failed(obj);
+  }
+  Py_XDECREF(mv);
+  Py_XDECREF(buf);
+  Py_DECREF(obj);
+out:
+  pyd_gil_drop(&gs);
+  return st;
+}
+
+static dmem_status_t pyd_tramp_store(void *user, dmem_handle_t h, const void *data, size_t size) {
+  return pyd_tramp_move(user, "store", h, (void *)data, size, PyBUF_READ);
+}
+
+static dmem_status_t pyd_tramp_retrieve(void *user, dmem_handle_t h, void *out, size_t size) {
+  return pyd_tramp_move(user, "retrieve", h, out, size, PyBUF_WRITE);
+}
+
+/* Which callbacks the controller's class overrides. */
+static int pyd_controller_mask(PyObject *obj, unsigned *mask_out) {
+  unsigned mask = 0;
+  PyObject *type = (PyObject *)Py_TYPE(obj);
+  for (size_t i = 0; i < PYD_NCB; i++) {
+    PyObject *m = PyObject_GetAttrString(type, pyd_cb_names[i]);
+    if (!m) {
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+      PyErr_Clear();
+      continue;
+    }
+    int overridden = 1;
+    if (pyd_controller_base) {
+      PyObject *bm = PyObject_GetAttrString(pyd_controller_base, pyd_cb_names[i]);
+      if (!bm) PyErr_Clear();
+      overridden = bm != m;
+      Py_XDECREF(bm);
+    }
+    Py_DECREF(m);
+    if (overridden) mask |= 1u << i;
+  }
+  *mask_out = mask;
+  return 0;
+}
+
+PyObject *pyd_runtime_set_controller(pyd_runtime_t *self, PyObject *obj) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  pyd_binding_t *b = NULL;
+  dmem_controller_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  if (obj != Py_None) {
+    if (pyd_controller_base) {
+      int ok = PyObject_IsInstance(obj, pyd_controller_base);
+      if (ok < 0) return NULL;
+      if (!ok) {
+        PyErr_Format(PyExc_TypeError, "controller must be a dmem.Controller or None, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+      }
+    }
+    unsigned mask;
+    if (pyd_controller_mask(obj, &mask) < 0) return NULL;
+    b = PyMem_RawCalloc(1, sizeof *b);
+    if (!b) return PyErr_NoMemory();
+    b->owner = self;
+    Py_INCREF(obj);
+    b->obj = obj;
+    b->mask = mask;
+    c.user = b;
+    if (mask & PYD_CB_EVENTS) c.on_event = pyd_tramp_event;
+    if (mask & PYD_CB_SELECT_VICTIMS) c.select_victims = pyd_tramp_select;
+    if (mask & PYD_CB_STORE) c.store = pyd_tramp_store;
+    if (mask & PYD_CB_RETRIEVE) c.retrieve = pyd_tramp_retrieve;
+  }
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_set_controller(self->rt, b ? &c : NULL);
+  pyd_leave(&ctx);
+  if (st != DMEM_OK) {
+    if (b) {
+      Py_CLEAR(b->obj);
+      PyMem_RawFree(b);
+    }
+    pyd_finish(&ctx, st);
+    return NULL;
+  }
+  /* The old controllers are out; their bindings stay allocated until the
+   * runtime is destroyed (a callback may still be running with them). */
+  for (pyd_binding_t *o = self->bindings; o; o = o->next) Py_CLEAR(o->obj);
+  if (b) {
+    b->next = self->bindings;
+    self->bindings = b;
+  }
+  if (pyd_finish(&ctx, DMEM_OK) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+PyObject *pyd_runtime_get_controller(pyd_runtime_t *self, void *closure) {
+  PyObject *o = self->bindings && self->rt ? self->bindings->obj : NULL;
+  if (!o) Py_RETURN_NONE;
+  Py_INCREF(o);
+  return o;
+}
+
+void pyd_bindings_mark_closing(pyd_runtime_t *self) {
+  for (pyd_binding_t *b = self->bindings; b; b = b->next) b->closing = 1;
+}
+
+void pyd_bindings_free(pyd_runtime_t *self) {
+  pyd_binding_t *b = self->bindings;
+  self->bindings = NULL;
+  while (b) {
+    pyd_binding_t *next = b->next;
+    Py_CLEAR(b->obj);
+    PyMem_RawFree(b);
+    b = next;
+  }
+}
+
+int pyd_bindings_traverse(pyd_runtime_t *self, visitproc visit, void *arg) {
+  for (pyd_binding_t *b = self->bindings; b; b = b->next) Py_VISIT(b->obj);
+  return 0;
+}
+
+void pyd_bindings_clear(pyd_runtime_t *self) {
+  for (pyd_binding_t *b = self->bindings; b; b = b->next) Py_CLEAR(b->obj);
+}

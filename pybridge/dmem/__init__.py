@@ -1,0 +1,72 @@
+"""dmem: spillable GPU memory.
+
+    import dmem
+    with dmem.Runtime(backend="host", host_capacity=64 << 20) as rt:
+        buf = rt.alloc(1 << 20)
+        buf.write(b"hello")
+        buf.spill("host")
+        assert buf.read(5) == b"hello"
+        with buf.lock() as view:
+            ...  # view.ptr, view.__dlpack__(), __cuda_array_interface__ (CUDA)
+
+Errors are dmem.DmemError subclasses carrying ``.status``, ``.name`` and
+``.detail``. Using a view outside its ``with`` block raises NotLockedError;
+using a freed Buffer (or one whose runtime was closed) raises StaleHandleError;
+methods of a closed Runtime or Stream raise ValueError. An exception raised by a
+launch function (``lock_and_launch``/``launch_async``) propagates unchanged; one
+raised by a controller callback surfaces as CallbackError (``__cause__`` is the
+original).
+"""
+
+import atexit as _atexit
+
+from . import _dmem
+from ._dmem import (
+    Buffer,
+    BusyError,
+    CallbackError,
+    ConfigError,
+    DeviceError,
+    DeviceFatalError,
+    DmemError,
+    HostOutOfMemoryError,
+    InvalidArgumentError,
+    NoDeviceError,
+    NotLockedError,
+    OutOfMemoryError,
+    Runtime,
+    SpillIOError,
+    StaleHandleError,
+    Stream,
+    View,
+    status_name,
+)
+from .controller import Controller
+
+_dmem._set_controller_base(Controller)
+# Close runtimes still open at exit (removes their spill directories).
+_atexit.register(_dmem._shutdown)
+
+__version__ = "%d.%d.%d" % (_dmem.VERSION_MAJOR, _dmem.VERSION_MINOR, _dmem.VERSION_PATCH)
+
+__all__ = [
+    "Buffer",
+    "BusyError",
+    "CallbackError",
+    "ConfigError",
+    "Controller",
+    "DeviceError",
+    "DeviceFatalError",
+    "DmemError",
+    "HostOutOfMemoryError",
+    "InvalidArgumentError",
+    "NoDeviceError",
+    "NotLockedError",
+    "OutOfMemoryError",
+    "Runtime",
+    "SpillIOError",
+    "StaleHandleError",
+    "Stream",
+    "View",
+    "status_name",
+]

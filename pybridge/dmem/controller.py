@@ -1,0 +1,70 @@
+"""dmem.Controller: the base class of Python controllers.
+
+A controller sees every buffer of a runtime, may choose spill victims, and may
+keep spilled bytes itself (the "controller" tier). Install one with
+``rt.set_controller(ctrl)``; ``rt.set_controller(None)`` removes it (BusyError
+while buffers are held in the controller tier).
+
+Only the methods a subclass overrides are called, so a controller that does not
+override the ``on_*`` notifications costs nothing per allocation.
+
+Threading: callbacks run on the thread that caused the event (possibly a
+runtime thread), with the GIL held and no dmem-internal lock held, so they may
+call back into the runtime (``buf.state``, ``rt.stats()``, ``other.spill()``,
+...). The one exception: ``store`` and ``retrieve`` must not lock, spill or
+unspill the buffer they were called for (that raises BusyError).
+
+Errors: an exception raised by a callback is not lost. If a Python call on the
+same thread triggered the callback (``rt.alloc``, ``buf.spill``, ...), that call
+raises :class:`dmem.CallbackError` whose ``__cause__`` is the original
+exception (``rt.alloc`` then frees the new buffer). Otherwise (a runtime thread,
+a Buffer being collected) it goes to ``sys.unraisablehook``. A failing
+``select_victims``, ``store`` or ``retrieve`` makes the runtime operation fail
+with DMEM_ERR_CALLBACK and leaves the buffer where it was.
+
+``buf`` arguments are Buffer objects that do not own the handle (collecting
+them frees nothing); they compare equal to, and hash like, the Buffer that
+``rt.alloc`` returned. Keep ``buf.handle`` rather than the object if you need a
+key that outlives the buffer.
+"""
+
+__all__ = ["Controller"]
+
+
+class Controller:
+    """Base class: every method is a no-op / default."""
+
+    def on_alloc(self, buf):
+        """A buffer was allocated (resident)."""
+
+    def on_free(self, handle):
+        """The buffer with this handle (int) was freed."""
+
+    def on_spill(self, buf, tier):
+        """buf was moved to tier: 'host', 'disk' or 'controller'."""
+
+    def on_unspill(self, buf):
+        """buf was brought back to the device."""
+
+    def on_pressure(self, nbytes):
+        """An allocation needs nbytes of room (called before eviction)."""
+
+    def select_victims(self, nbytes):
+        """Return buffers (or int handles) to spill so that nbytes are freed,
+        or None for the default policy (LRU within priority classes). Locked,
+        pinned or stale victims are skipped; if they do not free enough the
+        default policy frees the rest."""
+        return None
+
+    def store(self, buf, data):
+        """Keep a copy of a spilled buffer's bytes. ``data`` is a read-only
+        memoryview valid only during the call: copy it (``bytes(data)``).
+        Override together with :meth:`retrieve` to enable the controller tier
+        (``buf.spill("controller")``)."""
+        raise NotImplementedError
+
+    def retrieve(self, buf, out):
+        """Write the bytes stored for buf into ``out`` (a writable memoryview
+        of buf.size bytes, valid only during the call). The runtime asks once
+        per store; the stored copy may be dropped afterwards."""
+        raise NotImplementedError

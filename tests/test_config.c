@@ -1,0 +1,176 @@
+/* dmem_config_init defaults, DMEM_* environment parsing, backend selection. */
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIMIT",
+                             "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
+                             "DMEM_STATS",    "DMEM_HOST_CAPACITY"};
+
+static void clear_env(void) {
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+static dmem_status_t create_with_env(const char *var, const char *value, dmem_runtime_t **rt) {
+  clear_env();
+  setenv("DMEM_BACKEND", "host", 1);
+  if (var) setenv(var, value, 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  return dmem_runtime_create(&cfg, rt);
+}
+
+TEST_CASE(defaults) {
+  clear_env();
+  dmem_config_t cfg;
+  memset(&cfg, 0xAB, sizeof cfg);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.struct_size, sizeof cfg);
+  CHECK_EQ(cfg.backend, DMEM_BACKEND_AUTO);
+  CHECK_EQ(cfg.device, 0);
+  CHECK_UEQ(cfg.device_limit, 0);
+  CHECK_UEQ(cfg.host_limit, 0);
+  CHECK_TRUE(cfg.spill_dir == NULL);
+  CHECK_EQ(cfg.log_level, DMEM_LOG_WARN);
+  CHECK_UEQ(cfg.host_backend_capacity, (size_t)1 << 30);
+  dmem_config_init(NULL); /* ignored */
+}
+
+TEST_CASE(env_values_applied) {
+  clear_env();
+  setenv("DMEM_BACKEND", "host", 1);
+  setenv("DMEM_DEVICE_LIMIT", "64M", 1);
+  setenv("DMEM_HOST_LIMIT", "1g", 1);
+  setenv("DMEM_HOST_CAPACITY", "256MiB", 1);
+  setenv("DMEM_LOG", "error", 1);
+  setenv("DMEM_STATS", "0", 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_EQ(cfg.backend, DMEM_BACKEND_HOST);
+  CHECK_UEQ(cfg.device_limit, 64u << 20);
+  CHECK_UEQ(cfg.host_limit, (size_t)1 << 30);
+  CHECK_UEQ(cfg.host_backend_capacity, 256u << 20);
+  CHECK_EQ(cfg.log_level, DMEM_LOG_ERROR);
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  CHECK_EQ(dmem_runtime_backend(rt), DMEM_BACKEND_HOST);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_limit, 64u << 20);
+  CHECK_UEQ(s.device_capacity, 256u << 20);
+  dmem_runtime_destroy(rt);
+  clear_env();
+}
+
+TEST_CASE(env_percent_limit) {
+  dmem_runtime_t *rt = NULL;
+  clear_env();
+  setenv("DMEM_HOST_CAPACITY", "100M", 1);
+  setenv("DMEM_BACKEND", "host", 1);
+  setenv("DMEM_DEVICE_LIMIT", "80%", 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_limit, (size_t)(100u << 20) / 10 * 8);
+  dmem_runtime_destroy(rt);
+  clear_env();
+}
+
+TEST_CASE(env_malformed_is_config_error) {
+  static const struct { const char *var, *value; } bad[] = {
+      {"DMEM_BACKEND", "gpu"},        {"DMEM_DEVICE", "-1"},       {"DMEM_DEVICE", "one"},
+      {"DMEM_DEVICE_LIMIT", "12Q"},   {"DMEM_DEVICE_LIMIT", "-5"}, {"DMEM_DEVICE_LIMIT", "150%"},
+      {"DMEM_DEVICE_LIMIT", "0%"},    {"DMEM_DEVICE_LIMIT", "1.5"}, {"DMEM_HOST_LIMIT", "50%"},
+      {"DMEM_HOST_LIMIT", "lots"},    {"DMEM_LOG", "loud"},        {"DMEM_LOG", "7"},
+      {"DMEM_STATS", "yes"},          {"DMEM_HOST_CAPACITY", "0"}, {"DMEM_DEVICE_LIMIT", "1e400"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+    dmem_status_t st = create_with_env(bad[i].var, bad[i].value, &rt);
+    if (st != DMEM_ERR_CONFIG)
+      fprintf(stderr, "%s=%s gave %s\n", bad[i].var, bad[i].value, dmem_status_name(st));
+    CHECK_EQ(st, DMEM_ERR_CONFIG);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1); /* output untouched */
+    CHECK_TRUE(strstr(dmem_last_error_detail(), bad[i].var) != NULL);
+  }
+  /* also with cfg == NULL */
+  clear_env();
+  setenv("DMEM_LOG", "chatty", 1);
+  dmem_runtime_t *rt = NULL;
+  CHECK_STATUS(dmem_runtime_create(NULL, &rt), DMEM_ERR_CONFIG);
+  CHECK_TRUE(rt == NULL);
+  clear_env();
+}
+
+TEST_CASE(env_good_forms) {
+  static const struct { const char *var, *value; } good[] = {
+      {"DMEM_BACKEND", "HOST"}, {"DMEM_DEVICE_LIMIT", "1048576"}, {"DMEM_DEVICE_LIMIT", "2K"},
+      {"DMEM_DEVICE_LIMIT", "1.5G"}, {"DMEM_DEVICE_LIMIT", "50 %"}, {"DMEM_HOST_LIMIT", "0"},
+      {"DMEM_LOG", "3"}, {"DMEM_LOG", "off"}, {"DMEM_STATS", "1"}, {"DMEM_DEVICE", "0"},
+  };
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    dmem_runtime_t *rt = NULL;
+    dmem_status_t st = create_with_env(good[i].var, good[i].value, &rt);
+    if (st != DMEM_OK) fprintf(stderr, "%s=%s gave %s\n", good[i].var, good[i].value, dmem_status_name(st));
+    CHECK_EQ(st, DMEM_OK);
+    dmem_runtime_destroy(rt);
+  }
+  clear_env();
+}
+
+TEST_CASE(bad_config_struct) {
+  clear_env();
+  dmem_runtime_t *rt = NULL;
+  CHECK_STATUS(dmem_runtime_create(NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.struct_size = 8;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+  dmem_config_init(&cfg);
+  cfg.backend = (dmem_backend_t)42;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+  dmem_config_init(&cfg);
+  cfg.device = -3;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+  dmem_config_init(&cfg);
+  cfg.device_limit_fraction = 1.5;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(rt == NULL);
+}
+
+TEST_CASE(backend_selection_without_gpu) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_CUDA;
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st == DMEM_OK) {
+    /* a GPU machine: auto must pick CUDA too */
+    dmem_runtime_destroy(rt);
+    cfg.backend = DMEM_BACKEND_AUTO;
+    REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+    CHECK_EQ(dmem_runtime_backend(rt), DMEM_BACKEND_CUDA);
+    dmem_runtime_destroy(rt);
+    return;
+  }
+  CHECK_EQ(st, DMEM_ERR_NO_DEVICE);
+  CHECK_GT(strlen(dmem_last_error_detail()), 5);
+  CHECK_TRUE(rt == NULL);
+  cfg.backend = DMEM_BACKEND_AUTO;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  CHECK_EQ(dmem_runtime_backend(rt), DMEM_BACKEND_HOST);
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_BACKEND", "cuda", 1);
+  CHECK_STATUS(dmem_runtime_create(NULL, &rt), DMEM_ERR_NO_DEVICE);
+  clear_env();
+}
+
+TEST_CASE(destroy_null_and_backend_of_null) {
+  dmem_runtime_destroy(NULL);
+  CHECK_EQ(dmem_runtime_backend(NULL), DMEM_BACKEND_AUTO);
+  CHECK_STATUS(dmem_runtime_poll(NULL), DMEM_ERR_INVALID_ARGUMENT);
+}
