@@ -432,7 +432,8 @@ static int pyd_add_exceptions(PyObject *m) {
 
 PyMODINIT_FUNC PyInit__dmem(void) {
   if (PyType_Ready(&pyd_runtime_type) < 0 || PyType_Ready(&pyd_buffer_type) < 0 ||
-      PyType_Ready(&pyd_stream_type) < 0 || pyd_view_type_ready() < 0)
+      PyType_Ready(&pyd_stream_type) < 0 || pyd_view_type_ready() < 0 ||
+      pyd_controller_types_ready() < 0)
     return NULL;
   PyObject *m = PyModule_Create(&pyd_module);
   if (!m) return NULL;

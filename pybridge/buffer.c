@@ -312,9 +312,10 @@ static PyObject *pyd_buffer_repr(pyd_buffer_t *self) {
   } else if (!self->freed) {
     state = "runtime closed";
   }
-  return PyUnicode_FromFormat("<dmem.Buffer handle=0x%llx size=%zu %s%s>",
-                              (unsigned long long)self->h, self->size, state,
-                              self->owning ? "" : " (borrowed)");
+  char text[160];
+  snprintf(text, sizeof text, "<dmem.Buffer handle=0x%llx size=%zu %s%s>",
+           (unsigned long long)self->h, self->size, state, self->owning ? "" : " (borrowed)");
+  return PyUnicode_FromString(text);
 }
 
 static PyObject *pyd_buffer_richcompare(PyObject *a, PyObject *b, int op) {

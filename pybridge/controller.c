@@ -147,11 +147,66 @@ out:
   return st;
 }
 
+/* The exporter behind the memoryviews given to store/retrieve: it counts the
+ * buffer exports still alive, so that a controller that kept a view (or an
+ * array made from one) instead of copying is caught when the call returns. */
+typedef struct {
+  PyObject_HEAD
+  void *ptr;
+  Py_ssize_t len;
+  int readonly;
+  Py_ssize_t exports;
+} pyd_span_t;
+
+static int pyd_span_getbuffer(pyd_span_t *self, Py_buffer *view, int flags) {
+  if (!self->ptr) {
+    PyErr_SetString(PyExc_BufferError, "dmem: this memory was valid during the callback only");
+    return -1;
+  }
+  if (PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, self->len, self->readonly, flags) < 0)
+    return -1;
+  self->exports++;
+  return 0;
+}
+
+static void pyd_span_releasebuffer(pyd_span_t *self, Py_buffer *view) { self->exports--; }
+
+static PyBufferProcs pyd_span_as_buffer = {
+    .bf_getbuffer = (getbufferproc)pyd_span_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)pyd_span_releasebuffer,
+};
+
+static PyTypeObject pyd_span_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dmem._CallbackMemory",
+    .tp_basicsize = sizeof(pyd_span_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &pyd_span_as_buffer,
+    .tp_doc = "memory lent to a controller callback for the duration of the call",
+};
+
+int pyd_controller_types_ready(void) { return PyType_Ready(&pyd_span_type); }
+
+static PyObject *pyd_span_memoryview(void *ptr, size_t len, int readonly, pyd_span_t **span_out) {
+  pyd_span_t *sp = PyObject_New(pyd_span_t, &pyd_span_type);
+  if (!sp) return NULL;
+  sp->ptr = ptr;
+  sp->len = (Py_ssize_t)len;
+  sp->readonly = readonly;
+  sp->exports = 0;
+  PyObject *mv = PyMemoryView_FromObject((PyObject *)sp);
+  if (!mv) {
+    Py_DECREF(sp);
+    return NULL;
+  }
+  *span_out = sp;
+  return mv;
+}
+
 /* store/retrieve: call method(buf, memoryview), then release the memoryview
  * so that a controller that kept it (instead of copying) cannot reach the
  * runtime's memory after the call. */
 static dmem_status_t pyd_tramp_move(pyd_binding_t *b, const char *method, dmem_handle_t h,
-                                    void *data, size_t size, int flags) {
+                                    void *data, size_t size, int readonly) {
   if (pyd_finalizing()) return DMEM_ERR_CALLBACK;
   pyd_gil_t gs;
   pyd_gil_take(&gs);
@@ -160,31 +215,34 @@ static dmem_status_t pyd_tramp_move(pyd_binding_t *b, const char *method, dmem_h
   if (!obj || b->closing) goto out;
   Py_INCREF(obj);
   PyObject *buf = pyd_buffer_new(b->owner, h, size, 0);
-  PyObject *mv = buf ? PyMemoryView_FromMemory(data, (Py_ssize_t)size, flags) : NULL;
+  pyd_span_t *sp = NULL;
+  PyObject *mv = buf ? pyd_span_memoryview(data, size, readonly, &sp) : NULL;
   PyObject *r = mv ? PyObject_CallMethod(obj, method, "OO", buf, mv) : NULL;
   if (mv) {
+    /* A controller that kept `data`/`out`, a view of it or an array made
+     * from it (instead of copying) would reach the runtime's memory after the
+     * call: refuse the move. Release with no exception pending, keeping the
+     * callback's own error if it raised. */
+    PyObject *err = r ? NULL : pyd_fetch_exception();
+    int kept = Py_REFCNT(mv) > 1;
     PyObject *rel = PyObject_CallMethod(mv, "release", NULL);
-    if (!rel) {
-      if (r) {
-        /* Exports of the memoryview are still alive: refuse the move. */
-        PyObject *cause = pyd_fetch_exception();
-        PyErr_Format(PyExc_BufferError,
-                     "%s() kept a view of the runtime's memory beyond the call; copy it "
-                     "(e.g. bytes(data)) instead",
-                     method);
-        if (cause) {
-          PyObject *exc = pyd_fetch_exception();
-          if (exc && PyExceptionInstance_Check(exc)) PyException_SetCause(exc, cause);
-          else Py_DECREF(cause);
-          if (exc) PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-          Py_XDECREF(exc);
-        }
-        Py_CLEAR(r);
-      } else {
-        PyErr_Clear(); /* keep the callback's own exception (set below) */
-      }
+    if (rel) Py_DECREF(rel);
+    else PyErr_Clear();
+    kept = kept || sp->exports > 0;
+    sp->ptr = NULL; /* no new exports from here on */
+    sp->len = 0;
+    if (kept && r) {
+      PyErr_Format(PyExc_BufferError,
+                   "%s() kept a reference to the memory it was given, which is valid during "
+                   "the call only: copy it (e.g. bytes(data)) instead",
+                   method);
+      err = pyd_fetch_exception();
+      Py_CLEAR(r);
     }
-    Py_XDECREF(rel);
+    if (err) {
+      PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+      Py_DECREF(err);
+    }
   }
   if (r) {
     st = DMEM_OK;
@@ -193,6 +251,7 @@ static dmem_status_t pyd_tramp_move(pyd_binding_t *b, const char *method, dmem_h
     pyd_callback_failed(obj);
   }
   Py_XDECREF(mv);
+  Py_XDECREF(sp);
   Py_XDECREF(buf);
   Py_DECREF(obj);
 out:
@@ -201,11 +260,11 @@ out:
 }
 
 static dmem_status_t pyd_tramp_store(void *user, dmem_handle_t h, const void *data, size_t size) {
-  return pyd_tramp_move(user, "store", h, (void *)data, size, PyBUF_READ);
+  return pyd_tramp_move(user, "store", h, (void *)data, size, 1);
 }
 
 static dmem_status_t pyd_tramp_retrieve(void *user, dmem_handle_t h, void *out, size_t size) {
-  return pyd_tramp_move(user, "retrieve", h, out, size, PyBUF_WRITE);
+  return pyd_tramp_move(user, "retrieve", h, out, size, 0);
 }
 
 /* Which callbacks the controller's class overrides. */

@@ -175,7 +175,8 @@ void pyd_bindings_mark_closing(pyd_runtime_t *self);
 void pyd_bindings_free(pyd_runtime_t *self);
 int pyd_bindings_traverse(pyd_runtime_t *self, visitproc visit, void *arg);
 void pyd_bindings_clear(pyd_runtime_t *self);
-extern PyObject *pyd_controller_base; /* dmem.Controller, registered by the package */
+extern PyObject *pyd_controller_base;
+int pyd_controller_types_ready(void); /* dmem.Controller, registered by the package */
 
 /* Views (view.c). */
 int pyd_view_type_ready(void);

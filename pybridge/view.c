@@ -351,7 +351,9 @@ static PyObject *pyd_view_repr(pyd_view_t *self) {
   const char *st = self->state == PYD_VIEW_NEW ? "not entered"
                    : self->state == PYD_VIEW_LOCKED ? "locked"
                                                     : "released";
-  return PyUnicode_FromFormat("<dmem.View of handle 0x%llx, %s>", (unsigned long long)self->h, st);
+  char text[96];
+  snprintf(text, sizeof text, "<dmem.View of handle 0x%llx, %s>", (unsigned long long)self->h, st);
+  return PyUnicode_FromString(text);
 }
 
 static PyMethodDef pyd_view_methods[] = {

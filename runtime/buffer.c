@@ -93,6 +93,7 @@ dmem_status_t dmem__device_obtain(dmem_runtime_t *rt, size_t size, void **dev_ou
                        size, rt->limit);
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
+  bool told = false;
   for (;;) {
     size_t need = 0;
     if (reserve(rt, size, &need)) {
@@ -109,7 +110,14 @@ dmem_status_t dmem__device_obtain(dmem_runtime_t *rt, size_t size, void **dev_ou
     /* Finished stream releases unlock buffers: make them victims first. */
     dmem__registry_poll(rt, false);
     dmem__ready_poll(rt, false);
-    dmem__emit(rt, DMEM_EVENT_PRESSURE, DMEM_HANDLE_NULL, 0, DMEM_TIER_DEVICE, need);
+    if (!told && dmem_atomic_load_relaxed(&rt->has_ctl)) {
+      /* The controller may make room itself (it runs with no mutex held);
+       * look again before evicting by policy. */
+      told = true;
+      dmem__emit(rt, DMEM_EVENT_PRESSURE, DMEM_HANDLE_NULL, 0, DMEM_TIER_DEVICE, need);
+      continue;
+    }
+    told = false;
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
     dmem_status_t st = dmem__evict(rt, need, true, &freed, &err);
@@ -121,7 +129,7 @@ dmem_status_t dmem__device_obtain(dmem_runtime_t *rt, size_t size, void **dev_ou
     }
     /* Nothing could be spilled now. Other threads' moves or pending stream
      * releases may still free memory: wait for them, with a deadline. */
-    bool hope = dmem_atomic_load_relaxed(&rt->moving) > 0 ||
+    bool hope = dmem_atomic_load_relaxed(&rt->spills_in_flight) > 0 ||
                 dmem_atomic_load_relaxed(&rt->reg.npending) > 0;
     uint64_t now = dmem__now_ns();
     if (hope) {

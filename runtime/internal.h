@@ -193,6 +193,7 @@ struct dmem_runtime {
   pthread_cond_t tcv;
   _Atomic uint64_t transit_epoch; /* bumped (under tmu) at every transit end */
   _Atomic int moving;             /* moves in progress (relaxed counter) */
+  _Atomic int spills_in_flight;   /* spills from the device in progress (relaxed) */
 
   /* Controller: copied under ctl_mu, called with no mutex held. */
   pthread_mutex_t ctl_mu;

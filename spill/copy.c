@@ -295,7 +295,10 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
       dmem_atomic_add_relaxed(&rt->moving, 1);
       dmem__tl_transit = b;
-      return spill_from_device(rt, b, h, nw, tier);
+      dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
+      st = spill_from_device(rt, b, h, nw, tier);
+      dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+      return st;
     }
     if (s == state_of_tier(tier)) return DMEM_OK;
     if (s == DMEM_STATE_DEFERRED_HOST && !by_policy) {

@@ -1,0 +1,45 @@
+"""Shared fixtures: every test uses the host backend with a small simulated
+device, so the tests run without a GPU (CTest sets PYTHONPATH to the build
+tree's package)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import dmem
+
+CAPACITY = 8 << 20  # simulated device memory of the host backend
+
+
+@pytest.fixture
+def spill_dir(tmp_path):
+    d = tmp_path / "spill"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def rt(spill_dir):
+    r = dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir))
+    yield r
+    r.close()
+
+
+def run_python(code, timeout=120, env_extra=None):
+    """Run code in a fresh interpreter with the same dmem on the path; return
+    the CompletedProcess (stdout/stderr as text)."""
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dmem.__file__)))
+    env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
+    if env_extra:
+        env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

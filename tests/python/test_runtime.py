@@ -1,0 +1,566 @@
+"""dmem.Runtime: creation arguments, close, streams, launches, eviction,
+statistics and the error classes."""
+
+import os
+
+import pytest
+
+import dmem
+from conftest import CAPACITY
+
+STATS_FIELDS = {
+    "device_capacity", "device_limit", "device_used", "device_locked", "device_pinned",
+    "host_used", "disk_used", "controller_used", "buffer_count", "spill_count",
+    "unspill_count", "bytes_spilled", "bytes_unspilled", "seconds_spilling",
+    "seconds_unspilling", "oom_evictions", "cancelled_spills",
+}
+
+
+# ---- errors ---------------------------------------------------------------------
+
+def test_error_hierarchy():
+    assert issubclass(dmem.DmemError, Exception)
+    pairs = {
+        dmem.InvalidArgumentError: (ValueError, -1, "DMEM_ERR_INVALID_ARGUMENT"),
+        dmem.StaleHandleError: (None, -2, "DMEM_ERR_STALE_HANDLE"),
+        dmem.BusyError: (None, -3, "DMEM_ERR_BUSY"),
+        dmem.NotLockedError: (None, -4, "DMEM_ERR_NOT_LOCKED"),
+        dmem.OutOfMemoryError: (MemoryError, -10, "DMEM_ERR_OUT_OF_MEMORY"),
+        dmem.HostOutOfMemoryError: (MemoryError, -11, "DMEM_ERR_HOST_OUT_OF_MEMORY"),
+        dmem.SpillIOError: (OSError, -12, "DMEM_ERR_IO"),
+        dmem.CallbackError: (None, -20, "DMEM_ERR_CALLBACK"),
+        dmem.ConfigError: (ValueError, -30, "DMEM_ERR_CONFIG"),
+        dmem.NoDeviceError: (None, -40, "DMEM_ERR_NO_DEVICE"),
+        dmem.DeviceError: (None, -41, "DMEM_ERR_DEVICE"),
+        dmem.DeviceFatalError: (dmem.DeviceError, -50, "DMEM_ERR_DEVICE_FATAL"),
+    }
+    for cls, (extra, status, name) in pairs.items():
+        assert issubclass(cls, dmem.DmemError), cls
+        if extra is not None:
+            assert issubclass(cls, extra), cls
+        assert cls.status == status
+        assert cls.name == name
+        assert cls.__module__ == "dmem"
+        assert dmem.status_name(status) == name
+    # classes not asked to be ValueErrors are not
+    assert not issubclass(dmem.BusyError, ValueError)
+    assert not issubclass(dmem.StaleHandleError, ValueError)
+
+
+def test_error_attributes(rt):
+    b = rt.alloc(64)
+    with b.lock():
+        with pytest.raises(dmem.BusyError) as ei:
+            b.spill()
+    e = ei.value
+    assert e.status == -3
+    assert e.name == "DMEM_ERR_BUSY"
+    assert isinstance(e.detail, str) and e.detail  # runtime's detail string
+    assert "DMEM_ERR_BUSY" in str(e)
+
+
+# ---- creation -------------------------------------------------------------------
+
+def test_create_host_backend(spill_dir):
+    with dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=spill_dir) as rt:
+        assert rt.backend == "host"
+        assert rt.device == 0
+        assert not rt.closed
+        s = rt.stats()
+        assert s["device_capacity"] == CAPACITY
+        assert s["device_limit"] == CAPACITY
+    assert rt.closed
+
+
+def test_create_positional_and_default_keywords():
+    rt = dmem.Runtime("host", 0, None, None, None, 1 << 20)
+    try:
+        assert rt.backend == "host"
+        assert rt.stats()["device_capacity"] == 1 << 20
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("limit, expect", [
+    (1 << 20, 1 << 20),
+    ("1M", 1 << 20),
+    ("1MiB", 1 << 20),
+    ("2048K", 2 << 20),
+    ("50%", CAPACITY // 2),
+    ("100%", CAPACITY),
+])
+def test_device_limit_forms(limit, expect):
+    with dmem.Runtime(backend="host", host_capacity=CAPACITY, device_limit=limit) as rt:
+        assert rt.stats()["device_limit"] == expect
+
+
+def test_host_capacity_string():
+    with dmem.Runtime(backend="host", host_capacity="4M") as rt:
+        assert rt.stats()["device_capacity"] == 4 << 20
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"backend": 1},
+    {"backend": b"host"},
+    {"device": "0"},
+    {"device": 1.0},
+    {"device": True},
+    {"device_limit": 1.5},
+    {"device_limit": [1]},
+    {"host_limit": object()},
+    {"host_capacity": 2.0},
+    {"spill_dir": 3},
+])
+def test_create_type_errors(kwargs):
+    kwargs.setdefault("backend", "host")
+    with pytest.raises(TypeError):
+        dmem.Runtime(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"backend": "gpu"},
+    {"backend": ""},
+    {"device": -1},
+    {"device_limit": -5},
+    {"device_limit": "lots"},
+    {"device_limit": "0%"},
+    {"device_limit": "150%"},
+    {"device_limit": "12Q"},
+    {"host_limit": "50%"},
+    {"host_limit": -1},
+    {"host_capacity": 0},
+    {"host_capacity": "-1M"},
+])
+def test_create_value_errors(kwargs):
+    kwargs.setdefault("backend", "host")
+    with pytest.raises(ValueError):
+        dmem.Runtime(**kwargs)
+
+
+def test_create_unknown_keyword():
+    with pytest.raises(TypeError):
+        dmem.Runtime(backend="host", bogus=1)
+
+
+def test_malformed_environment_is_config_error(monkeypatch):
+    monkeypatch.setenv("DMEM_DEVICE_LIMIT", "not-a-size")
+    with pytest.raises(dmem.ConfigError) as ei:
+        dmem.Runtime(backend="host", host_capacity=CAPACITY)
+    assert isinstance(ei.value, ValueError)
+    assert ei.value.status == -30
+
+
+def test_spill_dir_pathlike_and_files_removed(tmp_path):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    rt = dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=parent)
+    b = rt.alloc(4096)
+    b.write(b"z" * 4096)
+    b.spill("disk")
+    assert b.state == "deferred_disk"
+    files = [os.path.join(d, f) for d, _, fs in os.walk(parent) for f in fs]
+    assert files, "disk tier wrote nothing under spill_dir"
+    rt.close()
+    leftover = [os.path.join(d, f) for d, _, fs in os.walk(parent) for f in fs]
+    assert leftover == []
+
+
+def test_cuda_backend_without_device():
+    # This machine may or may not have a GPU; either it works or it says why.
+    try:
+        rt = dmem.Runtime(backend="cuda")
+    except (dmem.NoDeviceError, dmem.DeviceError):
+        return
+    try:
+        assert rt.backend == "cuda"
+    finally:
+        rt.close()
+
+
+# ---- close ----------------------------------------------------------------------
+
+def test_close_is_idempotent_and_methods_raise(rt):
+    rt.close()
+    rt.close()
+    assert rt.closed
+    assert "closed" in repr(rt)
+    for call in (lambda: rt.alloc(10), rt.stats, rt.poll, rt.stream,
+                 lambda: rt.evict(1), lambda: rt.set_controller(None),
+                 lambda: rt.lock_and_launch([], lambda s, p: None),
+                 lambda: rt.sync_and_unlock(None), lambda: rt.stream_release(None)):
+        with pytest.raises(ValueError):
+            call()
+    with pytest.raises(ValueError):
+        with rt:
+            pass
+
+
+def test_close_with_live_buffers_views_and_streams(rt):
+    b = rt.alloc(128)
+    s = rt.stream()
+    v = b.lock(s)
+    v.__enter__()
+    rt.close()
+    with pytest.raises(dmem.StaleHandleError):
+        b.read()
+    with pytest.raises(dmem.StaleHandleError):
+        b.state
+    with pytest.raises(dmem.StaleHandleError):
+        b.free()
+    with pytest.raises(dmem.NotLockedError):
+        v.ptr
+    v.__exit__(None, None, None)  # nothing to unlock any more: no error
+    with pytest.raises(ValueError):
+        s.synchronize()
+    s.close()
+    assert "runtime closed" in repr(b)
+    assert b.size == 128  # plain attributes stay readable
+    del b, v, s  # collection after close does nothing
+
+
+# ---- alloc arguments ------------------------------------------------------------
+
+def test_alloc_arguments(rt):
+    b = rt.alloc(100)
+    assert b.size == 100 and b.priority == 0 and not b.pinned
+    b = rt.alloc(nbytes=100, priority=7, pinned=True)
+    assert b.priority == 7 and b.pinned
+    b = rt.alloc(100, priority=-3)
+    assert b.priority == -3
+
+
+@pytest.mark.parametrize("args, kwargs, exc", [
+    ((), {}, TypeError),
+    (("10",), {}, TypeError),
+    ((1.0,), {}, TypeError),
+    ((None,), {}, TypeError),
+    ((True,), {}, TypeError),
+    ((10, 2), {}, TypeError),
+    ((10,), {"priority": "high"}, TypeError),
+    ((10,), {"priority": 1.5}, TypeError),
+    ((10,), {"colour": 1}, TypeError),
+    ((-1,), {}, ValueError),
+    ((1 << 70,), {}, ValueError),
+    ((10,), {"priority": 1 << 40}, ValueError),
+    ((0,), {}, dmem.InvalidArgumentError),
+])
+def test_alloc_bad_arguments(rt, args, kwargs, exc):
+    with pytest.raises(exc):
+        rt.alloc(*args, **kwargs)
+
+
+def test_alloc_zero_is_invalid_argument_and_value_error(rt):
+    with pytest.raises(ValueError) as ei:
+        rt.alloc(0)
+    assert isinstance(ei.value, dmem.InvalidArgumentError)
+
+
+def test_alloc_larger_than_device_is_oom(rt):
+    with pytest.raises(dmem.OutOfMemoryError) as ei:
+        rt.alloc(CAPACITY + 1)
+    assert isinstance(ei.value, MemoryError)
+
+
+def test_alloc_index_like_size(rt):
+    class N:
+        def __index__(self):
+            return 256
+    assert rt.alloc(N()).size == 256
+
+
+# ---- stats, evict, poll -----------------------------------------------------------
+
+def test_stats_fields_and_accounting(rt):
+    s0 = rt.stats()
+    assert set(s0) == STATS_FIELDS
+    assert s0["buffer_count"] == 0 and s0["device_used"] == 0
+    b = rt.alloc(4096)
+    p = rt.alloc(1024, pinned=True)
+    s = rt.stats()
+    assert s["buffer_count"] == 2
+    assert s["device_used"] >= 4096 + 1024
+    assert s["device_pinned"] >= 1024
+    with b.lock():
+        assert rt.stats()["device_locked"] >= 4096
+    b.spill("host")
+    s = rt.stats()
+    assert s["spill_count"] == 1 and s["bytes_spilled"] == 4096
+    assert s["host_used"] >= 4096
+    assert isinstance(s["seconds_spilling"], float)
+    b.unspill()
+    rt.synchronize()
+    assert rt.stats()["unspill_count"] == 1
+    del b, p
+    assert rt.stats()["buffer_count"] == 0
+
+
+def test_evict(rt):
+    bufs = [rt.alloc(64 << 10) for _ in range(4)]
+    for i, b in enumerate(bufs):
+        b.write(bytes([i]) * b.size)
+    pinned = rt.alloc(64 << 10, pinned=True)
+    freed = rt.evict(2 * (64 << 10))
+    assert freed >= 2 * (64 << 10)
+    states = [b.state for b in bufs]
+    assert states.count("deferred_host") >= 2
+    assert pinned.state == "resident"
+    assert rt.evict(0) >= 0
+    for i, b in enumerate(bufs):
+        assert b.read() == bytes([i]) * b.size
+
+
+@pytest.mark.parametrize("arg, exc", [("1", TypeError), (1.0, TypeError), (None, TypeError),
+                                      (-1, ValueError)])
+def test_evict_bad_arguments(rt, arg, exc):
+    with pytest.raises(exc):
+        rt.evict(arg)
+
+
+def test_oom_eviction_on_alloc(rt):
+    size = CAPACITY // 4
+    bufs = []
+    for i in range(8):  # twice the device: earlier buffers must spill
+        b = rt.alloc(size)
+        b.write(bytes([i + 1]) * 16)
+        bufs.append(b)
+    s = rt.stats()
+    assert s["oom_evictions"] >= 4
+    assert s["device_used"] <= CAPACITY
+    for i, b in enumerate(bufs):
+        assert b.read(16) == bytes([i + 1]) * 16
+
+
+def test_device_limit_below_capacity(spill_dir):
+    with dmem.Runtime(backend="host", host_capacity=CAPACITY, device_limit=1 << 20,
+                      spill_dir=spill_dir) as rt:
+        a = rt.alloc(600 << 10)
+        b = rt.alloc(600 << 10)  # passes the limit: a spills
+        assert a.state != "resident" and b.state == "resident"
+        assert rt.stats()["device_used"] <= 1 << 20
+
+
+def test_pinned_buffers_cannot_spill_oom(rt):
+    keep = [rt.alloc(CAPACITY // 2, pinned=True) for _ in range(2)]
+    with pytest.raises(dmem.OutOfMemoryError):
+        rt.alloc(1 << 20)
+    assert all(k.state == "resident" for k in keep)
+
+
+def test_poll(rt):
+    assert rt.poll() is None
+
+
+# ---- streams -----------------------------------------------------------------------
+
+def test_stream_basics(rt):
+    s = rt.stream()
+    assert int(s) != 0
+    assert s.__index__() == int(s)
+    assert s.__cuda_stream__() == (0, int(s))
+    assert not s.closed
+    s.synchronize()
+    rt.synchronize(s)
+    rt.synchronize()
+    assert "Stream" in repr(s)
+    s.close()
+    assert s.closed
+    s.close()  # idempotent
+    with pytest.raises(ValueError):
+        s.synchronize()
+    with pytest.raises(ValueError):
+        int(s)
+    with rt.stream() as s2:
+        s2.synchronize()
+    assert s2.closed
+
+
+def test_stream_of_other_runtime_rejected(rt):
+    with dmem.Runtime(backend="host", host_capacity=1 << 20) as other:
+        s = other.stream()
+        b = rt.alloc(10)
+        with pytest.raises(ValueError):
+            b.unspill(s)
+        with pytest.raises(ValueError):
+            b.lock(s)
+        with pytest.raises(ValueError):
+            rt.sync_and_unlock(s)
+        s.close()
+
+
+@pytest.mark.parametrize("bad", [12345, "s", 1.0, object()])
+def test_stream_argument_types_on_host_backend(rt, bad):
+    b = rt.alloc(10)
+    with pytest.raises(TypeError):
+        b.unspill(bad)
+    with pytest.raises(TypeError):
+        b.lock(bad)
+    with pytest.raises(TypeError):
+        rt.sync_and_unlock(bad)
+    with pytest.raises(TypeError):
+        rt.launch_async(bad, [b], lambda s, p: None)
+
+
+def test_stream_close_busy_while_registered(rt):
+    b = rt.alloc(64)
+    s = rt.stream()
+    rt.launch_async(s, [b], lambda st, p: None)
+    with pytest.raises(dmem.BusyError):
+        s.close()
+    rt.sync_and_unlock(s)
+    s.close()
+
+
+def test_stream_close_busy_while_view_open(rt):
+    b = rt.alloc(64)
+    s = rt.stream()
+    with b.lock(s):
+        with pytest.raises(dmem.BusyError):
+            s.close()
+    s.close()
+
+
+def test_stream_collected_with_registered_buffers(rt):
+    b = rt.alloc(64)
+    s = rt.stream()
+    rt.launch_async(s, [b], lambda st, p: None)
+    assert b.lock_count == 1
+    del s  # collection syncs and unlocks what it registered
+    assert b.lock_count == 0
+
+
+# ---- launches --------------------------------------------------------------------
+
+def test_lock_and_launch(rt):
+    a, b = rt.alloc(16), rt.alloc(32)
+    seen = {}
+
+    def fn(stream, ptrs):
+        seen["stream"] = stream
+        seen["ptrs"] = ptrs
+        seen["locks"] = (a.lock_count, b.lock_count)
+        return "result"
+
+    assert rt.lock_and_launch([a, b], fn) == "result"
+    assert seen["stream"] is None
+    assert len(seen["ptrs"]) == 2 and all(isinstance(p, int) and p for p in seen["ptrs"])
+    assert seen["locks"] == (1, 1)
+    assert a.lock_count == 0 and b.lock_count == 0
+    assert rt.lock_and_launch((a, a), lambda s, p: len(p)) == 2  # duplicates allowed
+    assert rt.lock_and_launch([], lambda s, p: p) == []
+
+
+def test_lock_and_launch_retrieves_spilled(rt):
+    a = rt.alloc(4096)
+    a.write(b"q" * 4096)
+    a.spill("disk")
+    states = []
+    rt.lock_and_launch([a], lambda s, p: states.append(a.state))
+    assert states == ["resident"]
+    assert a.read(4) == b"qqqq"
+
+
+def test_lock_and_launch_exception_propagates(rt):
+    a = rt.alloc(16)
+
+    class Boom(Exception):
+        pass
+
+    def fn(stream, ptrs):
+        raise Boom("from fn")
+
+    with pytest.raises(Boom, match="from fn") as ei:
+        rt.lock_and_launch([a], fn)
+    assert ei.value.__traceback__ is not None
+    assert a.lock_count == 0  # unlocked all the same
+    a.spill()  # and spillable
+
+
+@pytest.mark.parametrize("buffers, fn, exc", [
+    ([1], lambda s, p: None, TypeError),
+    ("ab", lambda s, p: None, TypeError),
+    (None, lambda s, p: None, TypeError),
+    ([], 5, TypeError),
+])
+def test_lock_and_launch_bad_arguments(rt, buffers, fn, exc):
+    with pytest.raises(exc):
+        rt.lock_and_launch(buffers, fn)
+
+
+def test_launch_with_buffer_of_other_runtime(rt):
+    with dmem.Runtime(backend="host", host_capacity=1 << 20) as other:
+        ob = other.alloc(10)
+        with pytest.raises(ValueError):
+            rt.lock_and_launch([ob], lambda s, p: None)
+
+
+def test_launch_with_freed_buffer(rt):
+    a = rt.alloc(10)
+    a.free()
+    with pytest.raises(dmem.StaleHandleError):
+        rt.lock_and_launch([a], lambda s, p: None)
+
+
+def test_launch_async_sync_and_unlock(rt):
+    a, b = rt.alloc(16), rt.alloc(16)
+    s = rt.stream()
+    got = rt.launch_async(s, [a, b], lambda st, p: (st, len(p)))
+    assert got == (int(s), 2)
+    assert a.lock_count == 1 and b.lock_count == 1
+    with pytest.raises(dmem.BusyError):
+        a.spill()
+    rt.sync_and_unlock(s)
+    assert a.lock_count == 0 and b.lock_count == 0
+    a.spill()
+    s.close()
+
+
+def test_launch_async_default_stream(rt):
+    a = rt.alloc(16)
+    assert rt.launch_async(None, [a], lambda st, p: st) is None
+    assert a.lock_count == 1
+    rt.sync_and_unlock()
+    assert a.lock_count == 0
+
+
+def test_launch_async_stream_release(rt):
+    a = rt.alloc(16)
+    s = rt.stream()
+    rt.launch_async(s, [a], lambda st, p: None)
+    rt.stream_release(s)
+    s.synchronize()
+    rt.poll()
+    assert a.lock_count == 0
+    s.close()
+
+
+def test_launch_async_exception_keeps_registration(rt):
+    a = rt.alloc(16)
+    s = rt.stream()
+
+    def fn(st, p):
+        raise ValueError("launch failed")
+
+    with pytest.raises(ValueError, match="launch failed"):
+        rt.launch_async(s, [a], fn)
+    assert a.lock_count == 1  # still registered, as the C API documents
+    rt.sync_and_unlock(s)
+    assert a.lock_count == 0
+    s.close()
+
+
+def test_launch_fn_calls_back_into_runtime(rt):
+    a = rt.alloc(64)
+    other = rt.alloc(64)
+    other.write(b"o" * 64)
+
+    def fn(stream, ptrs):
+        other.spill("host")  # a different buffer: allowed
+        c = rt.alloc(32)
+        c.free()
+        with pytest.raises(dmem.BusyError):
+            a.spill()  # locked by this launch
+        return rt.stats()["buffer_count"]
+
+    assert rt.lock_and_launch([a], fn) == 2
+    assert other.state == "deferred_host"
+    assert other.read() == b"o" * 64

@@ -1,0 +1,369 @@
+/* RMMEP-1 entry points: dmem_lock_and_launch, dmem_launch_async,
+ * dmem_sync_and_unlock, dmem_stream_release; the per-stream registry;
+ * all-or-nothing locking. */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "check.h"
+
+#define MiB ((size_t)1 << 20)
+
+typedef struct {
+  int calls;
+  size_t n;
+  void *ptrs[8];
+  dmem_stream_t stream;
+  dmem_status_t ret;
+  dmem_runtime_t *rt;
+  dmem_handle_t probe; /* locked inside the launch fn (re-entrancy) */
+  dmem_status_t probe_st;
+} launch_rec_t;
+
+static dmem_status_t record_fn(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
+  launch_rec_t *r = user;
+  r->calls++;
+  r->n = n;
+  r->stream = s;
+  for (size_t i = 0; i < n && i < 8; i++) r->ptrs[i] = ptrs[i];
+  if (r->probe) {
+    dmem_buffer_info_t info;
+    r->probe_st = dmem_buffer_info(r->rt, r->probe, &info);
+    if (r->probe_st == DMEM_OK && info.lock_count == 0) r->probe_st = DMEM_ERR_NOT_LOCKED;
+  }
+  return r->ret;
+}
+
+static unsigned lock_count(dmem_runtime_t *rt, dmem_handle_t h) {
+  dmem_buffer_info_t info;
+  if (dmem_buffer_info(rt, h, &info) != DMEM_OK) return 999;
+  return info.lock_count;
+}
+
+TEST_CASE(lock_and_launch_locks_calls_unlocks) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t hs[3];
+  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[i]));
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.probe = hs[1];
+  CHECK_OK(dmem_lock_and_launch(rt, hs, 3, record_fn, &r));
+  CHECK_EQ(r.calls, 1);
+  CHECK_UEQ(r.n, 3);
+  CHECK_TRUE(r.stream == NULL);
+  CHECK_OK(r.probe_st); /* locked during the call, and re-entrant */
+  for (int i = 0; i < 3; i++) {
+    void *p;
+    CHECK_OK(dmem_lock(rt, hs[i], NULL, &p));
+    CHECK_TRUE(p == r.ptrs[i]);
+    CHECK_OK(dmem_unlock(rt, hs[i]));
+    CHECK_EQ(lock_count(rt, hs[i]), 0);
+  }
+  /* the launch function's status is returned, and everything is unlocked */
+  r.ret = DMEM_ERR_CALLBACK;
+  r.probe = 0;
+  CHECK_STATUS(dmem_lock_and_launch(rt, hs, 3, record_fn, &r), DMEM_ERR_CALLBACK);
+  for (int i = 0; i < 3; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
+  /* zero handles is allowed */
+  r.ret = DMEM_OK;
+  CHECK_OK(dmem_lock_and_launch(rt, NULL, 0, record_fn, &r));
+  CHECK_STATUS(dmem_lock_and_launch(rt, NULL, 2, record_fn, &r), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_lock_and_launch(rt, hs, 1, NULL, &r), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_lock_and_launch(NULL, hs, 1, record_fn, &r), DMEM_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(all_or_nothing) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t hs[4];
+  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[i]));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[3]));
+  CHECK_OK(dmem_free(rt, hs[3])); /* last one is stale */
+  launch_rec_t r = {0};
+  CHECK_STATUS(dmem_lock_and_launch(rt, hs, 4, record_fn, &r), DMEM_ERR_STALE_HANDLE);
+  CHECK_EQ(r.calls, 0); /* never called when locking fails */
+  for (int i = 0; i < 3; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  CHECK_STATUS(dmem_launch_async(rt, s, hs, 4, record_fn, &r), DMEM_ERR_STALE_HANDLE);
+  CHECK_EQ(r.calls, 0);
+  for (int i = 0; i < 3; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
+  CHECK_OK(dmem_stream_destroy(rt, s)); /* nothing was registered */
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(out_of_memory_with_everything_locked) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  dmem_handle_t hs[4];
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[i]));
+  CHECK_OK(dmem_spill(rt, hs[3], DMEM_TIER_HOST));
+  dmem_handle_t extra;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &extra));
+  /* 4 resident; locking all of them plus the spilled one cannot fit */
+  dmem_handle_t all[5] = {hs[0], hs[1], hs[2], extra, hs[3]};
+  launch_rec_t r = {0};
+  CHECK_STATUS(dmem_lock_and_launch(rt, all, 5, record_fn, &r), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_EQ(r.calls, 0);
+  for (int i = 0; i < 5; i++) CHECK_EQ(lock_count(rt, all[i]), 0);
+  dmem_buffer_info_t info;
+  CHECK_OK(dmem_buffer_info(rt, hs[3], &info));
+  CHECK_EQ(info.state, DMEM_STATE_DEFERRED_HOST); /* bytes still safe on the host */
+  /* with everything locked, alloc reports OOM too */
+  void *p;
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_lock(rt, hs[i], NULL, &p));
+  CHECK_OK(dmem_lock(rt, extra, NULL, &p));
+  dmem_handle_t h;
+  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "nothing") != NULL);
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_unlock(rt, hs[i]));
+  CHECK_OK(dmem_unlock(rt, extra));
+  CHECK_OK(dmem_lock_and_launch(rt, all + 2, 3, record_fn, &r)); /* fits after eviction */
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  CHECK_OK(dmem_free(rt, extra));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(launch_async_registry_and_sync_and_unlock) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_stream_t s1, s2;
+  REQUIRE_OK(dmem_stream_create(rt, &s1));
+  REQUIRE_OK(dmem_stream_create(rt, &s2));
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
+  launch_rec_t r = {0};
+  CHECK_OK(dmem_launch_async(rt, s1, &a, 1, record_fn, &r));
+  CHECK_TRUE(r.stream == s1);
+  CHECK_OK(dmem_launch_async(rt, s1, &b, 1, record_fn, &r));
+  CHECK_OK(dmem_launch_async(rt, s2, &a, 1, record_fn, &r));
+  CHECK_EQ(lock_count(rt, a), 2);
+  CHECK_EQ(lock_count(rt, b), 1);
+  CHECK_STATUS(dmem_spill(rt, a, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_stream_destroy(rt, s1), DMEM_ERR_BUSY); /* still registered */
+  CHECK_OK(dmem_sync_and_unlock(rt, s1));
+  CHECK_EQ(lock_count(rt, a), 1); /* s2's lock remains */
+  CHECK_EQ(lock_count(rt, b), 0);
+  CHECK_OK(dmem_sync_and_unlock(rt, s1)); /* nothing registered: just sync */
+  CHECK_OK(dmem_sync_and_unlock(rt, s2));
+  CHECK_EQ(lock_count(rt, a), 0);
+  /* a failing launch fn: status returned, buffers stay registered */
+  r.ret = DMEM_ERR_CALLBACK;
+  CHECK_STATUS(dmem_launch_async(rt, s1, &a, 1, record_fn, &r), DMEM_ERR_CALLBACK);
+  CHECK_EQ(lock_count(rt, a), 1);
+  CHECK_OK(dmem_sync_and_unlock(rt, s1));
+  CHECK_EQ(lock_count(rt, a), 0);
+  CHECK_STATUS(dmem_launch_async(rt, s1, NULL, 1, record_fn, &r), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_sync_and_unlock(NULL, s1), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_stream_destroy(rt, s1));
+  CHECK_OK(dmem_stream_destroy(rt, s2));
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  dmem_runtime_destroy(rt);
+}
+
+/* A host function that blocks its stream until released. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;
+} gate_t;
+
+static void gate_wait(void *arg) {
+  gate_t *g = arg;
+  pthread_mutex_lock(&g->mu);
+  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void *gate_open_thread(void *g) {
+  gate_open(g);
+  return NULL;
+}
+
+static dmem_status_t enqueue_gate(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
+  (void)ptrs;
+  (void)n;
+  launch_rec_t *r = user;
+  return dmem_stream_enqueue_host(r->rt, s, gate_wait, r->ptrs[7]);
+}
+
+TEST_CASE(stream_release_unlocks_when_work_completes) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  CHECK_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
+  CHECK_OK(dmem_stream_release(rt, s)); /* returns at once */
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_EQ(lock_count(rt, a), 1); /* the "kernel" is still running */
+  size_t freed = 1;
+  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_UEQ(freed, 0); /* so it cannot be spilled */
+  gate_open(&g);
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_EQ(lock_count(rt, a), 0);
+  CHECK_OK(dmem_stream_release(rt, s)); /* nothing registered */
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  CHECK_OK(dmem_free(rt, a));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(stream_release_found_by_allocation) {
+  /* An allocation that needs room completes finished releases and then
+   * spills what they unlocked. */
+  dmem_runtime_t *rt = check_runtime(2 * MiB);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  launch_rec_t r = {0};
+  CHECK_OK(dmem_launch_async(rt, s, &a, 1, record_fn, &r));
+  CHECK_OK(dmem_stream_release(rt, s));
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &b)); /* needs a unlocked and spilled */
+  dmem_buffer_info_t info;
+  CHECK_OK(dmem_buffer_info(rt, a, &info));
+  CHECK_EQ(info.state, DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(info.lock_count, 0);
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(allocation_waits_for_pending_release) {
+  /* Memory is full of buffers locked by a running "kernel" whose stream was
+   * released: the allocation waits for it rather than failing. */
+  dmem_runtime_t *rt = check_runtime(2 * MiB);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  CHECK_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
+  CHECK_OK(dmem_stream_release(rt, s));
+  pthread_t opener;
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  pthread_create(&opener, NULL, gate_open_thread, &g);
+  CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &b));
+  pthread_join(opener, NULL);
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+/* The launch fn runs with no internal mutex held: it may alloc, free, spill,
+ * launch nested work. */
+static dmem_status_t reentrant_fn(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
+  (void)ptrs;
+  (void)n;
+  launch_rec_t *r = user;
+  dmem_handle_t h;
+  dmem_status_t st = dmem_alloc(r->rt, MiB, 0, &h);
+  if (st != DMEM_OK) return st;
+  launch_rec_t inner = {0};
+  st = dmem_launch_async(r->rt, s, &h, 1, record_fn, &inner);
+  if (st != DMEM_OK) return st;
+  st = dmem_spill(r->rt, h, DMEM_TIER_HOST);
+  if (st != DMEM_ERR_BUSY) return DMEM_ERR_INVALID_ARGUMENT; /* locked by inner */
+  st = dmem_free(r->rt, h); /* reclaimed at sync_and_unlock */
+  if (st != DMEM_OK) return st;
+  dmem_stats_t stats;
+  return dmem_stats(r->rt, &stats);
+}
+
+TEST_CASE(launch_fn_may_reenter) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  launch_rec_t r = {0};
+  r.rt = rt;
+  CHECK_OK(dmem_launch_async(rt, s, &a, 1, reentrant_fn, &r));
+  CHECK_OK(dmem_lock_and_launch(rt, &a, 1, reentrant_fn, &r));
+  CHECK_OK(dmem_sync_and_unlock(rt, s));
+  dmem_stats_t st;
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.buffer_count, 2); /* a, and the one freed inside lock_and_launch's fn (its
+                                    inner lock is on the default stream's registry) */
+  CHECK_OK(dmem_sync_and_unlock(rt, NULL));
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.buffer_count, 1);
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(duplicate_handles_in_one_launch) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t a;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  dmem_handle_t hs[3] = {a, a, a};
+  launch_rec_t r = {0};
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  CHECK_OK(dmem_launch_async(rt, s, hs, 3, record_fn, &r));
+  CHECK_EQ(lock_count(rt, a), 3);
+  CHECK_TRUE(r.ptrs[0] == r.ptrs[2]);
+  CHECK_OK(dmem_sync_and_unlock(rt, s));
+  CHECK_EQ(lock_count(rt, a), 0);
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  CHECK_OK(dmem_free(rt, a));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(many_handles_launch) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  enum { N = 100 }; /* more than the small-set fast path */
+  dmem_handle_t hs[N];
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_alloc(rt, 4096, 0, &hs[i]));
+  launch_rec_t r = {0};
+  CHECK_OK(dmem_lock_and_launch(rt, hs, N, record_fn, &r));
+  CHECK_UEQ(r.n, N);
+  for (int i = 0; i < N; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(streams_and_copies) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_stream_t s;
+  CHECK_STATUS(dmem_stream_create(rt, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_stream_create(NULL, &s), DMEM_ERR_INVALID_ARGUMENT);
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  char a[64], b[64];
+  memset(a, 7, sizeof a);
+  memset(b, 0, sizeof b);
+  CHECK_OK(dmem_copy(rt, b, a, 0, s));
+  CHECK_OK(dmem_copy(rt, NULL, NULL, 0, s));
+  CHECK_STATUS(dmem_copy(rt, NULL, a, 8, s), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_copy(NULL, b, a, 8, s), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_copy(rt, b, a, sizeof a, s));
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  CHECK_EQ(memcmp(a, b, sizeof a), 0);
+  CHECK_STATUS(dmem_stream_enqueue_host(rt, s, NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_stream_destroy(rt, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_stream_synchronize(NULL, s), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}

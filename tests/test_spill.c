@@ -1,0 +1,668 @@
+/* Spilling: explicit moves between tiers, eviction policy, on-demand
+ * spilling, stream-ordered retrieve, cancellation, the disk tier, the host
+ * limit, and the controller. */
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void put(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
+  void *p, *tmp = malloc(n);
+  check_fill(tmp, n, seed);
+  if (dmem_lock(rt, h, NULL, &p) != DMEM_OK) abort();
+  dmem_copy(rt, p, tmp, n, NULL);
+  dmem_stream_synchronize(rt, NULL);
+  dmem_unlock(rt, h);
+  free(tmp);
+}
+
+static size_t bad_bytes(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
+  void *p, *tmp = calloc(1, n);
+  dmem_status_t st = dmem_lock(rt, h, NULL, &p);
+  if (st != DMEM_OK) {
+    fprintf(stderr, "lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+    free(tmp);
+    return n;
+  }
+  dmem_copy(rt, tmp, p, n, NULL);
+  dmem_stream_synchronize(rt, NULL);
+  dmem_unlock(rt, h);
+  size_t bad = check_verify(tmp, n, seed);
+  free(tmp);
+  return bad;
+}
+
+static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
+  dmem_buffer_info_t info;
+  if (dmem_buffer_info(rt, h, &info) != DMEM_OK) return (dmem_state_t)-1;
+  return info.state;
+}
+
+static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char *spill_dir) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = limit;
+  cfg.host_limit = host_limit;
+  cfg.spill_dir = spill_dir;
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
+  if (st != DMEM_OK) abort();
+  return rt;
+}
+
+TEST_CASE(explicit_spill_unspill_tiers) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
+  put(rt, h, 2 * MiB, 1);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_UEQ(s.host_used, 2 * MiB);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST)); /* already there: no-op */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK)); /* host -> disk */
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.disk_used, 2 * MiB);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT); /* disk -> host */
+  CHECK_STATUS(dmem_spill(rt, h, (dmem_tier_t)9), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_unspill(rt, h, NULL));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_unspill(rt, h, NULL)); /* resident: no-op */
+  CHECK_UEQ(bad_bytes(rt, h, 2 * MiB, 1), 0);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_UEQ(s.device_used, 2 * MiB);
+  CHECK_UEQ(s.spill_count, 1);
+  CHECK_UEQ(s.unspill_count, 1);
+  CHECK_UEQ(s.bytes_spilled, 2 * MiB);
+  CHECK_UEQ(s.bytes_unspilled, 2 * MiB);
+  dmem_buffer_info_t info;
+  CHECK_OK(dmem_buffer_info(rt, h, &info));
+  CHECK_UEQ(info.spill_count, 1);
+  CHECK_STATUS(dmem_spill(NULL, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_unspill(NULL, h, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(spill_of_locked_is_busy) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  void *p;
+  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_BUSY);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(lock_retrieves_spilled_data) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 3 * MiB, 0, &h));
+  put(rt, h, 3 * MiB, 42);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_UEQ(bad_bytes(rt, h, 3 * MiB, 42), 0);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_UEQ(bad_bytes(rt, h, 3 * MiB, 42), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+/* Stream-ordered retrieve: a "kernel" enqueued right after the lock on the
+ * same stream sees the retrieved bytes, with no host synchronisation. */
+typedef struct {
+  const unsigned char *dev;
+  size_t n;
+  uint64_t seed;
+  size_t bad;
+} checker_t;
+
+static void check_kernel(void *arg) {
+  checker_t *c = arg;
+  c->bad = check_verify(c->dev, c->n, c->seed);
+}
+
+static dmem_status_t launch_checker(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
+  (void)n;
+  checker_t *c = user;
+  c->dev = ptrs[0];
+  return dmem_stream_enqueue_host(*(dmem_runtime_t **)((char *)user + sizeof *c), s, check_kernel, c);
+}
+
+TEST_CASE(stream_ordered_retrieve) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  struct {
+    checker_t c;
+    dmem_runtime_t *rt;
+  } arg;
+  for (int round = 0; round < 20; round++) {
+    dmem_handle_t h;
+    REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &h));
+    put(rt, h, 8 * MiB, 1000 + round);
+    CHECK_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+    memset(&arg, 0, sizeof arg);
+    arg.c.n = 8 * MiB;
+    arg.c.seed = 1000 + round;
+    arg.c.bad = 1;
+    arg.rt = rt;
+    CHECK_OK(dmem_launch_async(rt, s, &h, 1, launch_checker, &arg));
+    CHECK_OK(dmem_sync_and_unlock(rt, s));
+    CHECK_UEQ(arg.c.bad, 0);
+    CHECK_OK(dmem_free(rt, h));
+  }
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(second_locker_on_other_stream_waits_for_copy) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  dmem_stream_t s1, s2;
+  REQUIRE_OK(dmem_stream_create(rt, &s1));
+  REQUIRE_OK(dmem_stream_create(rt, &s2));
+  for (int round = 0; round < 10; round++) {
+    dmem_handle_t h;
+    REQUIRE_OK(dmem_alloc(rt, 16 * MiB, 0, &h));
+    put(rt, h, 16 * MiB, 7 + round);
+    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    void *p1, *p2;
+    CHECK_OK(dmem_lock(rt, h, s1, &p1)); /* copy enqueued on s1 */
+    CHECK_OK(dmem_lock(rt, h, s2, &p2)); /* s2 waits on the copy's event */
+    checker_t c = {p2, 16 * MiB, 7 + (uint64_t)round, 1};
+    CHECK_OK(dmem_stream_enqueue_host(rt, s2, check_kernel, &c));
+    CHECK_OK(dmem_stream_synchronize(rt, s2));
+    CHECK_UEQ(c.bad, 0);
+    CHECK_OK(dmem_stream_synchronize(rt, s1));
+    CHECK_OK(dmem_unlock(rt, h));
+    CHECK_OK(dmem_unlock(rt, h));
+    CHECK_OK(dmem_free(rt, h));
+  }
+  CHECK_OK(dmem_stream_destroy(rt, s1));
+  CHECK_OK(dmem_stream_destroy(rt, s2));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(on_demand_spilling_lru_and_priority) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    put(rt, h[i], MiB, (uint64_t)i);
+  }
+  /* use order: 2, 0, 3, 1 (1 most recent); 2 gets a high priority */
+  int order[4] = {2, 0, 3, 1};
+  for (int i = 0; i < 4; i++) {
+    void *p;
+    CHECK_OK(dmem_lock(rt, h[order[i]], NULL, &p));
+    CHECK_OK(dmem_unlock(rt, h[order[i]]));
+  }
+  CHECK_OK(dmem_set_priority(rt, h[2], 10));
+  dmem_handle_t x;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x)); /* must spill exactly one: h[0] */
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
+  dmem_handle_t y;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &y)); /* next: h[3], then h[1]; h[2] survives */
+  CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.oom_evictions, 3);
+  CHECK_LE(s.device_used, 4 * MiB);
+  for (int i = 0; i < 4; i++) CHECK_UEQ(bad_bytes(rt, h[i], MiB, (uint64_t)i), 0);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_free(rt, x));
+  CHECK_OK(dmem_free(rt, y));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(evict_by_policy) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, MiB + 1, &freed));
+  CHECK_UEQ(freed, 2 * MiB);
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST); /* oldest first */
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_evict(rt, 100 * MiB, &freed)); /* more than there is: frees the rest */
+  CHECK_UEQ(freed, 2 * MiB);
+  CHECK_OK(dmem_evict(rt, MiB, NULL));
+  CHECK_STATUS(dmem_evict(NULL, MiB, &freed), DMEM_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(host_limit_pushes_to_disk) {
+  dmem_runtime_t *rt = runtime_with(8 * MiB, 2 * MiB, NULL);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    put(rt, h[i], MiB, 50 + (uint64_t)i);
+  }
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.host_used, 2 * MiB); /* never above the limit */
+  CHECK_UEQ(s.disk_used, 2 * MiB);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_DISK);
+  for (int i = 0; i < 4; i++) CHECK_UEQ(bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
+static int count_entries(const char *dir, char *first, size_t n) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    if (count == 0 && first) snprintf(first, n, "%s/%s", dir, e->d_name);
+    count++;
+  }
+  closedir(d);
+  return count;
+}
+
+TEST_CASE(disk_tier_private_and_cleaned) {
+  char parent[] = "/tmp/dmem-test-XXXXXX";
+  REQUIRE_TRUE(mkdtemp(parent) != NULL);
+  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  put(rt, h, MiB, 3);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  char sub[512] = "", file[1024] = "";
+  CHECK_EQ(count_entries(parent, sub, sizeof sub), 1);
+  struct stat st;
+  REQUIRE_EQ(stat(sub, &st), 0);
+  CHECK_EQ(st.st_mode & 0777, 0700);
+  CHECK_EQ(count_entries(sub, file, sizeof file), 1);
+  REQUIRE_EQ(stat(file, &st), 0);
+  CHECK_EQ(st.st_mode & 0777, 0600);
+  CHECK_EQ((size_t)st.st_size, MiB);
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 3), 0);
+  CHECK_EQ(count_entries(sub, NULL, 0), 0); /* removed on unspill */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  dmem_runtime_destroy(rt); /* removes files and directory */
+  CHECK_EQ(count_entries(parent, NULL, 0), 0);
+  rmdir(parent);
+}
+
+TEST_CASE(disk_failure_keeps_data) {
+  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, "/nonexistent/dmem-dir");
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  put(rt, h, MiB, 8);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "mkdtemp") != NULL);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 8), 0);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 8), 0);
+  /* host limit 0 bytes of room and a broken disk: on-demand spilling fails
+   * with the I/O error, data intact */
+  dmem_runtime_destroy(rt);
+  rt = runtime_with(2 * MiB, MiB / 2, "/nonexistent/dmem-dir");
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
+  put(rt, h, 2 * MiB, 9);
+  dmem_handle_t x;
+  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_IO);
+  CHECK_UEQ(bad_bytes(rt, h, 2 * MiB, 9), 0);
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(free_spilled_buffers) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
+  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_HOST));
+  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_UEQ(s.buffer_count, 0);
+  dmem_runtime_destroy(rt);
+}
+
+/* ---- controller ------------------------------------------------------------ */
+
+typedef struct {
+  dmem_runtime_t *rt;
+  pthread_mutex_t mu;
+  int events[5];
+  size_t last_pressure;
+  /* controller tier storage */
+  dmem_handle_t keys[64];
+  void *vals[64];
+  size_t nkv;
+  dmem_status_t store_ret, retrieve_ret, select_ret;
+  dmem_handle_t victim;  /* select_victims answer, 0: default */
+  int select_calls;
+  /* cancellation test: lock the buffer from another thread during store */
+  int lock_during_store, free_during_store;
+  dmem_status_t side_st;
+  /* re-entrancy: spill something from the pressure event */
+  dmem_handle_t spill_on_pressure;
+} ctl_t;
+
+static void on_event(void *user, const dmem_event_t *ev) {
+  ctl_t *c = user;
+  pthread_mutex_lock(&c->mu);
+  c->events[ev->kind]++;
+  if (ev->kind == DMEM_EVENT_PRESSURE) c->last_pressure = ev->bytes_needed;
+  dmem_handle_t sp = c->spill_on_pressure;
+  pthread_mutex_unlock(&c->mu);
+  if (ev->kind == DMEM_EVENT_PRESSURE && sp) {
+    c->side_st = dmem_spill(c->rt, sp, DMEM_TIER_HOST); /* calls back into the runtime */
+    c->spill_on_pressure = 0;
+  }
+}
+
+static dmem_status_t select_victims(void *user, size_t need, dmem_handle_t *v, size_t cap,
+                                    size_t *n_out) {
+  (void)need;
+  ctl_t *c = user;
+  c->select_calls++;
+  if (c->select_ret != DMEM_OK) return c->select_ret;
+  if (!c->victim || cap < 1) {
+    *n_out = DMEM_VICTIMS_DEFAULT;
+    return DMEM_OK;
+  }
+  v[0] = c->victim;
+  *n_out = 1;
+  return DMEM_OK;
+}
+
+typedef struct {
+  ctl_t *c;
+  dmem_handle_t h;
+} side_arg_t;
+
+static void *lock_unlock_thread(void *arg) {
+  side_arg_t *a = arg;
+  void *p;
+  a->c->side_st = dmem_lock(a->c->rt, a->h, NULL, &p);
+  if (a->c->side_st == DMEM_OK) {
+    /* write while the spill's copy is done: the lock cancelled the spill */
+    char *tmp = malloc(MiB);
+    check_fill(tmp, MiB, 777);
+    dmem_copy(a->c->rt, p, tmp, MiB, NULL);
+    dmem_stream_synchronize(a->c->rt, NULL);
+    free(tmp);
+    dmem_unlock(a->c->rt, a->h);
+  }
+  return NULL;
+}
+
+static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t size) {
+  ctl_t *c = user;
+  if (c->lock_during_store) {
+    side_arg_t a = {c, h};
+    pthread_t t;
+    pthread_create(&t, NULL, lock_unlock_thread, &a);
+    pthread_join(t, NULL);
+  }
+  if (c->free_during_store) c->side_st = dmem_free(c->rt, h);
+  if (c->store_ret != DMEM_OK) return c->store_ret;
+  void *copy = malloc(size);
+  memcpy(copy, data, size);
+  pthread_mutex_lock(&c->mu);
+  c->keys[c->nkv] = h;
+  c->vals[c->nkv] = copy;
+  c->nkv++;
+  pthread_mutex_unlock(&c->mu);
+  return DMEM_OK;
+}
+
+static dmem_status_t retrieve(void *user, dmem_handle_t h, void *out, size_t size) {
+  ctl_t *c = user;
+  if (c->retrieve_ret != DMEM_OK) return c->retrieve_ret;
+  /* a lock of this very buffer from its own retrieve is refused, not a hang */
+  void *p;
+  if (dmem_lock(c->rt, h, NULL, &p) != DMEM_ERR_BUSY) return DMEM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = c->nkv; i-- > 0;) {
+    if (c->keys[i] == h) {
+      memcpy(out, c->vals[i], size);
+      free(c->vals[i]);
+      c->keys[i] = c->keys[--c->nkv];
+      c->vals[i] = c->vals[c->nkv];
+      pthread_mutex_unlock(&c->mu);
+      return DMEM_OK;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return DMEM_ERR_INVALID_ARGUMENT;
+}
+
+static void ctl_init(ctl_t *c, dmem_runtime_t *rt, dmem_controller_t *dc) {
+  memset(c, 0, sizeof *c);
+  c->rt = rt;
+  pthread_mutex_init(&c->mu, NULL);
+  memset(dc, 0, sizeof *dc);
+  dc->struct_size = sizeof *dc;
+  dc->user = c;
+  dc->on_event = on_event;
+  dc->select_victims = select_victims;
+  dc->store = store;
+  dc->retrieve = retrieve;
+}
+
+static void ctl_fini(ctl_t *c) {
+  for (size_t i = 0; i < c->nkv; i++) free(c->vals[i]);
+  pthread_mutex_destroy(&c->mu);
+}
+
+TEST_CASE(controller_events_and_tier) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  CHECK_EQ(c.events[DMEM_EVENT_ALLOC], 1);
+  put(rt, h, MiB, 21);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
+  CHECK_EQ(c.events[DMEM_EVENT_SPILL], 1);
+  CHECK_UEQ(c.nkv, 1);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.controller_used, MiB);
+  /* cannot remove a controller that holds bytes */
+  CHECK_STATUS(dmem_set_controller(rt, NULL), DMEM_ERR_BUSY);
+  /* a failing retrieve: CALLBACK, bytes stay with the controller */
+  c.retrieve_ret = DMEM_ERR_IO;
+  void *p;
+  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_CALLBACK);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
+  c.retrieve_ret = DMEM_OK;
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 21), 0);
+  CHECK_EQ(c.events[DMEM_EVENT_UNSPILL], 1);
+  CHECK_UEQ(c.nkv, 0);
+  /* host -> controller */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 21), 0);
+  /* a failing store: CALLBACK, the buffer stays resident and intact */
+  c.store_ret = DMEM_ERR_HOST_OUT_OF_MEMORY;
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_CALLBACK);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 21), 0);
+  c.store_ret = DMEM_OK;
+  CHECK_OK(dmem_free(rt, h));
+  CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
+  CHECK_OK(dmem_set_controller(rt, NULL));
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
+
+TEST_CASE(controller_bad_struct) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  dmem_controller_t dc;
+  memset(&dc, 0, sizeof dc);
+  dc.struct_size = 4;
+  CHECK_STATUS(dmem_set_controller(rt, &dc), DMEM_ERR_INVALID_ARGUMENT);
+  dc.struct_size = sizeof dc;
+  dc.store = store;
+  CHECK_STATUS(dmem_set_controller(rt, &dc), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_set_controller(NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  dc.store = NULL;
+  CHECK_OK(dmem_set_controller(rt, &dc)); /* no callbacks at all is fine */
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 64, 0, &h));
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(controller_selects_victims) {
+  dmem_runtime_t *rt = check_runtime(3 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  dc.store = NULL;
+  dc.retrieve = NULL;
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t h[3];
+  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  c.victim = h[2]; /* the newest, not what LRU would pick */
+  dmem_handle_t x;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
+  CHECK_EQ(c.select_calls, 1);
+  CHECK_EQ(c.events[DMEM_EVENT_PRESSURE], 1);
+  CHECK_UEQ(c.last_pressure, MiB);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
+  /* a victim that is locked is skipped and the default policy frees the rest */
+  void *p;
+  CHECK_OK(dmem_lock(rt, h[1], NULL, &p));
+  c.victim = h[1];
+  dmem_handle_t y;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_OK(dmem_unlock(rt, h[1]));
+  /* a failing selection fails the allocation with CALLBACK */
+  c.select_ret = DMEM_ERR_INVALID_ARGUMENT;
+  dmem_handle_t z;
+  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &z), DMEM_ERR_CALLBACK);
+  c.select_ret = DMEM_OK;
+  c.victim = 0;
+  CHECK_OK(dmem_alloc(rt, MiB, 0, &z)); /* default policy */
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_free(rt, x));
+  CHECK_OK(dmem_free(rt, y));
+  CHECK_OK(dmem_free(rt, z));
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
+
+TEST_CASE(controller_callback_reenters) {
+  dmem_runtime_t *rt = check_runtime(2 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  dc.select_victims = NULL;
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t a, b, x;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
+  c.spill_on_pressure = b; /* the pressure callback spills b itself */
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
+  CHECK_OK(c.side_st);
+  CHECK_EQ(state_of(rt, b), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, a), DMEM_STATE_RESIDENT); /* nothing else needed spilling */
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_free(rt, x));
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
+
+TEST_CASE(lock_during_spill_cancels_it) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  put(rt, h, MiB, 5);
+  /* store runs after the device->host copy, before the commit: another
+   * thread locks and writes new data meanwhile */
+  c.lock_during_store = 1;
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_BUSY);
+  CHECK_OK(c.side_st);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 777), 0); /* the new data, not the stale copy */
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.cancelled_spills, 1);
+  CHECK_UEQ(s.controller_used, 0);
+  CHECK_UEQ(s.spill_count, 0);
+  dmem_buffer_info_t info;
+  CHECK_OK(dmem_buffer_info(rt, h, &info));
+  CHECK_UEQ(info.spill_count, 0);
+  c.lock_during_store = 0;
+  /* and a later spill works and keeps the new data */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 777), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
+
+TEST_CASE(free_during_spill) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  c.free_during_store = 1;
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(c.side_st);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.buffer_count, 0); /* reclaimed by the spiller when it finished */
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_UEQ(s.controller_used, 0);
+  CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
+  dmem_buffer_info_t info;
+  CHECK_STATUS(dmem_buffer_info(rt, h, &info), DMEM_ERR_STALE_HANDLE);
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
