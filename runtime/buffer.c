@@ -168,17 +168,17 @@ void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w) {
     (void)dmem__be(rt, rt->be->event_synchronize(rt->be, b->ready_event));
   }
   if (state == DMEM_STATE_RESIDENT) {
-    dmem__device_release(rt, b->dev, b->size);
-    if (b->flags & DMEM_ALLOC_PINNED) dmem_atomic_sub_relaxed(&rt->device_pinned, b->size);
+    dmem__device_release(rt, b->dev, dmem__bsize(b));
+    if (dmem__bflags(b) & DMEM_ALLOC_PINNED) dmem_atomic_sub_relaxed(&rt->device_pinned, dmem__bsize(b));
   }
   if (b->host) dmem__release_host_copy(rt, b);
   if (state == DMEM_STATE_DEFERRED_DISK) {
     dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk); /* partner: dmem__get_disk */
     if (disk) dmem__disk_remove(disk, dmem__handle_of(b, w));
-    dmem_atomic_sub_relaxed(&rt->disk_used, b->size);
+    dmem_atomic_sub_relaxed(&rt->disk_used, dmem__bsize(b));
   }
   if (state == DMEM_STATE_DEFERRED_CONTROLLER)
-    dmem_atomic_sub_relaxed(&rt->controller_used, b->size);
+    dmem_atomic_sub_relaxed(&rt->controller_used, dmem__bsize(b));
   if (b->ready_event) {
     dmem__event_put(rt, b->ready_event);
     b->ready_event = NULL;
@@ -206,13 +206,13 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
     dmem__device_release(rt, dev, size);
     return st;
   }
-  b->size = size;
-  b->flags = flags;
+  dmem_atomic_store_relaxed(&b->size, size);
+  dmem_atomic_store_relaxed(&b->flags, flags);
   b->dev = dev;
   b->host = NULL;
   b->host_charged = false;
   b->ready_event = NULL;
-  b->spill_event = NULL;
+  dmem_atomic_store_relaxed(&b->spill_event, NULL);
   dmem_atomic_store_relaxed(&b->priority, 0);
   dmem_atomic_store_relaxed(&b->spill_count, 0);
   dmem_atomic_store_relaxed(&b->last_use, dmem_atomic_add_relaxed(&rt->tick, 1));
@@ -258,7 +258,7 @@ dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
     if (!word_live(w, h)) return stale(h);
     nw = w | DMEM__F_FREED;
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
-  size_t size = b->size;
+  size_t size = dmem__bsize(b);
   dmem__emit(rt, DMEM_EVENT_FREE, h, size, tier_of_state(dmem__w_state(w)), 0);
   if (dmem__w_count(nw) == 0 && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
   return DMEM_OK;
@@ -273,10 +273,10 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
   if (!word_live(w, h)) return stale(h);
   dmem_buffer_info_t info;
   memset(&info, 0, sizeof info);
-  info.size = b->size;
+  info.size = dmem__bsize(b);
   info.state = (dmem_state_t)dmem__w_state(w);
   info.lock_count = dmem__w_count(w);
-  info.pinned = (b->flags & DMEM_ALLOC_PINNED) != 0;
+  info.pinned = (dmem__bflags(b) & DMEM_ALLOC_PINNED) != 0;
   info.priority = dmem_atomic_load_relaxed(&b->priority);
   info.spill_count = dmem_atomic_load_relaxed(&b->spill_count);
   /* re-check: the slot may have been recycled while we read */
@@ -307,7 +307,9 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
     if (q != DMEM_OK) return q;
   }
   if (nw & DMEM__F_COPYEV) {
-    dmem_status_t q = dmem__be(rt, rt->be->stream_wait_event(rt->be, stream, b->spill_event));
+    /* stable: this lock keeps a new spill from starting */
+    void *ev = dmem_atomic_load_relaxed(&b->spill_event);
+    dmem_status_t q = dmem__be(rt, rt->be->stream_wait_event(rt->be, stream, ev));
     if (q != DMEM_OK) return q;
   }
   return DMEM_OK;

@@ -72,19 +72,26 @@ typedef struct dmem__buffer {
   _Atomic int priority;
   /* Completed spills; written by the TRANSIT owner (relaxed). */
   _Atomic uint64_t spill_count;
-  /* Set at alloc before the word is published (release in dmem_alloc). */
-  size_t size;
-  unsigned flags;
+  /* Set at alloc before the word is published (release in dmem_alloc).
+   * Atomic (relaxed) because the policy and info readers may look at a slot
+   * that is being recycled; they validate the word around the read. */
+  _Atomic size_t size;
+  _Atomic unsigned flags;
   /* Written by the TRANSIT owner before its releasing CAS; read by lockers
    * after their acquiring CAS. */
   void *dev;          /* device memory while RESIDENT */
   void *host;         /* host copy while DEFERRED_HOST; staging while READY */
   bool host_charged;  /* host counts against host_used */
   void *ready_event;  /* event after the last unspill copy (owned) */
-  void *spill_event;  /* event after the current spill copy (from the pool) */
+  /* Event after the current spill copy (from the pool): stored (relaxed)
+   * before COPYEV is set with release; read after an acquire that saw COPYEV. */
+  _Atomic(void *) spill_event;
   uint32_t slot;      /* index in the table; set once when the chunk is made */
   uint32_t next_free; /* free-list link, under the table mutex */
 } dmem__buffer_t;
+
+#define dmem__bsize(b) dmem_atomic_load_relaxed(&(b)->size)
+#define dmem__bflags(b) dmem_atomic_load_relaxed(&(b)->flags)
 
 #define DMEM__CHUNK_BITS 12
 #define DMEM__CHUNK_SLOTS (1u << DMEM__CHUNK_BITS)

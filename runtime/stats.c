@@ -36,7 +36,7 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
     uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
     unsigned st = dmem__w_state(w);
     if (dmem__w_count(w) > 0 && (st == DMEM_STATE_RESIDENT || st == DMEM_STATE_UNSPILLING))
-      s.device_locked += b->size;
+      s.device_locked += dmem__bsize(b);
   }
   *stats_out = s;
   return DMEM_OK;

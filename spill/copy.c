@@ -65,7 +65,7 @@ static bool host_reserve(dmem_runtime_t *rt, size_t size) {
 void dmem__release_host_copy(dmem_runtime_t *rt, dmem__buffer_t *b) {
   if (!b->host) return;
   dmem__hostpool_free(rt->hostpool, b->host);
-  if (b->host_charged) dmem_atomic_sub_relaxed(&rt->host_used, b->size);
+  if (b->host_charged) dmem_atomic_sub_relaxed(&rt->host_used, dmem__bsize(b));
   b->host = NULL;
   b->host_charged = false;
 }
@@ -105,18 +105,18 @@ static dmem_status_t store_outside(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_h
     dmem__disk_t *disk;
     dmem_status_t st = dmem__get_disk(rt, &disk);
     if (st != DMEM_OK) return st;
-    st = dmem__disk_write(disk, h, data, b->size);
-    if (st == DMEM_OK) dmem_atomic_add_relaxed(&rt->disk_used, b->size);
+    st = dmem__disk_write(disk, h, data, dmem__bsize(b));
+    if (st == DMEM_OK) dmem_atomic_add_relaxed(&rt->disk_used, dmem__bsize(b));
     return st;
   }
   dmem_controller_t c;
   if (!dmem__controller_get(rt, &c) || !c.store)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "no controller with store/retrieve installed");
-  dmem_status_t st = c.store(c.user, h, data, b->size);
+  dmem_status_t st = c.store(c.user, h, data, dmem__bsize(b));
   if (st != DMEM_OK)
     return dmem__error(DMEM_ERR_CALLBACK, "controller store(0x%016llx) returned %s",
                        (unsigned long long)h, dmem_status_name(st));
-  dmem_atomic_add_relaxed(&rt->controller_used, b->size);
+  dmem_atomic_add_relaxed(&rt->controller_used, dmem__bsize(b));
   return DMEM_OK;
 }
 
@@ -125,11 +125,11 @@ static void unstore_outside(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t
                             dmem_tier_t tier) {
   if (tier == DMEM_TIER_DISK) {
     dmem__disk_remove(dmem_atomic_load_acquire(&rt->disk), h); /* partner: dmem__get_disk */
-    dmem_atomic_sub_relaxed(&rt->disk_used, b->size);
+    dmem_atomic_sub_relaxed(&rt->disk_used, dmem__bsize(b));
   } else if (tier == DMEM_TIER_CONTROLLER) {
     /* The controller keeps a copy it will never be asked for; a later
      * store for the same handle replaces it, a FREE event drops it. */
-    dmem_atomic_sub_relaxed(&rt->controller_used, b->size);
+    dmem_atomic_sub_relaxed(&rt->controller_used, dmem__bsize(b));
   }
 }
 
@@ -145,7 +145,7 @@ static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_
 static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                        uint64_t w, dmem_tier_t tier) {
   uint64_t t0 = dmem__now_ns();
-  size_t size = b->size;
+  size_t size = dmem__bsize(b);
   void *dev = b->dev;
   dmem_tier_t dest = tier;
   bool charged = false;
@@ -178,7 +178,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
     goto undo;
   }
-  b->spill_event = ev;
+  dmem_atomic_store_relaxed(&b->spill_event, ev);
   /* release: publishes spill_event; partner is the acquiring CAS of a
    * locker that cancels the spill and then waits on the event */
   atomic_fetch_or_explicit(&b->word, DMEM__F_COPYEV, memory_order_acq_rel);
@@ -212,7 +212,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
       if (dest != DMEM_TIER_HOST) dmem__hostpool_free(rt->hostpool, stage);
       dmem__device_release(rt, dev, size);
-      b->spill_event = NULL;
+      dmem_atomic_store_relaxed(&b->spill_event, NULL);
       dmem__transit_after(rt, b, nw);
       dmem__event_put(rt, ev);
       record_spill(rt, h, size, dest, t0, !(nw & DMEM__F_FREED));
@@ -255,8 +255,8 @@ static dmem_status_t spill_from_host(dmem_runtime_t *rt, dmem__buffer_t *b, dmem
     nw = dmem__w_with_state(w, state_of_tier(tier)) & ~DMEM__F_TRANSIT;
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
   dmem__hostpool_free(rt->hostpool, host);
-  if (charged) dmem_atomic_sub_relaxed(&rt->host_used, b->size);
-  size_t size = b->size;
+  if (charged) dmem_atomic_sub_relaxed(&rt->host_used, dmem__bsize(b));
+  size_t size = dmem__bsize(b);
   dmem__transit_after(rt, b, nw);
   dmem_atomic_add_relaxed(&rt->ns_spilling, dmem__now_ns() - t0);
   if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, tier, 0);
@@ -282,7 +282,7 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
         dmem__w_state(w) == DMEM__STATE_FREE)
       return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
                          (unsigned long long)h);
-    if (b->flags & DMEM_ALLOC_PINNED)
+    if (dmem__bflags(b) & DMEM_ALLOC_PINNED)
       return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is pinned", (unsigned long long)h);
     unsigned s = dmem__w_state(w);
     if ((w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING)
@@ -320,7 +320,7 @@ dmem_status_t dmem__unspill_owned(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
                                   uint64_t w, void *stream, bool locking) {
   uint64_t t0 = dmem__now_ns();
   unsigned from = dmem__w_state(w);
-  size_t size = b->size;
+  size_t size = dmem__bsize(b);
   void *dev = NULL, *stage = NULL;
   dmem_status_t st = dmem__device_obtain(rt, size, &dev);
   if (st != DMEM_OK) goto rollback;
@@ -428,7 +428,11 @@ void dmem__ready_poll(dmem_runtime_t *rt, bool wait_all) {
     dmem_handle_t h = rt->ready[i].h;
     /* acquire: partner is the unspiller's releasing CAS */
     uint64_t w = dmem_atomic_load_acquire(&b->word);
-    if (dmem__w_gen(w) != dmem__h_gen(h) || !(w & DMEM__F_READY)) continue; /* done elsewhere */
+    /* done elsewhere, or freed (then reclaim recycles the staging; TRANSIT
+     * is never taken on a freed buffer) */
+    if (dmem__w_gen(w) != dmem__h_gen(h) || !(w & DMEM__F_READY) || (w & DMEM__F_FREED)) continue;
+    /* the CAS fails if FREED was set meanwhile: the entry is kept and
+     * dropped by the next poll */
     if ((w & DMEM__F_TRANSIT) ||
         !dmem_atomic_cas_strong_acq_rel(&b->word, &w, w | DMEM__F_TRANSIT)) {
       rt->ready[keep++] = rt->ready[i];
@@ -444,7 +448,7 @@ void dmem__ready_poll(dmem_runtime_t *rt, bool wait_all) {
       b->host_charged = false;
       if (host) {
         dmem__hostpool_free(rt->hostpool, host);
-        if (charged) dmem_atomic_sub_relaxed(&rt->host_used, b->size);
+        if (charged) dmem_atomic_sub_relaxed(&rt->host_used, dmem__bsize(b));
       }
       dmem__transit_end(rt, b, DMEM__F_READY, 0, false, 0, 0);
     } else {
@@ -488,10 +492,11 @@ dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t st
     if (s == DMEM_STATE_SPILLING && (w & DMEM__F_COPYEV)) {
       /* cancel the spill, as a lock would, and order `stream` after the
        * copy that still reads the device memory */
+      void *ev = dmem_atomic_load_relaxed(&b->spill_event); /* ours if the CAS succeeds */
       uint64_t nw = dmem__w_with_state(w, DMEM_STATE_RESIDENT);
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
       dmem__transit_broadcast(rt);
-      return dmem__be(rt, rt->be->stream_wait_event(rt->be, stream, b->spill_event));
+      return dmem__be(rt, rt->be->stream_wait_event(rt->be, stream, ev));
     }
     if ((w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING) {
       if (dmem__tl_transit == b)

@@ -33,7 +33,7 @@ static void note(dmem_status_t st, dmem_status_t *first) {
 
 static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                   bool on_demand, size_t *freed, dmem_status_t *first) {
-  size_t size = b->size;
+  size_t size = dmem__bsize(b);
   dmem_status_t st = dmem__spill_buffer(rt, b, h, DMEM_TIER_HOST, true);
   if (st == DMEM_OK) {
     *freed += size;
@@ -85,7 +85,7 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, bool on_demand, size_
       if (!b) break;
       uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
       if (dmem__w_state(w) != DMEM_STATE_RESIDENT || dmem__w_count(w) != 0 ||
-          (w & (DMEM__F_TRANSIT | DMEM__F_FREED)) || (b->flags & DMEM_ALLOC_PINNED))
+          (w & (DMEM__F_TRANSIT | DMEM__F_FREED)) || (dmem__bflags(b) & DMEM_ALLOC_PINNED))
         continue;
       cand[n].priority = dmem_atomic_load_relaxed(&b->priority);
       cand[n].last_use = dmem_atomic_load_relaxed(&b->last_use);

@@ -19,6 +19,7 @@ typedef struct {
   size_t size;
   uint64_t seed; /* what the bytes must be */
   int live;
+  _Atomic uint64_t h_pub; /* h, for the spiller that takes no writer lock */
 } slot_t;
 
 typedef struct {
@@ -116,7 +117,7 @@ static void *spiller(void *arg) {
   uint64_t x = 99991;
   while (!atomic_load(&w->stop)) {
     slot_t *sl = &w->slots[rnd(&x) % NBUF];
-    dmem_handle_t h = sl->h; /* may be stale: that's allowed */
+    dmem_handle_t h = atomic_load_explicit(&sl->h_pub, memory_order_relaxed); /* may be stale */
     dmem_status_t st;
     switch (rnd(&x) % 4) {
       case 0: st = dmem_spill(w->rt, h, DMEM_TIER_HOST); break;
@@ -173,6 +174,7 @@ static void *churner(void *arg) {
         dmem_stream_synchronize(rt, NULL);
         dmem_unlock(rt, h);
         sl->h = h;
+        atomic_store_explicit(&sl->h_pub, h, memory_order_relaxed);
         sl->size = size;
         sl->seed = seed;
         sl->live = 1;
@@ -212,6 +214,7 @@ TEST_CASE(threads_under_spilling_pressure) {
     sl->size = (16 + rnd(&x) % 240) * KiB;
     sl->seed = rnd(&x);
     REQUIRE_OK(dmem_alloc(rt, sl->size, 0, &sl->h));
+    atomic_store(&sl->h_pub, sl->h);
     void *p, *tmp = malloc(sl->size);
     check_fill(tmp, sl->size, sl->seed);
     REQUIRE_OK(dmem_lock(rt, sl->h, NULL, &p));
