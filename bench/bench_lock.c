@@ -8,8 +8,10 @@
  *   launch_async + sync_and_unlock      vs  a bare dmem_stream_synchronize of
  *   (no-op launch fn; 1, 4, 16 handles)     the same stream (what the caller
  *                                           pays anyway)
- *   lock+unlock, 4 threads on distinct  vs  4 threads doing the CAS pair on
- *   buffers (aggregate ns per pair)         distinct cache lines
+ *   lock+unlock, 4 threads, each on its vs  4 threads doing the CAS pair on
+ *   own buffer (aggregate ns per pair;      distinct cache lines
+ *   buffers adjacent in the handle table,
+ *   then 64 slots apart)
  *
  * Each figure is the median of several repetitions of many iterations.
  * Backend: DMEM_BACKEND if set, else the host backend.
@@ -71,10 +73,13 @@ static void die(const char *what, dmem_status_t st) {
 
 /* ---- what is measured -------------------------------------------------------- */
 
+#define SPACING 64 /* handle slots between the "spaced" threads' buffers */
+
 typedef struct ctx {
   dmem_runtime_t *rt;
   dmem_stream_t stream;
-  dmem_handle_t h[16];
+  dmem_handle_t h[16];                    /* consecutive allocations */
+  dmem_handle_t spaced[NTHREADS * SPACING]; /* thread i uses spaced[i * SPACING] */
 } ctx_t;
 
 static _Atomic uint64_t g_word;
@@ -163,6 +168,7 @@ typedef struct padded_word {
 
 typedef struct mt_arg {
   ctx_t *c;
+  dmem_handle_t h;
   int index;
   bool baseline;
   long iters;
@@ -188,7 +194,7 @@ static void *mt_main(void *p) {
       }
     }
   } else {
-    dmem_handle_t h = a->c->h[a->index];
+    dmem_handle_t h = a->h;
     void *ptr = NULL;
     for (long i = 0; i < a->iters; i++) {
       dmem_status_t x = dmem_lock(a->c->rt, h, NULL, &ptr);
@@ -200,15 +206,18 @@ static void *mt_main(void *p) {
   return NULL;
 }
 
-/* Aggregate ns per pair: wall time of all threads / pairs done by all. */
-static double mt_run(ctx_t *c, bool baseline, long iters) {
+/* Aggregate ns per pair: wall time of all threads / pairs done by all.
+ * Thread i locks c->h[i] (neighbouring slots of the handle table) or, with
+ * `spaced`, c->spaced[i * SPACING]. */
+static double mt_run(ctx_t *c, bool baseline, bool spaced, long iters) {
   static padded_word_t words[NTHREADS];
   pthread_barrier_t barrier;
   pthread_barrier_init(&barrier, NULL, NTHREADS);
   pthread_t th[NTHREADS];
   mt_arg_t args[NTHREADS];
   for (int i = 0; i < NTHREADS; i++) {
-    args[i] = (mt_arg_t){c, i, baseline, iters, &barrier, words, 0, 0};
+    dmem_handle_t h = spaced ? c->spaced[i * SPACING] : c->h[i];
+    args[i] = (mt_arg_t){c, h, i, baseline, iters, &barrier, words, 0, 0};
     if (pthread_create(&th[i], NULL, mt_main, &args[i]) != 0) {
       fprintf(stderr, "bench_lock: pthread_create failed\n");
       exit(1);
@@ -224,14 +233,9 @@ static double mt_run(ctx_t *c, bool baseline, long iters) {
   return (double)(t1 - t0) / ((double)iters * NTHREADS);
 }
 
-static double m_mt_dmem(ctx_t *c, long iters, size_t n) {
-  (void)n;
-  return mt_run(c, false, iters);
-}
-static double m_mt_base(ctx_t *c, long iters, size_t n) {
-  (void)n;
-  return mt_run(c, true, iters);
-}
+/* n: 0 for neighbouring buffers, 1 for spaced ones */
+static double m_mt_dmem(ctx_t *c, long iters, size_t n) { return mt_run(c, false, n != 0, iters); }
+static double m_mt_base(ctx_t *c, long iters, size_t n) { return mt_run(c, true, n != 0, iters); }
 
 /* ---- main ------------------------------------------------------------------- */
 
@@ -273,6 +277,7 @@ int main(int argc, char **argv) {
   if (st != DMEM_OK) die("dmem_runtime_create", st);
   TRY(dmem_stream_create(c.rt, &c.stream));
   for (int i = 0; i < 16; i++) TRY(dmem_alloc(c.rt, 4096, 0, &c.h[i]));
+  for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_alloc(c.rt, 4096, 0, &c.spaced[i]));
 
 #ifdef __OPTIMIZE__
   const char *opt = "optimised";
@@ -300,11 +305,15 @@ int main(int argc, char **argv) {
   int saved = g_reps;
   g_reps = quick ? 3 : 5;
   measure(&c, m_mt_dmem, m_mt_base, g_mt_iters, 0, &d, &b);
+  row("lock+unlock, 4 threads, adjacent buffers", d, b);
+  measure(&c, m_mt_dmem, m_mt_base, g_mt_iters, 1, &d, &b);
+  row("lock+unlock, 4 threads, spaced buffers", d, b);
   g_reps = saved;
-  row("lock+unlock, 4 threads, own buffer (aggr.)", d, b);
   printf("baselines: lock+unlock = two CAS on a plain _Atomic uint64_t; launch rows = "
          "dmem_stream_synchronize of the same (idle) stream; 4 threads = the CAS pair on "
-         "4 distinct cache lines, aggregate ns per pair\n");
+         "4 distinct cache lines. 4-thread rows: aggregate ns per pair (wall time / all "
+         "pairs), each thread on its own buffer: adjacent = 4 consecutive allocations, "
+         "spaced = %d handle slots apart\n", SPACING);
 
   /* Sanity: every lock was released. */
   for (int i = 0; i < 16; i++) {
@@ -317,6 +326,7 @@ int main(int argc, char **argv) {
     }
   }
   for (int i = 0; i < 16; i++) TRY(dmem_free(c.rt, c.h[i]));
+  for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_free(c.rt, c.spaced[i]));
   TRY(dmem_stream_destroy(c.rt, c.stream));
   dmem_runtime_destroy(c.rt);
 

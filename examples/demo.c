@@ -3,7 +3,7 @@
  * buffers, several rounds of stream-ordered work over all of them through the
  * RMMEP-1 entry points, and a check of every byte at the end.
  *
- *   dmem_demo [device_limit_MiB [buffers [rounds]]]
+ *   dmem_demo [device_limit_MiB [buffers (>= 8, default 32) [rounds (default 4)]]]
  *
  * The backend is DMEM_BACKEND (default auto: CUDA when a device is present,
  * else the host backend). The device limit defaults to 64 MiB on the host
@@ -20,9 +20,10 @@
  *     function copies the buffer to host scratch (dmem_copy), enqueues the
  *     transform on the same stream, and copies the result back. The scratch is
  *     pageable memory (dmem offers no pinned host allocation, and the demo
- *     stays pure C), and cudaMemcpyAsync from pageable memory may stage the
- *     source when it is called rather than in stream order; so the launch
- *     function synchronises the stream before the copy back.
+ *     stays pure C), and cudaMemcpyAsync from pageable memory reads its
+ *     source when it is called, not in stream order (on an H100 with CUDA 13
+ *     the demo without the synchronisation got every buffer wrong); so the
+ *     launch function synchronises the stream before the copy back.
  *
  * Each round goes over the buffers in waves: one dmem_launch_async per stream
  * with a few handles, then dmem_sync_and_unlock on every stream. One round
@@ -322,8 +323,12 @@ int main(int argc, char **argv) {
   size_t arg_limit_mib = 0, nbuf = 32, rounds = 4;
   if ((argc > 1 && parse_size_arg(argv[1], &arg_limit_mib)) ||
       (argc > 2 && parse_size_arg(argv[2], &nbuf)) ||
-      (argc > 3 && parse_size_arg(argv[3], &rounds)) || argc > 4 || rounds > 1000) {
-    fprintf(stderr, "usage: %s [device_limit_MiB [buffers [rounds]]]\n", argv[0]);
+      (argc > 3 && parse_size_arg(argv[3], &rounds)) || argc > 4 || rounds > 1000 ||
+      nbuf < 2 * NSTREAMS * HANDLES_PER_LAUNCH) {
+    /* A wave locks NSTREAMS * HANDLES_PER_LAUNCH buffers at once; with fewer
+     * than twice that many buffers a wave would need more than the limit. */
+    fprintf(stderr, "usage: %s [device_limit_MiB [buffers (>= %d) [rounds]]]\n", argv[0],
+            2 * NSTREAMS * HANDLES_PER_LAUNCH);
     return 2;
   }
   demo_t d;

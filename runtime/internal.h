@@ -64,8 +64,10 @@ static inline uint32_t dmem__h_slot(dmem_handle_t h) { return (uint32_t)h; }
 
 /* ---- buffers and the handle table ---------------------------------------- */
 typedef struct dmem__buffer {
-  /* Written by lock/unlock/free (CAS) and by the TRANSIT owner (CAS). */
-  _Atomic uint64_t word;
+  /* Written by lock/unlock/free (CAS) and by the TRANSIT owner (CAS).
+   * Each buffer starts a cache line: threads locking neighbouring buffers
+   * do not share lines. */
+  _Alignas(64) _Atomic uint64_t word;
   /* LRU tick of the last unlock; written by unlock (relaxed), read by policy. */
   _Atomic uint64_t last_use;
   /* Written by dmem_set_priority (relaxed), read by policy. */
@@ -207,11 +209,13 @@ struct dmem_runtime {
   dmem_controller_t ctl;
   _Atomic int has_ctl; /* relaxed hint: skip the mutex when no controller */
 
-  _Atomic uint64_t tick; /* LRU clock */
-  _Atomic int fatal;     /* sticky DMEM_ERR_DEVICE_FATAL */
+  /* Sticky DMEM_ERR_DEVICE_FATAL. Read on the lock fast path: kept on a
+   * line of its own, away from the counters that every thread writes. */
+  _Alignas(64) _Atomic int fatal;
+  char fatal_pad[60];
 
   /* Accounting (relaxed counters). */
-  _Atomic size_t device_used;  /* reserved for resident buffers */
+  _Alignas(64) _Atomic size_t device_used;  /* reserved for resident buffers */
   _Atomic size_t device_pinned;
   _Atomic size_t host_used;
   _Atomic size_t disk_used;
@@ -230,6 +234,14 @@ static inline dmem_status_t dmem__check_live(dmem_runtime_t *rt) {
   return DMEM_OK;
 }
 uint64_t dmem__now_ns(void);
+/* LRU clock: strictly increasing per thread, roughly ordered across threads,
+ * and no shared cache line written (the TSC on x86-64). */
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t dmem__lru_now(void) { return __rdtsc(); }
+#else
+static inline uint64_t dmem__lru_now(void) { return dmem__now_ns(); }
+#endif
 
 /* buffer.c */
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,

@@ -3,6 +3,7 @@
  * dmem_launch_async, dmem_sync_and_unlock, and dmem_stream_release.
  */
 #include "internal.h"
+#include "backend/cuda_driver.h"
 #include <stdlib.h>
 
 
@@ -38,6 +39,13 @@ static void lockset_fini(lockset_t *ls) {
   }
 }
 
+/* The launch function runs on the caller's thread: make the runtime's device
+ * current there (CUDA), so its kernels go to the buffers' device. */
+static dmem_status_t enter_device(dmem_runtime_t *rt) {
+  if (rt->be->kind != DMEM_BACKEND_CUDA) return DMEM_OK;
+  return dmem__be(rt, dmem__cuda_make_current(rt->be));
+}
+
 static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
   for (size_t i = 0; i < n; i++) (void)dmem__unlock_buffer(rt, e[i].b, e[i].h);
 }
@@ -62,10 +70,14 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
                                    dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: NULL argument");
-  lockset_t ls;
+  lockset_t ls = {0};
   dmem_status_t st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, NULL, &ls);
+  if (st == DMEM_OK) {
+    st = enter_device(rt);
+    if (st != DMEM_OK) unlock_n(rt, ls.ents, n);
+  }
   if (st != DMEM_OK) {
     lockset_fini(&ls);
     return st;
@@ -81,10 +93,14 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
                                 size_t n, dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: NULL argument");
-  lockset_t ls;
+  lockset_t ls = {0};
   dmem_status_t st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, stream, &ls);
+  if (st == DMEM_OK) {
+    st = enter_device(rt);
+    if (st != DMEM_OK) unlock_n(rt, ls.ents, n);
+  }
   if (st == DMEM_OK && n > 0) {
     st = dmem__registry_add(rt, stream, ls.ents, n);
     if (st != DMEM_OK) unlock_n(rt, ls.ents, n);

@@ -38,8 +38,9 @@ static dmem_status_t table_grow(dmem__table_t *t, uint32_t chunk) {
   if (chunk >= DMEM__MAX_CHUNKS)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table full (%u slots)",
                        DMEM__MAX_CHUNKS * DMEM__CHUNK_SLOTS);
-  dmem__buffer_t *c = calloc(DMEM__CHUNK_SLOTS, sizeof *c);
+  dmem__buffer_t *c = aligned_alloc(_Alignof(dmem__buffer_t), DMEM__CHUNK_SLOTS * sizeof *c);
   if (!c) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table chunk allocation failed");
+  memset(c, 0, DMEM__CHUNK_SLOTS * sizeof *c);
   for (uint32_t i = 0; i < DMEM__CHUNK_SLOTS; i++) {
     /* generation 1, empty slot */
     atomic_init(&c[i].word, ((uint64_t)1 << DMEM__GEN_SHIFT) |

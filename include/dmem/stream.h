@@ -55,7 +55,10 @@ DMEM_API dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_
  * Copy n bytes between any two addresses the backend knows (device addresses
  * of locked buffers, host memory), ordered on s. Returns once the copy is
  * enqueued; synchronise s before reading a host destination. n == 0 is a
- * no-op.
+ * no-op. Under CUDA, pageable (not page-locked) host memory follows CUDA's
+ * rules for cudaMemcpyAsync: the host side may be read or written when the
+ * call is made rather than in stream order, so synchronise s before a copy
+ * whose host side depends on earlier work on s.
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, or dst/src NULL with
  *         n > 0); DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE;
  *         DMEM_ERR_DEVICE_FATAL.
