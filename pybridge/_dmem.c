@@ -331,9 +331,6 @@ const char *pyd_tier_name(dmem_tier_t t) {
 
 /* ---- module functions ------------------------------------------------------ */
 
-extern pyd_runtime_t *pyd_live_runtimes;
-int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s);
-
 static PyObject *pyd_mod_shutdown(PyObject *mod, PyObject *unused) {
   /* Close every open runtime (atexit), so that spill directories are removed
    * even for runtimes that are never collected. Runtimes with calls still in
@@ -349,6 +346,25 @@ static PyObject *pyd_mod_shutdown(PyObject *mod, PyObject *unused) {
       r->closing = 1; /* give up on it; do not loop forever */
     }
     Py_DECREF(r);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *pyd_mod_after_fork_child(PyObject *mod, PyObject *unused) {
+  /* The child has none of the runtime's threads (host-backend streams, copy
+   * engine) and no usable CUDA context: destroying a runtime there could wait
+   * forever. Disown every runtime: its objects raise as after close(), and its
+   * memory is left to the process's exit. */
+  pyd_runtime_t *r = pyd_live_runtimes;
+  pyd_live_runtimes = NULL;
+  while (r) {
+    pyd_runtime_t *next = r->live_next;
+    r->live_prev = r->live_next = NULL;
+    r->rt = NULL;
+    r->active = 0;
+    r->closing = 1;
+    for (pyd_binding_t *b = r->bindings; b; b = b->next) b->closing = 1;
+    r = next;
   }
   Py_RETURN_NONE;
 }
@@ -371,6 +387,8 @@ static PyObject *pyd_mod_status_name(PyObject *mod, PyObject *arg) {
 
 static PyMethodDef pyd_mod_methods[] = {
     {"_shutdown", pyd_mod_shutdown, METH_NOARGS, "Close every open runtime (atexit hook)."},
+    {"_after_fork_child", pyd_mod_after_fork_child, METH_NOARGS,
+     "Disown every runtime in a forked child (os.register_at_fork hook)."},
     {"_set_controller_base", pyd_mod_set_controller_base, METH_O,
      "Register dmem.Controller, the class controllers must derive from."},
     {"status_name", pyd_mod_status_name, METH_O, "Name of a dmem status code."},

@@ -153,8 +153,10 @@ int pyd_finalizing(void);
 /* 0 if rt is open; else ValueError("runtime is closed") and -1. */
 int pyd_runtime_check(pyd_runtime_t *rt);
 /* Convert a stream argument (None, dmem.Stream, or under CUDA an int address
- * or an object exposing one) into *out; *keep receives a new reference to
- * the Stream object when it is one (else NULL). -1 with exception on error. */
+ * or a CuPy/PyTorch/Numba/__cuda_stream__ stream object) into *out; *keep
+ * receives a new reference to the object to keep alive while the stream is in
+ * use (a Stream or a foreign stream object; NULL for None and ints). -1 with
+ * an exception on error. */
 int pyd_stream_arg(pyd_runtime_t *rt, PyObject *o, dmem_stream_t *out, PyObject **keep);
 /* Handle of a Buffer of rt (or an int handle if allow_int). -1 on error. */
 int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out);
@@ -167,6 +169,11 @@ PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o);
 /* Names of states and tiers. */
 const char *pyd_state_name(dmem_state_t s);
 const char *pyd_tier_name(dmem_tier_t t);
+
+/* Runtime (runtime_obj.c): the open runtimes (for atexit and fork), and
+ * close with a timeout (< 0: wait for calls in flight as long as needed). */
+extern pyd_runtime_t *pyd_live_runtimes;
+int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s);
 
 /* Controller (controller.c). */
 PyObject *pyd_runtime_set_controller(pyd_runtime_t *self, PyObject *obj);

@@ -180,8 +180,9 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
 }
 
 /* Close: refuse new calls, wait for the calls in flight (GIL released while
- * waiting), stop controller callbacks, destroy. timeout_s < 0: wait forever.
- * Returns -1 with an exception if it cannot close. */
+ * waiting), stop controller callbacks, destroy. timeout_s < 0: wait as long
+ * as needed. Returns -1 with BusyError if it cannot close (called from a
+ * callback of this runtime, or calls still in flight at the timeout). */
 int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s) {
   if (!self->rt) return 0;
   for (pyd_ctx_t *c = pyd_tls_ctx; c; c = c->prev) {
@@ -266,12 +267,10 @@ static PyObject *pyd_runtime_exit(pyd_runtime_t *self, PyObject *args) {
 static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames) {
   PyObject *size_o = nargs >= 1 ? args[0] : NULL, *prio_o = NULL, *pinned_o = NULL;
-  if (nargs != 1) {
-    if (nargs > 1) {
-      PyErr_Format(PyExc_TypeError, "alloc() takes 1 positional argument but %zd were given",
-                   nargs);
-      return NULL;
-    }
+  if (nargs > 1) {
+    PyErr_Format(PyExc_TypeError, "alloc() takes 1 positional argument but %zd were given",
+                 nargs);
+    return NULL;
   }
   if (kwnames) {
     Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
@@ -611,6 +610,12 @@ static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
   if (pyd_finish(&ctx, st) < 0) return NULL;
   Py_RETURN_NONE;
 }
+
+/* stats() returns every field of dmem_stats_t: a new field must be added to
+ * the dict below (and to STATS_FIELDS in tests/python/test_runtime.py). */
+_Static_assert(sizeof(dmem_stats_t) == 9 * sizeof(size_t) + 6 * sizeof(uint64_t) +
+                                           2 * sizeof(double),
+               "dmem_stats_t changed: update pyd_runtime_stats");
 
 static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
   if (pyd_runtime_check(self) < 0) return NULL;

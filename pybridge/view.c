@@ -272,6 +272,10 @@ static PyObject *pyd_view_dlpack(pyd_view_t *self, PyObject *args, PyObject *kwd
   pyd_view_dl_device(self, &type, &id);
   if (dl_device != Py_None) {
     int rt_type, rt_id;
+    if (!PyTuple_Check(dl_device)) {
+      PyErr_SetString(PyExc_TypeError, "dl_device must be a (device_type, device_id) tuple");
+      return NULL;
+    }
     if (!PyArg_ParseTuple(dl_device, "ii;dl_device must be a (device_type, device_id) tuple",
                           &rt_type, &rt_id))
       return NULL;
@@ -291,6 +295,10 @@ static PyObject *pyd_view_dlpack(pyd_view_t *self, PyObject *args, PyObject *kwd
   int versioned = 0;
   if (max_version != Py_None) {
     unsigned int major = 0, minor = 0;
+    if (!PyTuple_Check(max_version)) {
+      PyErr_SetString(PyExc_TypeError, "max_version must be a (major, minor) tuple");
+      return NULL;
+    }
     if (!PyArg_ParseTuple(max_version, "II;max_version must be a (major, minor) tuple", &major,
                           &minor))
       return NULL;

@@ -324,6 +324,10 @@ static dmem_status_t lock_slow(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   for (;;) {
     if (!word_live(w, h)) return stale(h);
     unsigned s = dmem__w_state(w);
+    if (s == DMEM_STATE_SPILLING && dmem__tl_transit == b)
+      return dmem__error(DMEM_ERR_BUSY,
+                         "handle 0x%016llx is being spilled by the calling thread's callback",
+                         (unsigned long long)h);
     if (s == DMEM_STATE_RESIDENT || (s == DMEM_STATE_SPILLING && (w & DMEM__F_COPYEV))) {
       if (dmem__w_count(w) >= DMEM_LOCK_COUNT_MAX)
         return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "lock count of handle 0x%016llx at maximum",

@@ -489,6 +489,9 @@ dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t st
                          (unsigned long long)h);
     unsigned s = dmem__w_state(w);
     if (s == DMEM_STATE_RESIDENT) return DMEM_OK;
+    if (s == DMEM_STATE_SPILLING && dmem__tl_transit == b)
+      return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being spilled by this thread",
+                         (unsigned long long)h);
     if (s == DMEM_STATE_SPILLING && (w & DMEM__F_COPYEV)) {
       /* cancel the spill, as a lock would, and order `stream` after the
        * copy that still reads the device memory */

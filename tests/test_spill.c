@@ -369,7 +369,8 @@ typedef struct {
   dmem_handle_t victim;  /* select_victims answer, 0: default */
   int select_calls;
   /* cancellation test: lock the buffer from another thread during store */
-  int lock_during_store, free_during_store;
+  int lock_during_store, free_during_store, self_lock_in_store;
+  dmem_status_t self_lock_st, self_unspill_st;
   dmem_status_t side_st;
   /* re-entrancy: spill something from the pressure event */
   dmem_handle_t spill_on_pressure;
@@ -433,6 +434,12 @@ static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t
     pthread_join(t, NULL);
   }
   if (c->free_during_store) c->side_st = dmem_free(c->rt, h);
+  if (c->self_lock_in_store) {
+    void *p;
+    c->self_lock_st = dmem_lock(c->rt, h, NULL, &p);
+    if (c->self_lock_st == DMEM_OK) dmem_unlock(c->rt, h);
+    c->self_unspill_st = dmem_unspill(c->rt, h, NULL);
+  }
   if (c->store_ret != DMEM_OK) return c->store_ret;
   void *copy = malloc(size);
   memcpy(copy, data, size);
@@ -663,6 +670,31 @@ TEST_CASE(free_during_spill) {
   CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
   dmem_buffer_info_t info;
   CHECK_STATUS(dmem_buffer_info(rt, h, &info), DMEM_ERR_STALE_HANDLE);
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
+
+TEST_CASE(callback_cannot_move_its_own_buffer) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  put(rt, h, MiB, 31);
+  c.self_lock_in_store = 1;
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the device */
+  CHECK_STATUS(c.self_lock_st, DMEM_ERR_BUSY);
+  CHECK_STATUS(c.self_unspill_st, DMEM_ERR_BUSY);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
+  CHECK_UEQ(bad_bytes(rt, h, MiB, 31), 0);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  c.self_lock_st = c.self_unspill_st = DMEM_OK;
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the host tier */
+  CHECK_STATUS(c.self_lock_st, DMEM_ERR_BUSY);
+  CHECK_STATUS(c.self_unspill_st, DMEM_ERR_BUSY);
+  CHECK_OK(dmem_free(rt, h));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }

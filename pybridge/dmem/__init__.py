@@ -19,6 +19,7 @@ original).
 """
 
 import atexit as _atexit
+import os as _os
 
 from . import _dmem
 from ._dmem import (
@@ -46,6 +47,10 @@ from .controller import Controller
 _dmem._set_controller_base(Controller)
 # Close runtimes still open at exit (removes their spill directories).
 _atexit.register(_dmem._shutdown)
+# A forked child has none of the runtime's threads: its runtimes are disowned
+# (their Buffers raise StaleHandleError there) instead of destroyed.
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_dmem._after_fork_child)
 
 __version__ = "%d.%d.%d" % (_dmem.VERSION_MAJOR, _dmem.VERSION_MINOR, _dmem.VERSION_PATCH)
 

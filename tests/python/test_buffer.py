@@ -1,0 +1,288 @@
+"""dmem.Buffer: properties, read/write, spill/unspill on every tier, stale
+handles and bad arguments."""
+
+import array
+import os
+
+import pytest
+
+import dmem
+
+STATES = {"resident", "spilling", "deferred_host", "deferred_disk",
+          "deferred_controller", "unspilling"}
+
+
+def pattern(n, seed=0):
+    return bytes((i * 31 + seed) & 0xFF for i in range(n))
+
+
+def test_properties(rt):
+    b = rt.alloc(1000)
+    assert isinstance(b, dmem.Buffer)
+    assert isinstance(b.handle, int) and b.handle != 0
+    assert b.size == 1000
+    assert b.state == "resident"
+    assert b.lock_count == 0
+    assert b.spill_count == 0
+    assert b.priority == 0
+    assert b.pinned is False
+    assert b.runtime is rt
+    r = repr(b)
+    assert "dmem.Buffer" in r and "size=1000" in r and "resident" in r
+    with pytest.raises(AttributeError):
+        b.size = 5
+    with pytest.raises(AttributeError):
+        b.handle = 5
+    with pytest.raises(TypeError):
+        dmem.Buffer()
+
+
+def test_priority_setter(rt):
+    b = rt.alloc(10)
+    b.priority = 5
+    assert b.priority == 5
+    b.priority = -(2 ** 31)
+    assert b.priority == -(2 ** 31)
+    with pytest.raises(TypeError):
+        b.priority = "high"
+    with pytest.raises(TypeError):
+        b.priority = 1.0
+    with pytest.raises(TypeError):
+        b.priority = None
+    with pytest.raises(ValueError):
+        b.priority = 2 ** 31
+    with pytest.raises(AttributeError):
+        del b.priority
+
+
+def test_equality_and_hash(rt):
+    a, b = rt.alloc(8), rt.alloc(8)
+    assert a == a and a != b
+    assert hash(a) != hash(b) or a.handle != b.handle
+    assert {a: 1}[a] == 1
+    assert (a == 5) is False
+
+
+def test_write_read_roundtrip(rt):
+    b = rt.alloc(4096)
+    data = pattern(4096)
+    assert b.write(data) is None
+    assert b.read() == data
+    assert b.read(10) == data[:10]
+    assert b.read(10, 100) == data[100:110]
+    assert b.read(offset=4000) == data[4000:]
+    assert b.read(0) == b""
+    assert b.read(nbytes=None, offset=4096) == b""
+    b.write(b"XYZ", 10)
+    assert b.read(16) == data[:10] + b"XYZ" + data[13:16]
+    b.write(b"", 4096)  # empty write at the end is fine
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: bytearray(d),
+    lambda d: memoryview(d),
+    lambda d: memoryview(bytearray(d))[::1],
+    lambda d: array.array("B", d),
+])
+def test_write_accepts_bytes_like(rt, make):
+    b = rt.alloc(256)
+    d = pattern(256, 3)
+    b.write(make(d))
+    assert b.read() == d
+
+
+def test_write_numpy(rt):
+    np = pytest.importorskip("numpy")
+    b = rt.alloc(800)
+    a = np.arange(100, dtype=np.float64)
+    b.write(a)
+    assert np.frombuffer(b.read(), dtype=np.float64).tolist() == a.tolist()
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        b.write(np.arange(200, dtype=np.uint8)[::2])  # not contiguous
+
+
+@pytest.mark.parametrize("args, kwargs, exc", [
+    (("text",), {}, TypeError),
+    ((123,), {}, TypeError),
+    ((None,), {}, TypeError),
+    ((b"x", "1"), {}, TypeError),
+    ((b"x", 1.0), {}, TypeError),
+    ((b"x",), {"where": 1}, TypeError),
+    ((b"x", -1), {}, ValueError),
+    ((b"x" * 65,), {}, ValueError),
+    ((b"x" * 10, 60), {}, ValueError),
+    ((b"x", 1 << 62), {}, ValueError),
+])
+def test_write_bad_arguments(rt, args, kwargs, exc):
+    b = rt.alloc(64)
+    with pytest.raises(exc):
+        b.write(*args, **kwargs)
+
+
+@pytest.mark.parametrize("args, kwargs, exc", [
+    (("1",), {}, TypeError),
+    ((1.0,), {}, TypeError),
+    ((True,), {}, TypeError),
+    ((1, "0"), {}, TypeError),
+    ((-1,), {}, ValueError),
+    ((65,), {}, ValueError),
+    ((10, 60), {}, ValueError),
+    ((None, 65), {}, ValueError),
+    ((None, -1), {}, ValueError),
+    ((1 << 70,), {}, ValueError),
+])
+def test_read_bad_arguments(rt, args, kwargs, exc):
+    b = rt.alloc(64)
+    with pytest.raises(exc):
+        b.read(*args, **kwargs)
+
+
+@pytest.mark.parametrize("tier, state", [("host", "deferred_host"), ("disk", "deferred_disk")])
+def test_spill_unspill_roundtrip(rt, tier, state):
+    b = rt.alloc(64 << 10)
+    data = os.urandom(64 << 10)
+    b.write(data)
+    b.spill(tier)
+    assert b.state == state
+    assert b.spill_count == 1
+    b.spill(tier)  # same tier: no-op
+    assert b.spill_count == 1
+    b.unspill()
+    rt.synchronize()
+    assert b.state == "resident"
+    assert b.read() == data
+    # read() of a spilled buffer retrieves it too
+    b.spill(tier)
+    assert b.read() == data
+    assert b.state == "resident"
+
+
+def test_spill_default_tier_is_host(rt):
+    b = rt.alloc(100)
+    b.spill()
+    assert b.state == "deferred_host"
+
+
+def test_spill_host_then_disk(rt):
+    b = rt.alloc(8192)
+    d = pattern(8192, 9)
+    b.write(d)
+    b.spill("host")
+    b.spill("disk")
+    assert b.state == "deferred_disk"
+    with pytest.raises(dmem.InvalidArgumentError):
+        b.spill("host")  # disk -> host is not a move the runtime makes
+    assert b.read() == d
+
+
+def test_unspill_on_stream(rt):
+    b = rt.alloc(1 << 16)
+    d = os.urandom(1 << 16)
+    b.write(d)
+    b.spill("disk")
+    s = rt.stream()
+    b.unspill(s)
+    s.synchronize()
+    assert b.state == "resident"
+    b.unspill(stream=s)  # resident: left as it is
+    assert b.read() == d
+    s.close()
+
+
+def test_spill_controller_without_controller(rt):
+    b = rt.alloc(100)
+    with pytest.raises(dmem.InvalidArgumentError):
+        b.spill("controller")
+    assert b.state == "resident"
+
+
+@pytest.mark.parametrize("tier, exc", [(1, TypeError), (b"host", TypeError), (None, TypeError),
+                                       ("gpu", ValueError), ("HOST", ValueError),
+                                       ("device", ValueError)])
+def test_spill_bad_tier(rt, tier, exc):
+    b = rt.alloc(100)
+    with pytest.raises(exc):
+        b.spill(tier)
+
+
+def test_spill_locked_is_busy(rt):
+    b = rt.alloc(100)
+    with b.lock():
+        with pytest.raises(dmem.BusyError):
+            b.spill()
+        with pytest.raises(dmem.BusyError):
+            b.spill("disk")
+        assert b.state == "resident"
+    b.spill()
+    assert b.state == "deferred_host"
+
+
+def test_spill_pinned_is_busy(rt):
+    b = rt.alloc(100, pinned=True)
+    with pytest.raises(dmem.BusyError):
+        b.spill()
+    assert b.state == "resident"
+
+
+def test_free_then_everything_is_stale(rt):
+    b = rt.alloc(100)
+    s = rt.stream()
+    b.free()
+    uses = [
+        lambda: b.read(), lambda: b.write(b"x"), lambda: b.spill(), lambda: b.unspill(),
+        lambda: b.unspill(s), lambda: b.lock(), lambda: b.state, lambda: b.lock_count,
+        lambda: b.spill_count, lambda: b.priority, lambda: b.pinned, lambda: b.free(),
+        lambda: setattr(b, "priority", 1),
+        lambda: rt.lock_and_launch([b], lambda st, p: None),
+        lambda: rt.launch_async(s, [b], lambda st, p: None),
+    ]
+    for use in uses:
+        with pytest.raises(dmem.StaleHandleError):
+            use()
+    assert "freed" in repr(b)
+    assert b.size == 100 and b.handle != 0
+    assert rt.stats()["buffer_count"] == 0
+    s.close()
+
+
+def test_free_while_locked(rt):
+    b = rt.alloc(256)
+    with b.lock() as v:
+        b.free()
+        assert v.ptr  # the lock taken before the free stays valid
+        with pytest.raises(dmem.StaleHandleError):
+            b.read()
+    # memory reclaimed at the unlock
+    assert rt.stats()["buffer_count"] == 0
+
+
+def test_handles_not_reused_after_free(rt):
+    a = rt.alloc(10)
+    h = a.handle
+    a.free()
+    b = rt.alloc(10)
+    assert b.handle != h
+
+
+def test_buffer_keeps_runtime_alive():
+    import gc
+    import weakref
+    r = dmem.Runtime(backend="host", host_capacity=1 << 20)
+    b = r.alloc(100)
+    ref = weakref.ref(r)
+    del r
+    gc.collect()
+    assert ref() is not None
+    assert b.runtime.backend == "host"
+    del b
+    gc.collect()
+    assert ref() is None
+
+
+def test_weakref_to_buffer(rt):
+    import weakref
+    b = rt.alloc(10)
+    w = weakref.ref(b)
+    assert w() is b
+    del b
+    assert w() is None
