@@ -11,6 +11,16 @@ import pytest
 
 import dmem
 
+# numba-cuda 0.30 still calls numpy.row_stack, which numpy 2.5 removed (see
+# anchors.md); alias it so that Numba's JIT works in the GPU interop tests.
+try:
+    import numpy
+
+    if not hasattr(numpy, "row_stack"):
+        numpy.row_stack = numpy.vstack
+except ImportError:
+    pass
+
 CAPACITY = 8 << 20  # simulated device memory of the host backend
 
 

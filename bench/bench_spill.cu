@@ -1,0 +1,414 @@
+/*
+ * bench/bench_spill.cu - dmem on the CUDA backend against raw CUDA, each
+ * baseline measured in the same run:
+ *
+ *   spill / unspill bandwidth   dmem_spill to the host tier (one call per
+ *                               buffer, each waits for its copy), and
+ *                               dmem_unspill on one stream then one
+ *                               synchronise, vs cudaMemcpyAsync D->H / H->D
+ *                               between cudaMalloc and cudaMallocHost memory
+ *                               of the same sizes (all copies enqueued, one
+ *                               synchronise): 1 MiB, 8 MiB, 64 MiB, 1 GiB and
+ *                               256 x 64 KiB buffers
+ *   allocation                  dmem_alloc + dmem_free vs cudaMalloc + cudaFree
+ *                               vs cudaMallocAsync + cudaFreeAsync (default
+ *                               pool, release threshold UINT64_MAX), ns per pair
+ *   lock + unlock               of a resident buffer vs two CAS on one word
+ *   launch                      dmem_launch_async (one handle) + an empty
+ *                               kernel vs the bare empty-kernel launch, us per
+ *                               launch: batched (1000 launches, one
+ *                               sync_and_unlock / synchronise) and one by one
+ *                               (launch + sync each), and launch +
+ *                               dmem_stream_release
+ *
+ * Each figure is the median of several repetitions after a warm-up. GB/s are
+ * 1e9 bytes per second.
+ *
+ *   bench_spill [--quick]
+ *
+ * --quick: fewer repetitions, no 1 GiB case (the CTest run, bench.spill).
+ * Exit 77 when no CUDA device is usable, 1 on any dmem or CUDA error; never
+ * fails on speed.
+ */
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <dmem/dmem.h>
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+static int g_reps = 7;
+static bool g_quick = false;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define TRY(call)                                                                       \
+  do {                                                                                  \
+    dmem_status_t st_ = (call);                                                         \
+    if (st_ != DMEM_OK) {                                                               \
+      fprintf(stderr, "bench_spill: %s: %s (%s)\n", #call, dmem_status_name(st_),      \
+              dmem_last_error_detail());                                                \
+      exit(1);                                                                          \
+    }                                                                                   \
+  } while (0)
+
+#define CU(call)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      fprintf(stderr, "bench_spill: %s: %s\n", #call, cudaGetErrorString(e_));         \
+      exit(1);                                                                          \
+    }                                                                                   \
+  } while (0)
+
+__global__ void touch_kernel(uint32_t *p, size_t n, uint32_t v) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    p[i] = v + (uint32_t)i;
+}
+
+__global__ void empty_kernel(void) {}
+
+static void touch(void *p, size_t bytes, cudaStream_t s) {
+  size_t n = bytes / 4;
+  unsigned grid = (unsigned)std::min<size_t>((n + 255) / 256 + 1, 1024);
+  touch_kernel<<<grid, 256, 0, s>>>((uint32_t *)p, n, 7);
+  CU(cudaGetLastError());
+}
+
+static dmem_runtime_t *make_runtime(void) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_CUDA;
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st == DMEM_ERR_NO_DEVICE) {
+    fprintf(stderr, "SKIP: no CUDA device (%s)\n", dmem_last_error_detail());
+    exit(77);
+  }
+  TRY(st);
+  CU(cudaSetDevice(cfg.device));
+  return rt;
+}
+
+/* ---- spill / unspill bandwidth ----------------------------------------------- */
+
+static dmem_status_t touch_launch(void *user, dmem_stream_t s, void *const *p, size_t n) {
+  size_t bytes = *(const size_t *)user;
+  for (size_t i = 0; i < n; i++) touch(p[i], bytes, (cudaStream_t)s);
+  return DMEM_OK;
+}
+
+static void bandwidth_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
+  const double total = (double)size * (double)count;
+  /* dmem: buffers written by a kernel, then spilled and retrieved */
+  std::vector<dmem_handle_t> h(count);
+  for (size_t i = 0; i < count; i++) {
+    TRY(dmem_alloc(rt, size, 0, &h[i]));
+    TRY(dmem_launch_async(rt, s, &h[i], 1, touch_launch, &size));
+  }
+  TRY(dmem_sync_and_unlock(rt, s));
+  std::vector<double> sp, un, ev;
+  for (int r = -1; r < g_reps; r++) { /* r == -1: warm-up (grows the pinned pool) */
+    double t0 = now_s();
+    for (size_t i = 0; i < count; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+    double t1 = now_s();
+    for (size_t i = 0; i < count; i++) TRY(dmem_unspill(rt, h[i], s));
+    TRY(dmem_stream_synchronize(rt, s));
+    double t2 = now_s();
+    TRY(dmem_runtime_poll(rt));
+    if (r >= 0) {
+      sp.push_back(total / (t1 - t0) * 1e-9);
+      un.push_back(total / (t2 - t1) * 1e-9);
+    }
+    if (count > 1 && r < 2) { /* eviction by policy: one call for all */
+      size_t freed = 0;
+      double t3 = now_s();
+      TRY(dmem_evict(rt, (size_t)total, &freed));
+      double t4 = now_s();
+      if (freed != (size_t)total) {
+        fprintf(stderr, "bench_spill: dmem_evict freed %zu of %.0f bytes\n", freed, total);
+        exit(1);
+      }
+      for (size_t i = 0; i < count; i++) TRY(dmem_unspill(rt, h[i], s));
+      TRY(dmem_stream_synchronize(rt, s));
+      TRY(dmem_runtime_poll(rt));
+      if (r >= 0) ev.push_back(total / (t4 - t3) * 1e-9);
+    }
+  }
+  for (size_t i = 0; i < count; i++) TRY(dmem_free(rt, h[i]));
+
+  /* raw: the same bytes between cudaMalloc and cudaMallocHost memory */
+  std::vector<void *> dev(count), host(count);
+  for (size_t i = 0; i < count; i++) {
+    CU(cudaMalloc(&dev[i], size));
+    CU(cudaMallocHost(&host[i], size));
+    touch(dev[i], size, (cudaStream_t)s);
+  }
+  CU(cudaStreamSynchronize((cudaStream_t)s));
+  std::vector<double> d2h, h2d;
+  for (int r = -1; r < g_reps; r++) {
+    double t0 = now_s();
+    for (size_t i = 0; i < count; i++)
+      CU(cudaMemcpyAsync(host[i], dev[i], size, cudaMemcpyDeviceToHost, (cudaStream_t)s));
+    CU(cudaStreamSynchronize((cudaStream_t)s));
+    double t1 = now_s();
+    for (size_t i = 0; i < count; i++)
+      CU(cudaMemcpyAsync(dev[i], host[i], size, cudaMemcpyHostToDevice, (cudaStream_t)s));
+    CU(cudaStreamSynchronize((cudaStream_t)s));
+    double t2 = now_s();
+    if (r >= 0) {
+      d2h.push_back(total / (t1 - t0) * 1e-9);
+      h2d.push_back(total / (t2 - t1) * 1e-9);
+    }
+  }
+  for (size_t i = 0; i < count; i++) {
+    CU(cudaFree(dev[i]));
+    CU(cudaFreeHost(host[i]));
+  }
+  char what[48];
+  if (size >= GiB) snprintf(what, sizeof what, "%zu GiB x %zu", size / GiB, count);
+  else if (size >= MiB) snprintf(what, sizeof what, "%zu MiB x %zu", size / MiB, count);
+  else snprintf(what, sizeof what, "%zu KiB x %zu", size >> 10, count);
+  double msp = median(sp), mun = median(un), md = median(d2h), mh = median(h2d);
+  printf("%-16s | %8.1f | %8.1f | %5.2f | %8.1f | %8.1f | %5.2f", what, msp, md, msp / md, mun,
+         mh, mun / mh);
+  if (!ev.empty()) printf(" | %8.1f | %5.2f", median(ev), median(ev) / md);
+  printf("\n");
+}
+
+/* ---- allocation ------------------------------------------------------------------ */
+
+static double ns_dmem_alloc(dmem_runtime_t *rt, size_t size, long iters) {
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    dmem_handle_t h;
+    TRY(dmem_alloc(rt, size, 0, &h));
+    TRY(dmem_free(rt, h));
+  }
+  return (now_s() - t0) / (double)iters * 1e9;
+}
+
+static double ns_cuda_malloc(size_t size, long iters) {
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    void *p;
+    CU(cudaMalloc(&p, size));
+    CU(cudaFree(p));
+  }
+  return (now_s() - t0) / (double)iters * 1e9;
+}
+
+static double ns_cuda_malloc_async(size_t size, long iters, cudaStream_t s) {
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    void *p;
+    CU(cudaMallocAsync(&p, size, s));
+    CU(cudaFreeAsync(p, s));
+  }
+  CU(cudaStreamSynchronize(s));
+  return (now_s() - t0) / (double)iters * 1e9;
+}
+
+static void alloc_row(dmem_runtime_t *rt, cudaStream_t s, size_t size) {
+  long slow = g_quick ? 50 : 400, fast = g_quick ? 2000 : 20000;
+  std::vector<double> d, m, a;
+  (void)ns_dmem_alloc(rt, size, slow / 10 + 1);
+  (void)ns_cuda_malloc(size, slow / 10 + 1);
+  (void)ns_cuda_malloc_async(size, fast / 10 + 1, s);
+  for (int r = 0; r < g_reps; r++) {
+    d.push_back(ns_dmem_alloc(rt, size, slow));
+    m.push_back(ns_cuda_malloc(size, slow));
+    a.push_back(ns_cuda_malloc_async(size, fast, s));
+  }
+  char what[32];
+  if (size >= MiB) snprintf(what, sizeof what, "%zu MiB", size / MiB);
+  else if (size >= 1024) snprintf(what, sizeof what, "%zu KiB", size >> 10);
+  else snprintf(what, sizeof what, "%zu B", size);
+  double md = median(d), mm = median(m), ma = median(a);
+  printf("%-10s | %10.0f | %10.0f | %10.0f | %7.2f | %7.2f\n", what, md, mm, ma, md / mm,
+         md / ma);
+}
+
+/* ---- launch ------------------------------------------------------------------------ */
+
+static dmem_status_t empty_launch(void *user, dmem_stream_t s, void *const *p, size_t n) {
+  (void)user;
+  (void)p;
+  (void)n;
+  empty_kernel<<<1, 1, 0, (cudaStream_t)s>>>();
+  return cudaGetLastError() == cudaSuccess ? DMEM_OK : DMEM_ERR_DEVICE;
+}
+
+enum launch_mode { BATCHED, ONE_BY_ONE, RELEASE };
+
+static double us_dmem_launch(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, long iters,
+                             enum launch_mode mode) {
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    TRY(dmem_launch_async(rt, s, &h, 1, empty_launch, NULL));
+    if (mode == ONE_BY_ONE) TRY(dmem_sync_and_unlock(rt, s));
+    if (mode == RELEASE) TRY(dmem_stream_release(rt, s));
+  }
+  if (mode == BATCHED) TRY(dmem_sync_and_unlock(rt, s));
+  if (mode == RELEASE) {
+    TRY(dmem_stream_synchronize(rt, s));
+  }
+  double t = (now_s() - t0) / (double)iters * 1e6;
+  if (mode == RELEASE) TRY(dmem_runtime_poll(rt)); /* complete the releases (untimed) */
+  return t;
+}
+
+static double us_raw_launch(cudaStream_t s, long iters, bool one_by_one) {
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    empty_kernel<<<1, 1, 0, s>>>();
+    CU(cudaGetLastError());
+    if (one_by_one) CU(cudaStreamSynchronize(s));
+  }
+  CU(cudaStreamSynchronize(s));
+  return (now_s() - t0) / (double)iters * 1e6;
+}
+
+static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enum launch_mode mode,
+                       const char *what) {
+  long iters = mode == ONE_BY_ONE ? (g_quick ? 500 : 5000) : 1000;
+  std::vector<double> d, b;
+  (void)us_dmem_launch(rt, s, h, iters / 10, mode);
+  (void)us_raw_launch((cudaStream_t)s, iters / 10, mode == ONE_BY_ONE);
+  for (int r = 0; r < g_reps; r++) {
+    d.push_back(us_dmem_launch(rt, s, h, iters, mode));
+    b.push_back(us_raw_launch((cudaStream_t)s, iters, mode == ONE_BY_ONE));
+  }
+  double md = median(d), mb = median(b);
+  printf("%-52s | %8.2f | %8.2f | %5.2f\n", what, md, mb, md / mb);
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      g_quick = true;
+      g_reps = 3;
+    } else {
+      fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  double t_start = now_s();
+  dmem_runtime_t *rt = make_runtime();
+  int dev = 0;
+  CU(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CU(cudaGetDeviceProperties(&prop, dev));
+  dmem_stream_t s;
+  TRY(dmem_stream_create(rt, &s));
+#ifdef __OPTIMIZE__
+  const char *opt = "optimised";
+#else
+  const char *opt = "NOT optimised: build with CMAKE_BUILD_TYPE=Release for real figures";
+#endif
+  printf("bench_spill: %s (device %d), %s, %d repetitions (median), %s\n", prop.name, dev,
+         g_quick ? "quick" : "full", g_reps, opt);
+
+  printf("\nspill / unspill bandwidth, GB/s (dmem vs raw pinned cudaMemcpyAsync)\n");
+  printf("%-16s | %8s | %8s | %5s | %8s | %8s | %5s | %8s | %5s\n", "buffers", "spill",
+         "raw D2H", "ratio", "unspill", "raw H2D", "ratio", "evict", "ratio");
+  printf("-----------------+----------+----------+-------+----------+----------+-------+-------"
+         "---+------\n");
+  bandwidth_row(rt, s, MiB, 256);
+  bandwidth_row(rt, s, 8 * MiB, 64);
+  bandwidth_row(rt, s, 64 * MiB, 16);
+  if (!g_quick) bandwidth_row(rt, s, GiB, 2);
+  bandwidth_row(rt, s, 64 << 10, 256);
+  printf("spill: dmem_spill per buffer (each waits for its copy); unspill: dmem_unspill of "
+         "every buffer on one stream, one synchronise; evict: one dmem_evict for all (by "
+         "policy; ratio against raw D2H); raw: all copies on one stream, one synchronise\n");
+
+  cudaMemPool_t pool;
+  CU(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = UINT64_MAX;
+  CU(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  printf("\nallocation, ns per alloc+free pair\n");
+  printf("%-10s | %10s | %10s | %10s | %7s | %7s\n", "size", "dmem", "cudaMalloc",
+         "MallocAsync", "/Malloc", "/Async");
+  printf("-----------+------------+------------+------------+---------+--------\n");
+  static const size_t sizes[] = {256, 64 << 10, MiB, 16 * MiB};
+  for (size_t sz : sizes) alloc_row(rt, (cudaStream_t)s, sz);
+  printf("dmem: dmem_alloc + dmem_free of a spillable buffer; cudaMallocAsync: default pool, "
+         "release threshold UINT64_MAX, one synchronise at the end\n");
+
+  dmem_handle_t h;
+  TRY(dmem_alloc(rt, 4096, 0, &h));
+  {
+    long iters = g_quick ? 200000 : 2000000;
+    std::vector<double> d, b;
+    static std::atomic<uint64_t> word{0};
+    for (int r = -1; r < g_reps; r++) {
+      void *p;
+      double t0 = now_s();
+      for (long i = 0; i < iters; i++) {
+        TRY(dmem_lock(rt, h, s, &p));
+        TRY(dmem_unlock(rt, h));
+      }
+      double t1 = now_s();
+      for (long i = 0; i < iters; i++) {
+        uint64_t e = word.load(std::memory_order_relaxed);
+        while (!word.compare_exchange_strong(e, e + 1, std::memory_order_acq_rel)) {
+        }
+        e++;
+        while (!word.compare_exchange_strong(e, e - 1, std::memory_order_acq_rel)) {
+        }
+      }
+      double t2 = now_s();
+      if (r >= 0) {
+        d.push_back((t1 - t0) / (double)iters * 1e9);
+        b.push_back((t2 - t1) / (double)iters * 1e9);
+      }
+    }
+    printf("\nlock + unlock of a resident buffer, ns\n");
+    printf("%-52s | %8s | %8s | %5s\n", "what", "dmem", "baseline", "ratio");
+    printf("-----------------------------------------------------+----------+----------+------\n");
+    printf("%-52s | %8.1f | %8.1f | %5.2f\n", "dmem_lock + dmem_unlock vs two CAS on one word",
+           median(d), median(b), median(d) / median(b));
+  }
+
+  printf("\nlaunch of an empty kernel, us per launch (dmem_launch_async, 1 handle, vs bare)\n");
+  printf("%-52s | %8s | %8s | %5s\n", "what", "dmem", "raw", "ratio");
+  printf("-----------------------------------------------------+----------+----------+------\n");
+  launch_row(rt, s, h, BATCHED, "1000 launches, then sync_and_unlock / synchronise");
+  launch_row(rt, s, h, RELEASE, "1000 x (launch + dmem_stream_release), then sync");
+  launch_row(rt, s, h, ONE_BY_ONE, "launch + sync_and_unlock / synchronise, each");
+
+  dmem_buffer_info_t info;
+  TRY(dmem_buffer_info(rt, h, &info));
+  if (info.lock_count != 0) {
+    fprintf(stderr, "bench_spill: buffer left locked (%u)\n", info.lock_count);
+    return 1;
+  }
+  TRY(dmem_free(rt, h));
+  TRY(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+  printf("\nbench_spill: done in %.1f s\n", now_s() - t_start);
+  return 0;
+}

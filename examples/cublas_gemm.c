@@ -1,0 +1,343 @@
+/*
+ * examples/cublas_gemm.c - a real C library as a client of dmem: cuBLAS
+ * SGEMM over a tiled matrix product twice the size of the device limit.
+ *
+ *   C[i][j] = A[i] x B[j]     i, j < T; A[i] is n x n, B[j] is n x n
+ *
+ * Every tile is a spillable dmem buffer (column-major floats). Each product
+ * is wrapped in dmem_launch_async: the launch function calls cublasSetStream
+ * and cublasSgemm with the locked device pointers, and dmem_stream_release
+ * lets the runtime unlock the three tiles once the GEMM is done. The tiles
+ * together hold about twice the device limit, and the example never spills
+ * anything itself: the runtime spills and retrieves on its own, in stream
+ * order, as the products need their tiles. At the end every C tile is
+ * checked against a CPU reference: sampled entries, or every entry when
+ * n <= 512 (or with --full). Matrix entries are small integers, so the
+ * products are exact in FP32 whatever the summation order.
+ *
+ *   cublas_gemm [--n N] [--tiles T] [--limit BYTES] [--streams S]
+ *               [--samples K] [--full]
+ *
+ * Defaults: n 8192, T 7, limit 8G: 2T + T^2 = 63 tiles of 256 MiB (15.75
+ * GiB) under an 8 GiB device limit, 49 SGEMMs of 8192^3. A small run (for
+ * compute-sanitizer): --n 256 --tiles 3 --limit 2M. BYTES takes a K/M/G
+ * suffix. The device is DMEM_DEVICE (default 0). Exit status: 0 when every
+ * checked entry matches, 1 otherwise, 77 when no CUDA device is usable.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <dmem/dmem.h>
+
+#define MAX_STREAMS 8
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what, dmem_status_t st) {
+  fprintf(stderr, "cublas_gemm: %s: %s (%s)\n", what, dmem_status_name(st),
+          dmem_last_error_detail());
+  exit(1);
+}
+
+#define TRY(call)                           \
+  do {                                      \
+    dmem_status_t st_ = (call);             \
+    if (st_ != DMEM_OK) die(#call, st_);    \
+  } while (0)
+
+/* ---- the matrices: small integers from a hash ----------------------------- */
+
+static uint32_t mix(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+/* Entry (r, c) of A[t] (seed 1) or B[t] (seed 2): an integer in -2..2. */
+static float entry(uint32_t seed, int t, size_t r, size_t c) {
+  uint32_t x = mix(seed * 0x27D4EB2Fu ^ (uint32_t)t * 0x165667B1u ^ (uint32_t)r * 0x9E3779B1u ^
+                   mix((uint32_t)c * 0x85EBCA6Bu + seed));
+  return (float)((int)(x % 5u) - 2);
+}
+
+static void make_tile(float *host, uint32_t seed, int t, size_t n) {
+  for (size_t c = 0; c < n; c++)
+    for (size_t r = 0; r < n; r++) host[c * n + r] = entry(seed, t, r, c); /* column-major */
+}
+
+/* ---- the launch function ---------------------------------------------------- */
+
+typedef struct gemm {
+  cublasHandle_t handle;
+  int n;
+} gemm_t;
+
+/* dev_ptrs: A[i], B[j], C[i][j]. C = A x B (beta 0: C is only written). */
+static dmem_status_t gemm_launch(void *user, dmem_stream_t stream, void *const *dev_ptrs,
+                                 size_t count) {
+  const gemm_t *g = (const gemm_t *)user;
+  if (count != 3) return DMEM_ERR_INVALID_ARGUMENT;
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t cs = cublasSetStream(g->handle, (cudaStream_t)stream);
+  if (cs == CUBLAS_STATUS_SUCCESS)
+    cs = cublasSgemm(g->handle, CUBLAS_OP_N, CUBLAS_OP_N, g->n, g->n, g->n, &one,
+                     (const float *)dev_ptrs[0], g->n, (const float *)dev_ptrs[1], g->n, &zero,
+                     (float *)dev_ptrs[2], g->n);
+  if (cs != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "cublas_gemm: cublasSgemm: %s\n", cublasGetStatusString(cs));
+    return DMEM_ERR_DEVICE;
+  }
+  return DMEM_OK;
+}
+
+/* ---- arguments ---------------------------------------------------------------- */
+
+static size_t parse_bytes(const char *s) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || v <= 0) return 0;
+  switch (*end) {
+    case 'k': case 'K': v *= 1024.0; break;
+    case 'm': case 'M': v *= 1024.0 * 1024; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+    case '\0': break;
+    default: return 0;
+  }
+  return (size_t)v;
+}
+
+static void usage(const char *argv0) {
+  fprintf(stderr,
+          "usage: %s [--n N] [--tiles T] [--limit BYTES] [--streams S] [--samples K] [--full]\n",
+          argv0);
+  exit(2);
+}
+
+static void print_stats(dmem_runtime_t *rt, const char *when) {
+  dmem_stats_t s;
+  TRY(dmem_stats(rt, &s));
+  printf("  %-12s device used %7.2f GiB of limit %.2f GiB; host tier %7.2f GiB; "
+         "spills %5llu (%7.2f GiB, %6.2f s); unspills %5llu (%7.2f GiB); "
+         "on-demand evictions %llu\n",
+         when, (double)s.device_used / (1 << 30), (double)s.device_limit / (1 << 30),
+         (double)s.host_used / (1 << 30), (unsigned long long)s.spill_count,
+         (double)s.bytes_spilled / (1 << 30), s.seconds_spilling,
+         (unsigned long long)s.unspill_count, (double)s.bytes_unspilled / (1 << 30),
+         (unsigned long long)s.oom_evictions);
+}
+
+int main(int argc, char **argv) {
+  long n_arg = 8192, tiles = 7, nstreams = 2, samples = 64;
+  size_t limit = (size_t)8 << 30;
+  int full = 0;
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "--full") == 0) { full = 1; continue; }
+    if (a + 1 >= argc) usage(argv[0]);
+    const char *v = argv[++a];
+    if (strcmp(argv[a - 1], "--n") == 0) n_arg = atol(v);
+    else if (strcmp(argv[a - 1], "--tiles") == 0) tiles = atol(v);
+    else if (strcmp(argv[a - 1], "--limit") == 0) limit = parse_bytes(v);
+    else if (strcmp(argv[a - 1], "--streams") == 0) nstreams = atol(v);
+    else if (strcmp(argv[a - 1], "--samples") == 0) samples = atol(v);
+    else usage(argv[0]);
+  }
+  const size_t n = (size_t)n_arg;
+  const size_t tile_bytes = n * n * sizeof(float);
+  if (n_arg < 1 || n_arg > 65536 || tiles < 1 || tiles > 64 || nstreams < 1 ||
+      nstreams > MAX_STREAMS || samples < 1 || limit < 3 * tile_bytes) {
+    fprintf(stderr, "cublas_gemm: bad arguments (the limit must hold 3 tiles of %zu bytes)\n",
+            tile_bytes);
+    return 2;
+  }
+  if (n <= 512) full = 1;
+
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_CUDA;
+  cfg.device_limit = limit;
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st == DMEM_ERR_NO_DEVICE) {
+    fprintf(stderr, "SKIP: no CUDA device (%s)\n", dmem_last_error_detail());
+    return 77;
+  }
+  if (st != DMEM_OK) die("dmem_runtime_create", st);
+  /* cuBLAS works on the calling thread's current device: make it dmem's */
+  cudaError_t ce = cudaSetDevice(cfg.device);
+  if (ce != cudaSuccess) {
+    fprintf(stderr, "cublas_gemm: cudaSetDevice(%d): %s\n", cfg.device, cudaGetErrorString(ce));
+    return 1;
+  }
+
+  const int T = (int)tiles;
+  const size_t ntiles = (size_t)(2 * T + T * T);
+  printf("cublas_gemm: %d x %d tiled SGEMM, tiles %zu x %zu (%.0f MiB), %zu tiles = %.2f GiB "
+         "under a device limit of %.2f GiB (%.2fx), %ld streams\n",
+         T, T, n, n, (double)tile_bytes / (1 << 20), ntiles,
+         (double)ntiles * (double)tile_bytes / (1 << 30), (double)limit / (1 << 30),
+         (double)ntiles * (double)tile_bytes / (double)limit, nstreams);
+
+  dmem_stream_t streams[MAX_STREAMS];
+  gemm_t gemms[MAX_STREAMS];
+  for (long s = 0; s < nstreams; s++) {
+    TRY(dmem_stream_create(rt, &streams[s]));
+    if (cublasCreate(&gemms[s].handle) != CUBLAS_STATUS_SUCCESS) {
+      fprintf(stderr, "cublas_gemm: cublasCreate failed\n");
+      return 1;
+    }
+    gemms[s].n = (int)n;
+  }
+
+  /* A[i] and B[j], filled from the host */
+  dmem_handle_t *A = calloc((size_t)T, sizeof *A), *B = calloc((size_t)T, sizeof *B);
+  dmem_handle_t *C = calloc((size_t)T * (size_t)T, sizeof *C);
+  float *host = malloc(tile_bytes);
+  if (!A || !B || !C || !host) {
+    fprintf(stderr, "cublas_gemm: out of host memory\n");
+    return 1;
+  }
+  double t0 = now_s();
+  for (int t = 0; t < 2 * T; t++) {
+    dmem_handle_t *h = t < T ? &A[t] : &B[t - T];
+    TRY(dmem_alloc(rt, tile_bytes, 0, h));
+    make_tile(host, t < T ? 1u : 2u, t % T, n);
+    void *dev;
+    TRY(dmem_lock(rt, *h, streams[0], &dev));
+    TRY(dmem_copy(rt, dev, host, tile_bytes, streams[0]));
+    TRY(dmem_stream_synchronize(rt, streams[0]));
+    TRY(dmem_unlock(rt, *h));
+  }
+  double t_fill = now_s() - t0;
+
+  /* the products: the runtime spills and retrieves as they need */
+  t0 = now_s();
+  for (int i = 0; i < T; i++) {
+    for (int j = 0; j < T; j++) {
+      size_t k = (size_t)i * (size_t)T + (size_t)j;
+      long s = (long)(k % (size_t)nstreams);
+      TRY(dmem_alloc(rt, tile_bytes, 0, &C[k]));
+      dmem_handle_t hs[3] = {A[i], B[j], C[k]};
+      TRY(dmem_launch_async(rt, streams[s], hs, 3, gemm_launch, &gemms[s]));
+      TRY(dmem_stream_release(rt, streams[s]));
+    }
+  }
+  for (long s = 0; s < nstreams; s++) TRY(dmem_stream_synchronize(rt, streams[s]));
+  TRY(dmem_runtime_poll(rt));
+  double t_gemm = now_s() - t0;
+  double flops = 2.0 * (double)n * (double)n * (double)n * (double)(T * T);
+  printf("  fill %.2f s; %d SGEMMs in %.2f s (%.1f TFLOP/s, spilling included)\n", t_fill, T * T,
+         t_gemm, flops / t_gemm * 1e-12);
+  print_stats(rt, "after GEMMs");
+
+  /* check every C tile against the CPU */
+  t0 = now_s();
+  long bad = 0, checked = 0;
+  float *a_tile = full ? malloc(tile_bytes) : NULL;
+  float *b_tile = full ? malloc(tile_bytes) : NULL;
+  float *got = malloc((size_t)samples * sizeof *got);
+  size_t *rows = malloc((size_t)samples * sizeof *rows), *cols = malloc((size_t)samples * sizeof *cols);
+  if ((full && (!a_tile || !b_tile)) || !got || !rows || !cols) {
+    fprintf(stderr, "cublas_gemm: out of host memory\n");
+    return 1;
+  }
+  uint32_t rng = 12345;
+  for (int i = 0; i < T; i++) {
+    if (full) make_tile(a_tile, 1u, i, n);
+    for (int j = 0; j < T; j++) {
+      size_t k = (size_t)i * (size_t)T + (size_t)j;
+      void *dev;
+      TRY(dmem_lock(rt, C[k], streams[0], &dev)); /* retrieves it if spilled */
+      const float *cdev = (const float *)dev;
+      if (full) {
+        TRY(dmem_copy(rt, host, cdev, tile_bytes, streams[0]));
+      } else {
+        for (long q = 0; q < samples; q++) {
+          rng = mix(rng + 0x9E3779B9u);
+          rows[q] = q == 0 ? 0 : q == 1 ? n - 1 : rng % n;
+          rng = mix(rng + 0x9E3779B9u);
+          cols[q] = q == 0 ? 0 : q == 1 ? n - 1 : rng % n;
+          TRY(dmem_copy(rt, &got[q], cdev + cols[q] * n + rows[q], sizeof(float), streams[0]));
+        }
+      }
+      TRY(dmem_stream_synchronize(rt, streams[0]));
+      TRY(dmem_unlock(rt, C[k]));
+      if (full) {
+        make_tile(b_tile, 2u, j, n);
+        for (size_t c = 0; c < n; c++) {
+          for (size_t r = 0; r < n; r++) {
+            double ref = 0;
+            for (size_t kk = 0; kk < n; kk++)
+              ref += (double)a_tile[kk * n + r] * (double)b_tile[c * n + kk];
+            checked++;
+            if ((double)host[c * n + r] != ref) {
+              if (bad < 10)
+                fprintf(stderr, "C[%d][%d](%zu, %zu) = %g, want %g\n", i, j, r, c,
+                        (double)host[c * n + r], ref);
+              bad++;
+            }
+          }
+        }
+      } else {
+        for (long q = 0; q < samples; q++) {
+          double ref = 0;
+          for (size_t kk = 0; kk < n; kk++)
+            ref += (double)entry(1u, i, rows[q], kk) * (double)entry(2u, j, kk, cols[q]);
+          checked++;
+          if ((double)got[q] != ref) {
+            if (bad < 10)
+              fprintf(stderr, "C[%d][%d](%zu, %zu) = %g, want %g\n", i, j, rows[q], cols[q],
+                      (double)got[q], ref);
+            bad++;
+          }
+        }
+      }
+    }
+  }
+  printf("  checked %ld entries (%s) in %.2f s: %ld wrong\n", checked,
+         full ? "every entry" : "sampled", now_s() - t0, bad);
+  print_stats(rt, "after check");
+
+  dmem_stats_t s;
+  TRY(dmem_stats(rt, &s));
+  int ok = bad == 0;
+  if (ntiles * tile_bytes > limit && s.spill_count == 0) {
+    fprintf(stderr, "cublas_gemm: the tiles exceed the limit but nothing was spilled\n");
+    ok = 0;
+  }
+  for (size_t k = 0; k < (size_t)T * (size_t)T; k++) TRY(dmem_free(rt, C[k]));
+  for (int t = 0; t < T; t++) {
+    TRY(dmem_free(rt, A[t]));
+    TRY(dmem_free(rt, B[t]));
+  }
+  for (long q = 0; q < nstreams; q++) {
+    cublasDestroy(gemms[q].handle);
+    TRY(dmem_stream_destroy(rt, streams[q]));
+  }
+  dmem_runtime_destroy(rt);
+  free(A);
+  free(B);
+  free(C);
+  free(host);
+  free(a_tile);
+  free(b_tile);
+  free(got);
+  free(rows);
+  free(cols);
+  printf("cublas_gemm: %s\n", ok ? "OK" : "FAILED");
+  return ok ? 0 : 1;
+}
