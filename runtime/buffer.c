@@ -11,6 +11,7 @@
 
 
 _Thread_local dmem__buffer_t *dmem__tl_transit;
+_Thread_local uint64_t dmem__tl_lru_seq;
 
 /* How long an allocation keeps waiting for in-flight moves and stream
  * releases to free memory before it reports DMEM_ERR_OUT_OF_MEMORY. */
@@ -215,7 +216,8 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
   dmem_atomic_store_relaxed(&b->spill_event, NULL);
   dmem_atomic_store_relaxed(&b->priority, 0);
   dmem_atomic_store_relaxed(&b->spill_count, 0);
-  dmem_atomic_store_relaxed(&b->last_use, dmem__lru_now());
+  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* newer than every earlier unlock */
+  dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
   if (flags & DMEM_ALLOC_PINNED) dmem_atomic_add_relaxed(&rt->device_pinned, size);
   dmem_atomic_add_relaxed(&rt->buffer_count, 1);
   uint64_t gen = dmem__w_gen(dmem_atomic_load_relaxed(&b->word));
@@ -409,7 +411,7 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
      * acquiring CAS */
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
   if (dmem__w_count(nw) == 0) {
-    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_now());
+    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
     if ((nw & DMEM__F_FREED) && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
   }
   return DMEM_OK;

@@ -214,6 +214,10 @@ struct dmem_runtime {
   _Alignas(64) _Atomic int fatal;
   char fatal_pad[60];
 
+  /* LRU epoch: read (relaxed) by unlocks, bumped by allocations and
+   * eviction passes. On its own line. */
+  _Alignas(64) _Atomic uint64_t lru_epoch;
+
   /* Accounting (relaxed counters). */
   _Alignas(64) _Atomic size_t device_used;  /* reserved for resident buffers */
   _Atomic size_t device_pinned;
@@ -234,14 +238,15 @@ static inline dmem_status_t dmem__check_live(dmem_runtime_t *rt) {
   return DMEM_OK;
 }
 uint64_t dmem__now_ns(void);
-/* LRU clock: strictly increasing per thread, roughly ordered across threads,
- * and no shared cache line written (the TSC on x86-64). */
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-static inline uint64_t dmem__lru_now(void) { return __rdtsc(); }
-#else
-static inline uint64_t dmem__lru_now(void) { return dmem__now_ns(); }
-#endif
+/* LRU stamp of an unlock: the runtime's epoch (bumped by allocations and
+ * eviction passes) above a per-thread sequence. Exact order within a thread,
+ * epoch order across threads, and no cache line written that other threads
+ * share (a shared counter made unlocks scale badly; the TSC is slow to read
+ * on some virtual machines). */
+extern _Thread_local uint64_t dmem__tl_lru_seq;
+static inline uint64_t dmem__lru_stamp(dmem_runtime_t *rt) {
+  return (dmem_atomic_load_relaxed(&rt->lru_epoch) << 32) | (++dmem__tl_lru_seq & 0xFFFFFFFFu);
+}
 
 /* buffer.c */
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,

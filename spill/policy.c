@@ -47,6 +47,7 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, bool on_demand, size_
                           dmem_status_t *first_error_out) {
   size_t freed = 0;
   dmem_status_t first = DMEM_OK;
+  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
   dmem_controller_t c;
   if (dmem__controller_get(rt, &c) && c.select_victims) {
     size_t cap = dmem_atomic_load_relaxed(&rt->buffer_count);
