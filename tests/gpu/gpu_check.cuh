@@ -13,6 +13,7 @@
  *
  * Environment:
  *   DMEM_GPU_SMALL=1  shrink every case (sizes, rounds) for compute-sanitizer
+ *   DMEM_GPU_SMALL=2  shrink the spill-cycle case further (racecheck)
  *   DMEM_DEVICE       device ordinal (dmem_config_init reads it)
  */
 #ifndef DMEM_GPU_CHECK_CUH
@@ -73,6 +74,13 @@ static inline dmem_status_t gpu_launched(const char *what) {
 static inline bool gpu_small(void) {
   const char *s = getenv("DMEM_GPU_SMALL");
   return s && *s && strcmp(s, "0") != 0;
+}
+
+/* DMEM_GPU_SMALL=2: smaller still, for racecheck (which instruments every
+ * shared-memory access of the checking kernels). */
+static inline bool gpu_tiny(void) {
+  const char *s = getenv("DMEM_GPU_SMALL");
+  return s && strcmp(s, "2") == 0;
 }
 
 static inline double gpu_env_double(const char *name, double dflt) {

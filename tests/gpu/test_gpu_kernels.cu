@@ -173,8 +173,8 @@ static void *cyc_spiller(void *p) {
 TEST_CASE(kernels_through_spill_cycles_4_streams) {
   cyc_world_t *wp = new cyc_world_t(); /* value-initialised: zeroes */
   cyc_world_t &w = *wp;
-  w.bytes = gpu_small() ? 256 << 10 : 4 * MiB;
-  w.cycles = gpu_small() ? 3 : 16;
+  w.bytes = gpu_tiny() ? 16 << 10 : gpu_small() ? 256 << 10 : 4 * MiB;
+  w.cycles = gpu_tiny() ? 1 : gpu_small() ? 3 : 16;
   /* room for 24 of the 64 buffers: at most 4 x 4 are locked at once */
   dmem_runtime_t *rt = gpu_runtime(24 * w.bytes, 16 * w.bytes); /* the rest goes to disk */
   w.rt = rt;
