@@ -40,6 +40,15 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
   return DMEM_OK;
 }
 
+static void destroy_mutexes(dmem_runtime_t *rt) {
+  pthread_mutex_destroy(&rt->ctl_mu);
+  pthread_cond_destroy(&rt->tcv);
+  pthread_mutex_destroy(&rt->tmu);
+  pthread_mutex_destroy(&rt->ready_mu);
+  pthread_mutex_destroy(&rt->evpool_mu);
+  pthread_mutex_destroy(&rt->disk_mu);
+}
+
 static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
   switch (cfg->backend) {
     case DMEM_BACKEND_HOST: return dmem__backend_host_create(cfg, be_out);
@@ -118,12 +127,7 @@ fail_pool:
 fail_backend:
   rt->be->destroy(rt->be);
 fail_mutexes:
-  pthread_mutex_destroy(&rt->ctl_mu);
-  pthread_cond_destroy(&rt->tcv);
-  pthread_mutex_destroy(&rt->tmu);
-  pthread_mutex_destroy(&rt->ready_mu);
-  pthread_mutex_destroy(&rt->evpool_mu);
-  pthread_mutex_destroy(&rt->disk_mu);
+  destroy_mutexes(rt);
   pthread_mutex_destroy(&rt->reg.mu);
 fail_table:
   dmem__table_fini(rt->table);
@@ -173,12 +177,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
   dmem__hostpool_destroy(rt->hostpool);
   rt->be->destroy(rt->be);
-  pthread_mutex_destroy(&rt->ctl_mu);
-  pthread_cond_destroy(&rt->tcv);
-  pthread_mutex_destroy(&rt->tmu);
-  pthread_mutex_destroy(&rt->ready_mu);
-  pthread_mutex_destroy(&rt->evpool_mu);
-  pthread_mutex_destroy(&rt->disk_mu);
+  destroy_mutexes(rt);
   dmem__table_fini(rt->table);
   free(rt->table);
   free(rt->spill_dir_copy);

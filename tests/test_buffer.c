@@ -6,31 +6,6 @@
 
 #define MiB ((size_t)1 << 20)
 
-static void write_buf(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
-  void *p, *tmp = malloc(n);
-  check_fill(tmp, n, seed);
-  if (dmem_lock(rt, h, NULL, &p) != DMEM_OK) abort();
-  dmem_copy(rt, p, tmp, n, NULL);
-  dmem_stream_synchronize(rt, NULL);
-  dmem_unlock(rt, h);
-  free(tmp);
-}
-
-static size_t verify_buf(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
-  void *p, *tmp = malloc(n);
-  memset(tmp, 0, n);
-  if (dmem_lock(rt, h, NULL, &p) != DMEM_OK) {
-    free(tmp);
-    return n;
-  }
-  dmem_copy(rt, tmp, p, n, NULL);
-  dmem_stream_synchronize(rt, NULL);
-  dmem_unlock(rt, h);
-  size_t bad = check_verify(tmp, n, seed);
-  free(tmp);
-  return bad;
-}
-
 TEST_CASE(alloc_info_free) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h = 0;
@@ -153,7 +128,7 @@ TEST_CASE(free_while_locked) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  write_buf(rt, h, MiB, 11);
+  check_put(rt, h, MiB, 11);
   void *p, *p2;
   REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
   CHECK_OK(dmem_lock(rt, h, NULL, &p2));
@@ -298,11 +273,11 @@ TEST_CASE(data_survives_spill_roundtrip) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, 3 * MiB + 17, 0, &h));
-  write_buf(rt, h, 3 * MiB + 17, 99);
+  check_put(rt, h, 3 * MiB + 17, 99);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_UEQ(verify_buf(rt, h, 3 * MiB + 17, 99), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB + 17, 99), 0);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
-  CHECK_UEQ(verify_buf(rt, h, 3 * MiB + 17, 99), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB + 17, 99), 0);
   CHECK_OK(dmem_free(rt, h));
   dmem_runtime_destroy(rt);
 }

@@ -10,32 +10,6 @@
 
 #define MiB ((size_t)1 << 20)
 
-static void put(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
-  void *p, *tmp = malloc(n);
-  check_fill(tmp, n, seed);
-  if (dmem_lock(rt, h, NULL, &p) != DMEM_OK) abort();
-  dmem_copy(rt, p, tmp, n, NULL);
-  dmem_stream_synchronize(rt, NULL);
-  dmem_unlock(rt, h);
-  free(tmp);
-}
-
-static size_t bad_bytes(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
-  void *p, *tmp = calloc(1, n);
-  dmem_status_t st = dmem_lock(rt, h, NULL, &p);
-  if (st != DMEM_OK) {
-    fprintf(stderr, "lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
-    free(tmp);
-    return n;
-  }
-  dmem_copy(rt, tmp, p, n, NULL);
-  dmem_stream_synchronize(rt, NULL);
-  dmem_unlock(rt, h);
-  size_t bad = check_verify(tmp, n, seed);
-  free(tmp);
-  return bad;
-}
-
 static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
   dmem_buffer_info_t info;
   if (dmem_buffer_info(rt, h, &info) != DMEM_OK) return (dmem_state_t)-1;
@@ -60,7 +34,7 @@ TEST_CASE(explicit_spill_unspill_tiers) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
-  put(rt, h, 2 * MiB, 1);
+  check_put(rt, h, 2 * MiB, 1);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   dmem_stats_t s;
@@ -79,7 +53,7 @@ TEST_CASE(explicit_spill_unspill_tiers) {
   CHECK_OK(dmem_unspill(rt, h, NULL));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_OK(dmem_unspill(rt, h, NULL)); /* resident: no-op */
-  CHECK_UEQ(bad_bytes(rt, h, 2 * MiB, 1), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 1), 0);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.disk_used, 0);
   CHECK_UEQ(s.device_used, 2 * MiB);
@@ -115,12 +89,12 @@ TEST_CASE(lock_retrieves_spilled_data) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, 3 * MiB, 0, &h));
-  put(rt, h, 3 * MiB, 42);
+  check_put(rt, h, 3 * MiB, 42);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_UEQ(bad_bytes(rt, h, 3 * MiB, 42), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 42), 0);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
-  CHECK_UEQ(bad_bytes(rt, h, 3 * MiB, 42), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 42), 0);
   CHECK_OK(dmem_free(rt, h));
   dmem_runtime_destroy(rt);
 }
@@ -157,7 +131,7 @@ TEST_CASE(stream_ordered_retrieve) {
   for (int round = 0; round < 20; round++) {
     dmem_handle_t h;
     REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &h));
-    put(rt, h, 8 * MiB, 1000 + round);
+    check_put(rt, h, 8 * MiB, 1000 + round);
     CHECK_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
     memset(&arg, 0, sizeof arg);
     arg.c.n = 8 * MiB;
@@ -181,7 +155,7 @@ TEST_CASE(second_locker_on_other_stream_waits_for_copy) {
   for (int round = 0; round < 10; round++) {
     dmem_handle_t h;
     REQUIRE_OK(dmem_alloc(rt, 16 * MiB, 0, &h));
-    put(rt, h, 16 * MiB, 7 + round);
+    check_put(rt, h, 16 * MiB, 7 + round);
     CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
     void *p1, *p2;
     CHECK_OK(dmem_lock(rt, h, s1, &p1)); /* copy enqueued on s1 */
@@ -205,7 +179,7 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
     REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
-    put(rt, h[i], MiB, (uint64_t)i);
+    check_put(rt, h[i], MiB, (uint64_t)i);
   }
   /* use order: 2, 0, 3, 1 (1 most recent); 2 gets a high priority */
   int order[4] = {2, 0, 3, 1};
@@ -230,7 +204,7 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.oom_evictions, 3);
   CHECK_LE(s.device_used, 4 * MiB);
-  for (int i = 0; i < 4; i++) CHECK_UEQ(bad_bytes(rt, h[i], MiB, (uint64_t)i), 0);
+  for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, (uint64_t)i), 0);
   for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
   CHECK_OK(dmem_free(rt, x));
   CHECK_OK(dmem_free(rt, y));
@@ -260,7 +234,7 @@ TEST_CASE(host_limit_pushes_to_disk) {
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
     REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
-    put(rt, h[i], MiB, 50 + (uint64_t)i);
+    check_put(rt, h[i], MiB, 50 + (uint64_t)i);
   }
   for (int i = 0; i < 4; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
   dmem_stats_t s;
@@ -268,7 +242,7 @@ TEST_CASE(host_limit_pushes_to_disk) {
   CHECK_UEQ(s.host_used, 2 * MiB); /* never above the limit */
   CHECK_UEQ(s.disk_used, 2 * MiB);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_DISK);
-  for (int i = 0; i < 4; i++) CHECK_UEQ(bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
+  for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
   for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
@@ -293,7 +267,7 @@ TEST_CASE(disk_tier_private_and_cleaned) {
   dmem_runtime_t *rt = runtime_with(8 * MiB, 0, parent);
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  put(rt, h, MiB, 3);
+  check_put(rt, h, MiB, 3);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
   char sub[512] = "", file[1024] = "";
   CHECK_EQ(count_entries(parent, sub, sizeof sub), 1);
@@ -304,7 +278,7 @@ TEST_CASE(disk_tier_private_and_cleaned) {
   REQUIRE_EQ(stat(file, &st), 0);
   CHECK_EQ(st.st_mode & 0777, 0600);
   CHECK_EQ((size_t)st.st_size, MiB);
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 3), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 3), 0);
   CHECK_EQ(count_entries(sub, NULL, 0), 0); /* removed on unspill */
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
   dmem_runtime_destroy(rt); /* removes files and directory */
@@ -316,24 +290,24 @@ TEST_CASE(disk_failure_keeps_data) {
   dmem_runtime_t *rt = runtime_with(8 * MiB, 0, "/nonexistent/dmem-dir");
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  put(rt, h, MiB, 8);
+  check_put(rt, h, MiB, 8);
   CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "mkdtemp") != NULL);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 8), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
   CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 8), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
   /* host limit 0 bytes of room and a broken disk: on-demand spilling fails
    * with the I/O error, data intact */
   dmem_runtime_destroy(rt);
   rt = runtime_with(2 * MiB, MiB / 2, "/nonexistent/dmem-dir");
   REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
-  put(rt, h, 2 * MiB, 9);
+  check_put(rt, h, 2 * MiB, 9);
   dmem_handle_t x;
   CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_IO);
-  CHECK_UEQ(bad_bytes(rt, h, 2 * MiB, 9), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 9), 0);
   dmem_runtime_destroy(rt);
 }
 
@@ -499,7 +473,7 @@ TEST_CASE(controller_events_and_tier) {
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
   CHECK_EQ(c.events[DMEM_EVENT_ALLOC], 1);
-  put(rt, h, MiB, 21);
+  check_put(rt, h, MiB, 21);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   CHECK_EQ(c.events[DMEM_EVENT_SPILL], 1);
@@ -515,18 +489,18 @@ TEST_CASE(controller_events_and_tier) {
   CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_CALLBACK);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   c.retrieve_ret = DMEM_OK;
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 21), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 21), 0);
   CHECK_EQ(c.events[DMEM_EVENT_UNSPILL], 1);
   CHECK_UEQ(c.nkv, 0);
   /* host -> controller */
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 21), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 21), 0);
   /* a failing store: CALLBACK, the buffer stays resident and intact */
   c.store_ret = DMEM_ERR_HOST_OUT_OF_MEMORY;
   CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_CALLBACK);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 21), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 21), 0);
   c.store_ret = DMEM_OK;
   CHECK_OK(dmem_free(rt, h));
   CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
@@ -626,14 +600,14 @@ TEST_CASE(lock_during_spill_cancels_it) {
   CHECK_OK(dmem_set_controller(rt, &dc));
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  put(rt, h, MiB, 5);
+  check_put(rt, h, MiB, 5);
   /* store runs after the device->host copy, before the commit: another
    * thread locks and writes new data meanwhile */
   c.lock_during_store = 1;
   CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_BUSY);
   CHECK_OK(c.side_st);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 777), 0); /* the new data, not the stale copy */
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 777), 0); /* the new data, not the stale copy */
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.cancelled_spills, 1);
@@ -645,7 +619,7 @@ TEST_CASE(lock_during_spill_cancels_it) {
   c.lock_during_store = 0;
   /* and a later spill works and keeps the new data */
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 777), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 777), 0);
   CHECK_OK(dmem_free(rt, h));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
@@ -682,13 +656,13 @@ TEST_CASE(callback_cannot_move_its_own_buffer) {
   CHECK_OK(dmem_set_controller(rt, &dc));
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  put(rt, h, MiB, 31);
+  check_put(rt, h, MiB, 31);
   c.self_lock_in_store = 1;
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the device */
   CHECK_STATUS(c.self_lock_st, DMEM_ERR_BUSY);
   CHECK_STATUS(c.self_unspill_st, DMEM_ERR_BUSY);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
-  CHECK_UEQ(bad_bytes(rt, h, MiB, 31), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 31), 0);
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
   c.self_lock_st = c.self_unspill_st = DMEM_OK;
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the host tier */
