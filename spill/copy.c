@@ -287,6 +287,11 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
     unsigned s = dmem__w_state(w);
     if ((w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING)
       return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved", (unsigned long long)h);
+    /* A victim only frees device memory if it is still resident: one that
+     * another thread spilled meanwhile is skipped, not "moved" again. */
+    if (by_policy && s != DMEM_STATE_RESIDENT)
+      return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is no longer resident",
+                         (unsigned long long)h);
     if (s == DMEM_STATE_RESIDENT) {
       if (dmem__w_count(w) > 0)
         return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is locked (%u)",
@@ -301,7 +306,7 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       return st;
     }
     if (s == state_of_tier(tier)) return DMEM_OK;
-    if (s == DMEM_STATE_DEFERRED_HOST && !by_policy) {
+    if (s == DMEM_STATE_DEFERRED_HOST) {
       uint64_t nw = w | DMEM__F_TRANSIT;
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
       dmem_atomic_add_relaxed(&rt->moving, 1);

@@ -672,3 +672,40 @@ TEST_CASE(callback_cannot_move_its_own_buffer) {
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
+
+TEST_CASE(victims_already_spilled_are_skipped) {
+  /* Regression: a victim that is no longer resident (spilled by someone
+   * else) must not count as freed - with a controller naming it every
+   * time, the allocation looped forever - nor turn into an
+   * INVALID_ARGUMENT from the explicit-move rules. */
+  dmem_runtime_t *rt = check_runtime(2 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  dc.store = NULL;
+  dc.retrieve = NULL;
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t a, b, d;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &d)); /* spills a */
+  CHECK_EQ(state_of(rt, a), DMEM_STATE_DEFERRED_HOST);
+  void *p;
+  CHECK_OK(dmem_lock(rt, b, NULL, &p));
+  CHECK_OK(dmem_lock(rt, d, NULL, &p));
+  c.victim = a; /* already on the host */
+  dmem_handle_t x;
+  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
+  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_OUT_OF_MEMORY); /* not INVALID_ARGUMENT */
+  CHECK_OK(dmem_unlock(rt, d));
+  CHECK_OK(dmem_alloc(rt, MiB, 0, &x)); /* the default policy spills d */
+  CHECK_EQ(state_of(rt, d), DMEM_STATE_DEFERRED_HOST);
+  CHECK_OK(dmem_unlock(rt, b));
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_free(rt, d));
+  CHECK_OK(dmem_free(rt, x));
+  dmem_runtime_destroy(rt);
+  ctl_fini(&c);
+}
