@@ -63,25 +63,11 @@ uint64_t dmem__transit_end(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t clear
 
 void dmem__transit_after(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t nw) {
   if (dmem__tl_transit == b) dmem__tl_transit = NULL;
-  dmem_atomic_sub_relaxed(&rt->moving, 1);
   if ((nw & DMEM__F_FREED) && dmem__w_count(nw) == 0) dmem__reclaim(rt, b, nw);
   dmem__transit_broadcast(rt);
 }
 
 /* ---- device memory ------------------------------------------------------------ */
-
-static bool reserve(dmem_runtime_t *rt, size_t size, size_t *short_by) {
-  size_t used = dmem_atomic_load_relaxed(&rt->device_used);
-  for (;;) {
-    if (used > rt->limit || size > rt->limit - used) {
-      *short_by = used + size - rt->limit;
-      return false;
-    }
-    if (atomic_compare_exchange_weak_explicit(&rt->device_used, &used, used + size,
-                                              memory_order_relaxed, memory_order_relaxed))
-      return true;
-  }
-}
 
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size) {
   if (dev) (void)dmem__be(rt, rt->be->device_free(rt->be, dev));
@@ -97,7 +83,7 @@ dmem_status_t dmem__device_obtain(dmem_runtime_t *rt, size_t size, void **dev_ou
   bool told = false;
   for (;;) {
     size_t need = 0;
-    if (reserve(rt, size, &need)) {
+    if (dmem__reserve(&rt->device_used, rt->limit, size, &need)) {
       void *p = NULL;
       dmem_status_t st = dmem__be(rt, rt->be->device_alloc(rt->be, size, &p));
       if (st == DMEM_OK) {
@@ -231,12 +217,7 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
   return DMEM_OK;
 }
 
-static inline bool word_live(uint64_t w, dmem_handle_t h) {
-  return dmem__w_gen(w) == dmem__h_gen(h) && !(w & DMEM__F_FREED) &&
-         dmem__w_state(w) != DMEM__STATE_FREE;
-}
-
-static dmem_status_t stale(dmem_handle_t h) {
+dmem_status_t dmem__stale(dmem_handle_t h) {
   return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
                      (unsigned long long)h);
 }
@@ -253,11 +234,11 @@ static dmem_tier_t tier_of_state(unsigned s) {
 dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_free: rt is NULL");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  if (!b) return stale(h);
+  if (!b) return dmem__stale(h);
   /* acquire: partner is the release in dmem_alloc / dmem__transit_end */
   uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
   do {
-    if (!word_live(w, h)) return stale(h);
+    if (!dmem__word_live(w, h)) return dmem__stale(h);
     nw = w | DMEM__F_FREED;
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
   size_t size = dmem__bsize(b);
@@ -270,9 +251,9 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
   if (!rt || !info_out)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_info: NULL argument");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  if (!b) return stale(h);
+  if (!b) return dmem__stale(h);
   uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
-  if (!word_live(w, h)) return stale(h);
+  if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_buffer_info_t info;
   memset(&info, 0, sizeof info);
   info.size = dmem__bsize(b);
@@ -282,7 +263,7 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
   info.priority = dmem_atomic_load_relaxed(&b->priority);
   info.spill_count = dmem_atomic_load_relaxed(&b->spill_count);
   /* re-check: the slot may have been recycled while we read */
-  if (dmem_atomic_load_acquire(&b->word) >> DMEM__GEN_SHIFT != w >> DMEM__GEN_SHIFT) return stale(h);
+  if (dmem_atomic_load_acquire(&b->word) >> DMEM__GEN_SHIFT != w >> DMEM__GEN_SHIFT) return dmem__stale(h);
   *info_out = info;
   return DMEM_OK;
 }
@@ -290,9 +271,9 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
 dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_set_priority: rt is NULL");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  if (!b) return stale(h);
+  if (!b) return dmem__stale(h);
   uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
-  if (!word_live(w, h)) return stale(h);
+  if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_atomic_store_relaxed(&b->priority, priority);
   return DMEM_OK;
 }
@@ -324,7 +305,7 @@ static dmem_status_t lock_slow(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   /* acquire: partner is the releasing CAS of the TRANSIT owner */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   for (;;) {
-    if (!word_live(w, h)) return stale(h);
+    if (!dmem__word_live(w, h)) return dmem__stale(h);
     unsigned s = dmem__w_state(w);
     if (s == DMEM_STATE_SPILLING && dmem__tl_transit == b)
       return dmem__error(DMEM_ERR_BUSY,
@@ -360,7 +341,6 @@ static dmem_status_t lock_slow(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     uint64_t nw = dmem__w_with_state(w, DMEM_STATE_UNSPILLING) | DMEM__F_TRANSIT;
     nw += 1;
     if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
-    dmem_atomic_add_relaxed(&rt->moving, 1);
     dmem__tl_transit = b;
     st = dmem__unspill_owned(rt, b, h, w, stream, true);
     if (st != DMEM_OK) return st;
@@ -372,7 +352,7 @@ static dmem_status_t lock_slow(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
                          dmem__buffer_t **b_out) {
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  if (!b) return stale(h);
+  if (!b) return dmem__stale(h);
   /* acquire: partner is the release in dmem_alloc / dmem__transit_end, which
    * published b->dev */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
@@ -400,9 +380,9 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
   /* acquire: partner is the lock's CAS */
   uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
   do {
-    if (dmem__w_gen(w) != dmem__h_gen(h) || dmem__w_state(w) == DMEM__STATE_FREE) return stale(h);
+    if (dmem__w_gen(w) != dmem__h_gen(h) || dmem__w_state(w) == DMEM__STATE_FREE) return dmem__stale(h);
     if (dmem__w_count(w) == 0) {
-      if (w & DMEM__F_FREED) return stale(h);
+      if (w & DMEM__F_FREED) return dmem__stale(h);
       return dmem__error(DMEM_ERR_NOT_LOCKED, "handle 0x%016llx is not locked",
                          (unsigned long long)h);
     }
@@ -420,6 +400,6 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
 dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_unlock: rt is NULL");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  if (!b) return stale(h);
+  if (!b) return dmem__stale(h);
   return dmem__unlock_buffer(rt, b, h);
 }

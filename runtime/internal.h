@@ -159,7 +159,6 @@ dmem_status_t dmem__hostpool_create(dmem__backend_t *be, dmem__hostpool_t **pool
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **ptr_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
-size_t dmem__hostpool_reserved(dmem__hostpool_t *pool);
 
 /* ---- disk tier (spill/disk.c) -------------------------------------------- */
 typedef struct dmem__disk dmem__disk_t;
@@ -168,7 +167,6 @@ void dmem__disk_destroy(dmem__disk_t *disk);
 dmem_status_t dmem__disk_write(dmem__disk_t *disk, uint64_t key, const void *data, size_t n);
 dmem_status_t dmem__disk_read(dmem__disk_t *disk, uint64_t key, void *data, size_t n);
 void dmem__disk_remove(dmem__disk_t *disk, uint64_t key);
-const char *dmem__disk_path(const dmem__disk_t *disk);
 
 /* ---- the runtime ------------------------------------------------------------ */
 struct dmem_runtime {
@@ -201,7 +199,6 @@ struct dmem_runtime {
   pthread_mutex_t tmu;
   pthread_cond_t tcv;
   _Atomic uint64_t transit_epoch; /* bumped (under tmu) at every transit end */
-  _Atomic int moving;             /* moves in progress (relaxed counter) */
   _Atomic int spills_in_flight;   /* spills from the device in progress (relaxed) */
 
   /* Controller: copied under ctl_mu, called with no mutex held. */
@@ -212,7 +209,6 @@ struct dmem_runtime {
   /* Sticky DMEM_ERR_DEVICE_FATAL. Read on the lock fast path: kept on a
    * line of its own, away from the counters that every thread writes. */
   _Alignas(64) _Atomic int fatal;
-  char fatal_pad[60];
 
   /* LRU epoch: read (relaxed) by unlocks, bumped by allocations and
    * eviction passes. On its own line. */
@@ -252,6 +248,28 @@ static inline uint64_t dmem__lru_stamp(dmem_runtime_t *rt) {
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
                          dmem__buffer_t **b_out);
 dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
+/* Whether word w still belongs to the live buffer named by h. */
+static inline bool dmem__word_live(uint64_t w, dmem_handle_t h) {
+  return dmem__w_gen(w) == dmem__h_gen(h) && !(w & DMEM__F_FREED) &&
+         dmem__w_state(w) != DMEM__STATE_FREE;
+}
+/* Record and return DMEM_ERR_STALE_HANDLE for h. */
+dmem_status_t dmem__stale(dmem_handle_t h);
+/* Add size to *used unless that passes limit; on failure *short_by (may be
+ * NULL) says by how much. Relaxed: accounting, not synchronisation. */
+static inline bool dmem__reserve(_Atomic size_t *used_p, size_t limit, size_t size,
+                                 size_t *short_by) {
+  size_t used = dmem_atomic_load_relaxed(used_p);
+  for (;;) {
+    if (used > limit || size > limit - used) {
+      if (short_by) *short_by = used + size - limit;
+      return false;
+    }
+    if (atomic_compare_exchange_weak_explicit(used_p, &used, used + size, memory_order_relaxed,
+                                              memory_order_relaxed))
+      return true;
+  }
+}
 uint64_t dmem__transit_end(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t clear, unsigned state,
                        bool set_state, uint64_t set_flags, int count_delta);
 void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w);

@@ -49,17 +49,7 @@ void dmem__event_put(dmem_runtime_t *rt, void *ev) {
 /* ---- host copies ------------------------------------------------------------- */
 
 static bool host_reserve(dmem_runtime_t *rt, size_t size) {
-  if (rt->host_limit == 0) {
-    dmem_atomic_add_relaxed(&rt->host_used, size);
-    return true;
-  }
-  size_t used = dmem_atomic_load_relaxed(&rt->host_used);
-  for (;;) {
-    if (used > rt->host_limit || size > rt->host_limit - used) return false;
-    if (atomic_compare_exchange_weak_explicit(&rt->host_used, &used, used + size,
-                                              memory_order_relaxed, memory_order_relaxed))
-      return true;
-  }
+  return dmem__reserve(&rt->host_used, rt->host_limit ? rt->host_limit : SIZE_MAX, size, NULL);
 }
 
 void dmem__release_host_copy(dmem_runtime_t *rt, dmem__buffer_t *b) {
@@ -278,10 +268,7 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
   /* acquire: partner is the release of the last mover / dmem_alloc */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   for (;;) {
-    if (dmem__w_gen(w) != dmem__h_gen(h) || (w & DMEM__F_FREED) ||
-        dmem__w_state(w) == DMEM__STATE_FREE)
-      return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
-                         (unsigned long long)h);
+    if (!dmem__word_live(w, h)) return dmem__stale(h);
     if (dmem__bflags(b) & DMEM_ALLOC_PINNED)
       return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is pinned", (unsigned long long)h);
     unsigned s = dmem__w_state(w);
@@ -298,7 +285,6 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
                            (unsigned long long)h, dmem__w_count(w));
       uint64_t nw = dmem__w_with_state(w, DMEM_STATE_SPILLING) | DMEM__F_TRANSIT;
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
-      dmem_atomic_add_relaxed(&rt->moving, 1);
       dmem__tl_transit = b;
       dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
       st = spill_from_device(rt, b, h, nw, tier);
@@ -309,7 +295,6 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
     if (s == DMEM_STATE_DEFERRED_HOST) {
       uint64_t nw = w | DMEM__F_TRANSIT;
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
-      dmem_atomic_add_relaxed(&rt->moving, 1);
       dmem__tl_transit = b;
       return spill_from_host(rt, b, h, tier);
     }
@@ -443,7 +428,6 @@ void dmem__ready_poll(dmem_runtime_t *rt, bool wait_all) {
       rt->ready[keep++] = rt->ready[i];
       continue;
     }
-    dmem_atomic_add_relaxed(&rt->moving, 1);
     dmem_status_t q = wait_all ? rt->be->event_synchronize(rt->be, b->ready_event)
                                : rt->be->event_query(rt->be, b->ready_event);
     if (q == DMEM_OK || (q != DMEM_ERR_BUSY && wait_all)) {
@@ -471,9 +455,7 @@ void dmem__ready_poll(dmem_runtime_t *rt, bool wait_all) {
 dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_spill: rt is NULL");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  if (!b)
-    return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
-                       (unsigned long long)h);
+  if (!b) return dmem__stale(h);
   if (dmem__tl_transit == b)
     return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved by this thread",
                        (unsigned long long)h);
@@ -488,10 +470,7 @@ dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t st
   /* acquire: partner is the release of the last mover / dmem_alloc */
   uint64_t w = b ? dmem_atomic_load_acquire(&b->word) : 0;
   for (;;) {
-    if (!b || dmem__w_gen(w) != dmem__h_gen(h) || (w & DMEM__F_FREED) ||
-        dmem__w_state(w) == DMEM__STATE_FREE)
-      return dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx is zero, freed or forged",
-                         (unsigned long long)h);
+    if (!b || !dmem__word_live(w, h)) return dmem__stale(h);
     unsigned s = dmem__w_state(w);
     if (s == DMEM_STATE_RESIDENT) return DMEM_OK;
     if (s == DMEM_STATE_SPILLING && dmem__tl_transit == b)
@@ -516,7 +495,6 @@ dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t st
     }
     uint64_t nw = dmem__w_with_state(w, DMEM_STATE_UNSPILLING) | DMEM__F_TRANSIT;
     if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
-    dmem_atomic_add_relaxed(&rt->moving, 1);
     dmem__tl_transit = b;
     return dmem__unspill_owned(rt, b, h, w, stream, false);
   }

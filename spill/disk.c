@@ -100,8 +100,6 @@ void dmem__disk_remove(dmem__disk_t *d, uint64_t key) {
   unlink(path);
 }
 
-const char *dmem__disk_path(const dmem__disk_t *d) { return d ? d->dir : NULL; }
-
 void dmem__disk_destroy(dmem__disk_t *d) {
   if (!d) return;
   /* Files of live buffers are removed at their reclaim; remove any left

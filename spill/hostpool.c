@@ -69,13 +69,6 @@ void dmem__hostpool_destroy(dmem__hostpool_t *p) {
   free(p);
 }
 
-size_t dmem__hostpool_reserved(dmem__hostpool_t *p) {
-  pthread_mutex_lock(&p->mu);
-  size_t r = p->reserved;
-  pthread_mutex_unlock(&p->mu);
-  return r;
-}
-
 /* Insert [addr, addr+size) of chunk c into the free list, coalescing. Under
  * mu. Returns false if a node could not be allocated (the range is lost
  * until destroy; no data is involved). */
