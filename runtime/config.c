@@ -11,8 +11,8 @@
 
 
 /* Parse "123", "64K", "1.5G", "80%" (fraction_out may be NULL: then % is an
- * error). */
-dmem_status_t dmem__parse_size(const char *s, size_t *bytes_out, double *fraction_out) {
+ * error). Records no detail: callers name the variable or argument. */
+static dmem_status_t parse_size(const char *s, size_t *bytes_out, double *fraction_out) {
   if (!s) return DMEM_ERR_CONFIG;
   while (isspace((unsigned char)*s)) s++;
   if (*s == '\0' || *s == '-' || *s == '+') return DMEM_ERR_CONFIG;
@@ -47,6 +47,20 @@ dmem_status_t dmem__parse_size(const char *s, size_t *bytes_out, double *fractio
   if (bytes >= 18446744073709551615.0 || bytes != floor(bytes)) return DMEM_ERR_CONFIG;
   *bytes_out = (size_t)bytes;
   if (fraction_out) *fraction_out = 0;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_size_parse(const char *text, size_t *bytes_out, double *fraction_out) {
+  if (!text || !bytes_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_size_parse: NULL argument");
+  size_t bytes = 0;
+  double frac = 0;
+  if (parse_size(text, &bytes, fraction_out ? &frac : NULL) != DMEM_OK)
+    return dmem__error(DMEM_ERR_CONFIG,
+                       "\"%s\": expected bytes (K/M/G/T suffix, powers of 1024)%s", text,
+                       fraction_out ? " or N%% with 0 < N <= 100" : "");
+  *bytes_out = bytes;
+  if (fraction_out) *fraction_out = frac;
   return DMEM_OK;
 }
 
@@ -112,7 +126,7 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
   if ((v = getenv("DMEM_DEVICE_LIMIT")) && *v) {
     size_t bytes;
     double frac;
-    if (dmem__parse_size(v, &bytes, &frac) != DMEM_OK)
+    if (parse_size(v, &bytes, &frac) != DMEM_OK)
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
                          "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (K/M/G/T suffix) or N%% "
                          "with 0 < N <= 100",
@@ -124,14 +138,14 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
   }
   if ((v = getenv("DMEM_HOST_LIMIT")) && *v) {
     size_t bytes;
-    if (dmem__parse_size(v, &bytes, NULL) != DMEM_OK)
+    if (parse_size(v, &bytes, NULL) != DMEM_OK)
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
                          "DMEM_HOST_LIMIT=\"%s\": expected bytes (K/M/G/T suffix)", v));
     else if (cfg) cfg->host_limit = bytes;
   }
   if ((v = getenv("DMEM_HOST_CAPACITY")) && *v) {
     size_t bytes;
-    if (dmem__parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
+    if (parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
                          "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (K/M/G/T suffix)", v));
     else if (cfg) cfg->host_backend_capacity = bytes;

@@ -318,6 +318,5 @@ bool dmem__controller_get(dmem_runtime_t *rt, dmem_controller_t *c_out);
 
 /* config.c */
 dmem_status_t dmem__config_validate_env(void);
-dmem_status_t dmem__parse_size(const char *s, size_t *bytes_out, double *fraction_out);
 
 #endif /* DMEM_INTERNAL_H */

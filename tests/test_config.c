@@ -174,3 +174,34 @@ TEST_CASE(destroy_null_and_backend_of_null) {
   CHECK_EQ(dmem_runtime_backend(NULL), DMEM_BACKEND_AUTO);
   CHECK_STATUS(dmem_runtime_poll(NULL), DMEM_ERR_INVALID_ARGUMENT);
 }
+
+/* The public parser is the one the environment goes through: same answers. */
+TEST_CASE(size_parse_matches_env) {
+  size_t b = 1;
+  double f = 1;
+  CHECK_STATUS(dmem_size_parse("1.5G", &b, &f), DMEM_OK);
+  CHECK_UEQ(b, (size_t)3 << 29);
+  CHECK_TRUE(f == 0);
+  CHECK_STATUS(dmem_size_parse("512M", &b, NULL), DMEM_OK);
+  CHECK_UEQ(b, (size_t)512 << 20);
+  CHECK_STATUS(dmem_size_parse("80%", &b, &f), DMEM_OK);
+  CHECK_UEQ(b, 0);
+  CHECK_TRUE(f > 0.799 && f < 0.801);
+  b = 7;
+  CHECK_STATUS(dmem_size_parse("80%", &b, NULL), DMEM_ERR_CONFIG); /* no fraction wanted */
+  CHECK_UEQ(b, 7);
+  CHECK_STATUS(dmem_size_parse("1.5", &b, NULL), DMEM_ERR_CONFIG); /* not whole bytes */
+  CHECK_STATUS(dmem_size_parse("-1", &b, NULL), DMEM_ERR_CONFIG);
+  CHECK_STATUS(dmem_size_parse("12Q", &b, NULL), DMEM_ERR_CONFIG);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "12Q") != NULL);
+  CHECK_STATUS(dmem_size_parse(NULL, &b, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_size_parse("1", NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  /* the environment reading gives the same limit */
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_EQ(create_with_env("DMEM_DEVICE_LIMIT", "1.5M", &rt), DMEM_OK);
+  dmem_stats_t s;
+  REQUIRE_EQ(dmem_stats(rt, &s), DMEM_OK);
+  CHECK_TRUE(dmem_size_parse("1.5M", &b, NULL) == DMEM_OK && s.device_limit == b);
+  dmem_runtime_destroy(rt);
+  clear_env();
+}

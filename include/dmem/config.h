@@ -57,6 +57,23 @@ typedef struct dmem_config {
  */
 DMEM_API void dmem_config_init(dmem_config_t *cfg);
 
+/**
+ * Parse a size the way the DMEM_* environment variables are parsed: a
+ * non-negative number of bytes, optionally fractional, with an optional
+ * K/M/G/T suffix (powers of 1024; "KiB"/"KB"/"k" spellings accepted), e.g.
+ * "4096", "512M", "1.5G"; or, when fraction_out is not NULL, a percentage
+ * "N%" with 0 < N <= 100. The result must be a whole number of bytes.
+ *
+ * On success *bytes_out is the byte count (0 for a percentage) and, when
+ * fraction_out is not NULL, *fraction_out is the fraction (0 for a byte
+ * count). Outputs are written only on success.
+ *
+ * Returns DMEM_OK; DMEM_ERR_CONFIG for a malformed or out-of-range text (the
+ * detail names it); DMEM_ERR_INVALID_ARGUMENT when text or bytes_out is NULL.
+ * Thread-safe.
+ */
+DMEM_API dmem_status_t dmem_size_parse(const char *text, size_t *bytes_out, double *fraction_out);
+
 #ifdef __cplusplus
 }
 #endif
