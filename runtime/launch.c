@@ -3,7 +3,6 @@
  * dmem_launch_async, dmem_sync_and_unlock, and dmem_stream_release.
  */
 #include "internal.h"
-#include "backend/cuda_driver.h"
 #include <stdlib.h>
 
 
@@ -42,8 +41,7 @@ static void lockset_fini(lockset_t *ls) {
 /* The launch function runs on the caller's thread: make the runtime's device
  * current there (CUDA), so its kernels go to the buffers' device. */
 static dmem_status_t enter_device(dmem_runtime_t *rt) {
-  if (rt->be->kind != DMEM_BACKEND_CUDA) return DMEM_OK;
-  return dmem__be(rt, dmem__cuda_make_current(rt->be));
+  return dmem__fatal_keep(rt, rt->be->make_current(rt->be));
 }
 
 static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
@@ -83,7 +81,7 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
     return st;
   }
   dmem_status_t fst = fn(user, NULL, ls.ptrs, n);
-  st = dmem__be(rt, rt->be->stream_synchronize(rt->be, NULL));
+  st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, NULL));
   unlock_n(rt, ls.ents, n);
   lockset_fini(&ls);
   return st != DMEM_OK ? st : fst;
@@ -116,14 +114,14 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
 
 dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_sync_and_unlock: rt is NULL");
-  dmem_status_t st = dmem__be(rt, rt->be->stream_synchronize(rt->be, stream));
+  dmem_status_t st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
   if (st != DMEM_OK) return st;
   dmem__reg_entry_t *v;
   size_t n;
   (void)dmem__registry_take(rt, stream, &v, &n);
   unlock_n(rt, v, n);
   free(v);
-  dmem__registry_poll(rt, false);
+  dmem__pending_poll(rt, false);
   return DMEM_OK;
 }
 
@@ -132,6 +130,6 @@ dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream) {
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   st = dmem__registry_release(rt, stream);
-  dmem__registry_poll(rt, false);
+  dmem__pending_poll(rt, false);
   return st;
 }

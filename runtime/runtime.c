@@ -9,17 +9,6 @@
 #include <time.h>
 
 
-uint64_t dmem__now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-dmem_status_t dmem__be(dmem_runtime_t *rt, dmem_status_t st) {
-  if (st == DMEM_ERR_DEVICE_FATAL) dmem_atomic_store_relaxed(&rt->fatal, 1);
-  return st;
-}
-
 static dmem_status_t check_config(const dmem_config_t *cfg) {
   if (cfg->struct_size < sizeof *cfg)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
@@ -44,7 +33,8 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->ctl_mu);
   pthread_cond_destroy(&rt->tcv);
   pthread_mutex_destroy(&rt->tmu);
-  pthread_mutex_destroy(&rt->ready_mu);
+  pthread_mutex_destroy(&rt->staging_mu);
+  pthread_mutex_destroy(&rt->pending_mu);
   pthread_mutex_destroy(&rt->evpool_mu);
   pthread_mutex_destroy(&rt->disk_mu);
 }
@@ -100,7 +90,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_table;
   pthread_mutex_init(&rt->disk_mu, NULL);
   pthread_mutex_init(&rt->evpool_mu, NULL);
-  pthread_mutex_init(&rt->ready_mu, NULL);
+  pthread_mutex_init(&rt->staging_mu, NULL);
+  pthread_mutex_init(&rt->pending_mu, NULL);
   pthread_mutex_init(&rt->tmu, NULL);
   pthread_cond_init(&rt->tcv, NULL);
   pthread_mutex_init(&rt->ctl_mu, NULL);
@@ -115,7 +106,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   rt->host_limit = cfg.host_limit;
   st = dmem__hostpool_create(rt->be, &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
-  st = dmem__be(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
   if (st != DMEM_OK) goto fail_pool;
   DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
               rt->be->name, rt->capacity, rt->limit, rt->host_limit);
@@ -158,7 +149,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
   dmem__registry_fini(rt);
-  dmem__ready_poll(rt, true);
+  dmem__staging_fini(rt);
   /* Free every buffer still alive, locked ones too. */
   uint32_t hw = dmem_atomic_load_relaxed(&rt->table->high_water);
   for (uint32_t slot = 0; slot < hw; slot++) {
@@ -166,13 +157,11 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
     if (!b) break;
     uint64_t w = dmem_atomic_load_relaxed(&b->word);
     if (dmem__w_state(w) == DMEM__STATE_FREE) continue;
-    w = (w & ~(DMEM__COUNT_MASK | DMEM__F_TRANSIT | DMEM__F_COPYEV)) | DMEM__F_FREED;
+    w = (w & ~(DMEM__COUNT_MASK | DMEM__F_TRANSIT | DMEM__F_SPILL_COPY)) | DMEM__F_FREED;
     dmem_atomic_store_relaxed(&b->word, w);
     dmem__reclaim(rt, b, w);
   }
-  for (size_t i = 0; i < rt->evpool_n; i++) (void)rt->be->event_destroy(rt->be, rt->evpool[i]);
-  free(rt->evpool);
-  free(rt->ready);
+  dmem__event_pool_fini(rt);
   dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
   dmem__hostpool_destroy(rt->hostpool);
@@ -192,7 +181,6 @@ dmem_status_t dmem_runtime_poll(dmem_runtime_t *rt) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_runtime_poll: rt is NULL");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
-  dmem__registry_poll(rt, false);
-  dmem__ready_poll(rt, false);
+  dmem__spill_poll(rt);
   return DMEM_OK;
 }

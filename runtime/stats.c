@@ -7,17 +7,16 @@
 
 dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   if (!rt || !stats_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stats: NULL argument");
-  dmem__registry_poll(rt, false);
-  dmem__ready_poll(rt, false);
+  dmem__spill_poll(rt);
   dmem_stats_t s;
   memset(&s, 0, sizeof s);
   s.device_capacity = rt->capacity;
   s.device_limit = rt->limit;
   s.device_used = dmem_atomic_load_relaxed(&rt->device_used);
   s.device_pinned = dmem_atomic_load_relaxed(&rt->device_pinned);
-  s.host_used = dmem_atomic_load_relaxed(&rt->host_used);
-  s.disk_used = dmem_atomic_load_relaxed(&rt->disk_used);
-  s.controller_used = dmem_atomic_load_relaxed(&rt->controller_used);
+  s.host_used = dmem__tier_host.used(rt);
+  s.disk_used = dmem__tier_disk.used(rt);
+  s.controller_used = dmem__tier_controller.used(rt);
   s.buffer_count = dmem_atomic_load_relaxed(&rt->buffer_count);
   s.spill_count = dmem_atomic_load_relaxed(&rt->spill_count);
   s.unspill_count = dmem_atomic_load_relaxed(&rt->unspill_count);

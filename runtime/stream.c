@@ -8,7 +8,7 @@ dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_out) {
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   void *s = NULL;
-  st = dmem__be(rt, rt->be->stream_create(rt->be, &s));
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &s));
   if (st == DMEM_OK) *s_out = s;
   return st;
 }
@@ -20,12 +20,12 @@ dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
                        "stream %p still has locked buffers registered: call "
                        "dmem_sync_and_unlock first",
                        s);
-  return dmem__be(rt, rt->be->stream_destroy(rt->be, s));
+  return dmem__fatal_keep(rt, rt->be->stream_destroy(rt->be, s));
 }
 
 dmem_status_t dmem_stream_synchronize(dmem_runtime_t *rt, dmem_stream_t s) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_synchronize: rt is NULL");
-  return dmem__be(rt, rt->be->stream_synchronize(rt->be, s));
+  return dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
 }
 
 dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_t s, void (*fn)(void *),
@@ -34,7 +34,7 @@ dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_t s, void
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_enqueue_host: NULL argument");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
-  return dmem__be(rt, rt->be->launch_host_func(rt->be, s, fn, user));
+  return dmem__fatal_keep(rt, rt->be->launch_host_func(rt->be, s, fn, user));
 }
 
 dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n, dmem_stream_t s) {
@@ -43,5 +43,5 @@ dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n
   if (!dst || !src) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: NULL address");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
-  return dmem__be(rt, rt->be->memcpy_async(rt->be, dst, src, n, s));
+  return dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dst, src, n, s));
 }

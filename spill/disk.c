@@ -1,5 +1,5 @@
 /*
- * spill/disk.c - the disk tier: one file per spilled buffer in a private
+ * spill/disk.c - the disk tier's files: one file per spilled buffer in a private
  * directory (mode 0700, files 0600) made with mkdtemp under the configured
  * parent, written with pwrite and read with pread in large pieces, removed on
  * unspill, free and destroy.

@@ -1,7 +1,7 @@
 /*
- * spill/policy.c - choosing spill victims: the controller's selection when it
- * gives one, else lowest priority first and, within a priority, least
- * recently unlocked first.
+ * spill/policy.c - choosing spill victims and spilling them: the controller's
+ * selection when it gives one, else lowest priority first and, within a
+ * priority, least recently unlocked first.
  */
 #include "runtime/internal.h"
 #include <stdlib.h>
@@ -108,18 +108,5 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, bool on_demand, size_
 done:
   *freed_out = freed;
   if (first_error_out) *first_error_out = first;
-  return DMEM_OK;
-}
-
-dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_evict: rt is NULL");
-  dmem_status_t st = dmem__check_live(rt);
-  if (st != DMEM_OK) return st;
-  dmem__registry_poll(rt, false);
-  dmem__ready_poll(rt, false);
-  size_t freed = 0;
-  st = dmem__evict(rt, bytes, false, &freed, NULL);
-  if (st != DMEM_OK) return st;
-  if (freed_out) *freed_out = freed;
   return DMEM_OK;
 }

@@ -27,6 +27,10 @@ struct dmem__backend {
   const char *name;        /* "cuda" or "host" */
   dmem_backend_t kind;     /* DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
   size_t device_capacity;  /* total device memory (host: simulated capacity) */
+  /* Smallest chunk of pinned host memory worth asking host_alloc for: the
+   * pinned pool grows by at least this much (cudaMallocHost is slow, so the
+   * CUDA backend asks for large chunks; the host backend for small ones). */
+  size_t host_chunk_min;
 
   /* Device memory. device_alloc returns DMEM_ERR_OUT_OF_MEMORY when the
    * device (or the simulated capacity) is exhausted; the runtime then spills
@@ -64,6 +68,11 @@ struct dmem__backend {
   dmem_status_t (*event_record)(dmem__backend_t *be, void *event, void *stream);
   dmem_status_t (*event_query)(dmem__backend_t *be, void *event);
   dmem_status_t (*event_synchronize)(dmem__backend_t *be, void *event);
+
+  /* Make the backend's device current on the calling thread and leave it
+   * current, for code that launches work itself (a user launch function);
+   * the backend's own functions need no call. Host backend: nothing to do. */
+  dmem_status_t (*make_current)(dmem__backend_t *be);
 
   /* Free and total device memory as the device sees it. */
   dmem_status_t (*mem_info)(dmem__backend_t *be, size_t *free_out, size_t *total_out);

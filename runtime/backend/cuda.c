@@ -28,7 +28,7 @@
 #include "atomic.h"
 #include "backend.h"
 #include "cuda_driver.h"
-#include "error.h"
+#include "base/error.h"
 
 #ifndef DMEM_HAVE_CUDA
 
@@ -623,6 +623,7 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->name = "cuda";
   be->kind = DMEM_BACKEND_CUDA;
   be->device_capacity = total_b;
+  be->host_chunk_min = (size_t)64 << 20;
   be->device_alloc = cuda_device_alloc;
   be->device_free = cuda_device_free;
   be->host_alloc = cuda_host_alloc;
@@ -638,6 +639,7 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->event_record = cuda_event_record;
   be->event_query = cuda_event_query;
   be->event_synchronize = cuda_event_synchronize;
+  be->make_current = dmem__cuda_make_current;
   be->mem_info = cuda_mem_info;
   be->destroy = cuda_destroy;
   *be_out = be;

@@ -31,7 +31,7 @@
 
 #include "atomic.h"
 #include "backend/backend.h"
-#include "error.h"
+#include "base/error.h"
 
 #define HB_ALIGN ((size_t)256) /* device and host allocation alignment */
 #define HB_POISON 0xDB         /* fill byte of new device allocations */
@@ -189,6 +189,11 @@ static dmem_status_t hb_host_alloc(dmem__backend_t *be, size_t size, void **ptr_
 static dmem_status_t hb_host_free(dmem__backend_t *be, void *ptr) {
   (void)be;
   free(ptr);
+  return DMEM_OK;
+}
+
+static dmem_status_t hb_make_current(dmem__backend_t *be) {
+  (void)be; /* simulated device memory is host memory: every thread sees it */
   return DMEM_OK;
 }
 
@@ -620,6 +625,7 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
   b->name = "host";
   b->kind = DMEM_BACKEND_HOST;
   b->device_capacity = hb->capacity;
+  b->host_chunk_min = (size_t)4 << 20;
   b->device_alloc = hb_device_alloc;
   b->device_free = hb_device_free;
   b->host_alloc = hb_host_alloc;
@@ -635,6 +641,7 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
   b->event_record = hb_event_record;
   b->event_query = hb_event_query;
   b->event_synchronize = hb_event_synchronize;
+  b->make_current = hb_make_current;
   b->mem_info = hb_mem_info;
   b->destroy = hb_destroy;
 

@@ -1,5 +1,5 @@
 /*
- * spill/hostpool.c - pinned host memory for spilled bytes and staging.
+ * runtime/memory/hostpool.c - pinned host memory for spilled bytes and staging.
  *
  * cudaMallocHost costs 0.7 ms to 28 ms a call (anchors.md), so it never runs
  * per spill: the pool takes large chunks from the backend and suballocates
@@ -7,7 +7,7 @@
  * free. Chunks are returned at destroy. Each block carries a small header
  * with its size.
  */
-#include "runtime/internal.h"
+#include "internal.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,7 +48,7 @@ dmem_status_t dmem__hostpool_create(dmem__backend_t *be, dmem__hostpool_t **pool
   dmem__hostpool_t *p = calloc(1, sizeof *p);
   if (!p) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool allocation failed");
   p->be = be;
-  p->min_chunk = be->kind == DMEM_BACKEND_CUDA ? (size_t)64 << 20 : (size_t)4 << 20;
+  p->min_chunk = be->host_chunk_min ? be->host_chunk_min : (size_t)4 << 20;
   pthread_mutex_init(&p->mu, NULL);
   *pool_out = p;
   return DMEM_OK;
@@ -106,7 +106,7 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_out) {
   if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
   size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
-  pthread_mutex_lock(&p->mu);
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   for (int attempt = 0; attempt < 2; attempt++) {
     for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
       free_range_t *f = *pp;
@@ -120,7 +120,7 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
         f->addr += need;
         f->size -= need;
       }
-      pthread_mutex_unlock(&p->mu);
+      dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
       block_header_t *hd = (block_header_t *)addr;
       hd->size = need;
       hd->chunk = c;
@@ -135,10 +135,14 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
     dmem_status_t st = c ? p->be->host_alloc(p->be, csize, &base) : DMEM_ERR_HOST_OUT_OF_MEMORY;
     if (st != DMEM_OK) {
       free(c);
-      pthread_mutex_unlock(&p->mu);
+      dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+      /* The backend's detail lives in the same thread-local buffer that
+       * dmem__error writes: copy it out first (source and destination of
+       * one vsnprintf must not overlap). */
+      char cause[256];
+      snprintf(cause, sizeof cause, "%s", dmem_last_error_detail());
       return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
-                         "pinned host pool could not grow by %zu bytes (%s)", csize,
-                         dmem_last_error_detail());
+                         "pinned host pool could not grow by %zu bytes (%s)", csize, cause);
     }
     c->base = base;
     c->size = csize;
@@ -146,11 +150,11 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
     p->chunks = c;
     p->reserved += csize;
     if (!free_insert(p, base, csize, c)) {
-      pthread_mutex_unlock(&p->mu);
+      dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
       return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool free-list node allocation failed");
     }
   }
-  pthread_mutex_unlock(&p->mu);
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
   return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool: no block of %zu bytes", size);
 }
 
@@ -160,7 +164,7 @@ void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
   block_header_t *hd = (block_header_t *)addr;
   size_t size = hd->size;
   pool_chunk_t *c = hd->chunk;
-  pthread_mutex_lock(&p->mu);
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   (void)free_insert(p, addr, size, c);
-  pthread_mutex_unlock(&p->mu);
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
 }

@@ -1,5 +1,5 @@
 /*
- * runtime/table.c - the handle table: chunks of buffer slots that never move,
+ * runtime/core/table.c - the handle table: chunks of buffer slots that never move,
  * so that a handle is looked up without a lock; a free list of slots; a
  * generation per slot so that a freed or forged handle is stale, never
  * another buffer.
@@ -56,7 +56,7 @@ static dmem_status_t table_grow(dmem__table_t *t, uint32_t chunk) {
 }
 
 dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffer_t **b_out) {
-  pthread_mutex_lock(&t->mu);
+  dmem__mutex_lock(&t->mu, DMEM__RANK_TABLE);
   uint32_t slot;
   if (t->free_head != DMEM__NO_SLOT) {
     slot = t->free_head;
@@ -64,20 +64,20 @@ dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffe
   } else {
     slot = dmem_atomic_load_relaxed(&t->high_water);
     if (slot == DMEM__NO_SLOT) {
-      pthread_mutex_unlock(&t->mu);
+      dmem__mutex_unlock(&t->mu, DMEM__RANK_TABLE);
       return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table full");
     }
     if ((slot & (DMEM__CHUNK_SLOTS - 1)) == 0) {
       dmem_status_t st = table_grow(t, slot >> DMEM__CHUNK_BITS);
       if (st != DMEM_OK) {
-        pthread_mutex_unlock(&t->mu);
+        dmem__mutex_unlock(&t->mu, DMEM__RANK_TABLE);
         return st;
       }
     }
     /* release: partner is the acquire load of high_water in lookup */
     dmem_atomic_store_release(&t->high_water, slot + 1);
   }
-  pthread_mutex_unlock(&t->mu);
+  dmem__mutex_unlock(&t->mu, DMEM__RANK_TABLE);
   *slot_out = slot;
   *b_out = dmem__table_slot(t, slot);
   return DMEM_OK;
@@ -88,16 +88,16 @@ void dmem__table_give(dmem__table_t *t, dmem__buffer_t *b) {
   uint64_t w = dmem_atomic_load_relaxed(&b->word);
   uint32_t gen = dmem__w_gen(w) + 1;
   if (gen == 0) gen = 1;
+  DMEM_ASSERT((w & DMEM__F_FREED) && dmem__w_count(w) == 0 && !(w & DMEM__F_TRANSIT));
   b->dev = NULL;
   b->host = NULL;
-  b->host_charged = false;
   /* release: partner is the acquire load of any later lock/free with the old
    * handle, which then sees the new generation and reports it stale */
   dmem_atomic_store_release(&b->word, ((uint64_t)gen << DMEM__GEN_SHIFT) |
                                           ((uint64_t)DMEM__STATE_FREE << DMEM__STATE_SHIFT) |
                                           DMEM__F_FREED);
-  pthread_mutex_lock(&t->mu);
+  dmem__mutex_lock(&t->mu, DMEM__RANK_TABLE);
   b->next_free = t->free_head;
   t->free_head = slot;
-  pthread_mutex_unlock(&t->mu);
+  dmem__mutex_unlock(&t->mu, DMEM__RANK_TABLE);
 }

@@ -1,5 +1,5 @@
 /*
- * runtime/error.h - recording error details and logging (internal).
+ * runtime/base/error.h - recording error details and logging (internal).
  */
 #ifndef DMEM_ERROR_H
 #define DMEM_ERROR_H

@@ -1,5 +1,6 @@
 /*
- * runtime/config.c - defaults and DMEM_* environment variables.
+ * runtime/core/config.c - defaults, DMEM_* environment variables and the size
+ * parser they share with the Python bridge (dmem_size_parse).
  */
 #include "internal.h"
 #include <ctype.h>

@@ -1,6 +1,7 @@
 /*
- * runtime/controller.c - the external controller: installation, and calling
- * its callbacks with no internal mutex held.
+ * runtime/core/controller.c - the external controller: installation, and calling
+ * its callbacks with no internal mutex held. A runtime without a controller,
+ * or whose controller has no on_event callback, takes no mutex to emit.
  */
 #include "internal.h"
 #include <string.h>
@@ -14,9 +15,9 @@ dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c
   if (c && (!c->store) != (!c->retrieve))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "dmem_set_controller: store and retrieve go together");
-  pthread_mutex_lock(&rt->ctl_mu);
+  dmem__mutex_lock(&rt->ctl_mu, DMEM__RANK_CONTROL);
   if ((!c || !c->retrieve) && dmem_atomic_load_relaxed(&rt->controller_used) > 0) {
-    pthread_mutex_unlock(&rt->ctl_mu);
+    dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
     return dmem__error(DMEM_ERR_BUSY,
                        "buffers are held by the controller (%zu bytes): unspill them first",
                        dmem_atomic_load_relaxed(&rt->controller_used));
@@ -29,21 +30,24 @@ dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c
     memset(&rt->ctl, 0, sizeof rt->ctl);
   }
   dmem_atomic_store_relaxed(&rt->has_ctl, c != NULL);
-  pthread_mutex_unlock(&rt->ctl_mu);
+  dmem_atomic_store_relaxed(&rt->has_ctl_events, c != NULL && c->on_event != NULL);
+  dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
   return DMEM_OK;
 }
 
 bool dmem__controller_get(dmem_runtime_t *rt, dmem_controller_t *c_out) {
   if (!dmem_atomic_load_relaxed(&rt->has_ctl)) return false;
-  pthread_mutex_lock(&rt->ctl_mu);
+  dmem__mutex_lock(&rt->ctl_mu, DMEM__RANK_CONTROL);
   *c_out = rt->ctl;
   bool has = dmem_atomic_load_relaxed(&rt->has_ctl) != 0;
-  pthread_mutex_unlock(&rt->ctl_mu);
+  dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
   return has;
 }
 
 void dmem__emit(dmem_runtime_t *rt, dmem_event_kind_t kind, dmem_handle_t h, size_t size,
                 dmem_tier_t tier, size_t bytes_needed) {
+  /* The hot path of alloc/free: one relaxed load when nothing listens. */
+  if (!dmem_atomic_load_relaxed(&rt->has_ctl_events)) return;
   dmem_controller_t c;
   if (!dmem__controller_get(rt, &c) || !c.on_event) return;
   dmem_event_t ev;

@@ -1,0 +1,289 @@
+/*
+ * runtime/core/core.h - the core layer: the buffer state word and its
+ * TRANSIT protocol, the handle table, the event pool, the controller's
+ * callbacks, configuration, invariant checks and the lock order.
+ *
+ * Core calls only the backend table and base (status, error detail, log).
+ *
+ * Buffer state word (one _Atomic uint64_t per buffer; every transition is a
+ * CAS on it, so lock/unlock of a resident buffer is lock-free):
+ *
+ *   bits  0..23  lock count
+ *   bits 24..27  state (dmem_state_t, or DMEM__STATE_FREE for an empty slot)
+ *   bit  28      FREED        dmem_free was called; stale for all but unlock
+ *   bit  29      UNSPILL_COPY an unspill copy may still be in flight: lockers
+ *                             order their stream after b->unspill_event until
+ *                             the staging poller sees it complete and
+ *                             recycles the staging memory
+ *   bit  30      SPILL_COPY   a spill copy is in flight and b->spill_event is
+ *                             recorded after it; lockers (which cancel the
+ *                             spill) order their stream after that event
+ *   bit  31      TRANSIT      one thread owns the buffer's slow-path move
+ *                             (spill, unspill, tier change, staging recycle);
+ *                             only the owner clears it
+ *   bits 32..63  generation (never 0; part of the handle)
+ *
+ * Reclaim (memory freed, slot recycled) happens exactly once, by whichever
+ * party's CAS makes "FREED && count == 0 && !TRANSIT" true: dmem_free, the
+ * last unlock, or the TRANSIT owner when it ends its move (spill/reclaim.c).
+ *
+ * Lock order of the internal mutexes (a thread holding one may only take
+ * mutexes further down this list; Debug builds check it, see
+ * dmem__mutex_lock):
+ *
+ *   1 staging   rt->staging_mu   (its poll may end a move and reclaim)
+ *   2 registry  rt->reg.mu
+ *   3 pending   rt->pending_mu
+ *   4 disk      rt->disk_mu      (lazy creation of the disk tier)
+ *   5 control   rt->ctl_mu
+ *   6 transit   rt->tmu          (with rt->tcv)
+ *   7 table     table->mu
+ *   8 hostpool  the pinned host pool's mutex
+ *   9 events    rt->evpool_mu
+ *
+ * The backends' own mutexes are innermost: a backend never calls up.
+ */
+#ifndef DMEM_CORE_LAYER_H
+#define DMEM_CORE_LAYER_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "atomic.h"
+#include "backend/backend.h"
+#include "base/error.h"
+#include "dmem/dmem.h"
+
+/* ---- invariant checks ----------------------------------------------------- */
+
+/* Compiled in Debug builds (and so in the sanitizer presets); never on the
+ * release hot path. A failed check is a dmem bug, not a user error. */
+#ifdef DMEM_DEBUG
+#define DMEM_ASSERT(cond)                                                                \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      fprintf(stderr, "dmem: invariant failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      abort();                                                                           \
+    }                                                                                    \
+  } while (0)
+#else
+#define DMEM_ASSERT(cond) ((void)0)
+#endif
+
+/* ---- lock order (see the list above) --------------------------------------- */
+
+typedef enum dmem__rank {
+  DMEM__RANK_STAGING = 1,
+  DMEM__RANK_REGISTRY,
+  DMEM__RANK_PENDING,
+  DMEM__RANK_DISK,
+  DMEM__RANK_CONTROL,
+  DMEM__RANK_TRANSIT,
+  DMEM__RANK_TABLE,
+  DMEM__RANK_HOSTPOOL,
+  DMEM__RANK_EVENTS
+} dmem__rank_t;
+
+#ifdef DMEM_DEBUG
+/* Ranks this thread holds, one bit each (core/mutex.c). */
+extern _Thread_local unsigned dmem__held_ranks;
+#endif
+
+/* Take / drop an internal mutex of the given rank. Debug builds check that
+ * the thread holds no mutex of the same or a later rank. */
+static inline void dmem__mutex_lock(pthread_mutex_t *m, dmem__rank_t rank) {
+#ifdef DMEM_DEBUG
+  if (dmem__held_ranks >> rank) {
+    fprintf(stderr, "dmem: lock order violated: taking rank %d while holding ranks 0x%x\n",
+            (int)rank, dmem__held_ranks);
+    abort();
+  }
+#endif
+  pthread_mutex_lock(m);
+#ifdef DMEM_DEBUG
+  dmem__held_ranks |= 1u << rank;
+#endif
+}
+
+static inline void dmem__mutex_unlock(pthread_mutex_t *m, dmem__rank_t rank) {
+#ifdef DMEM_DEBUG
+  DMEM_ASSERT(dmem__held_ranks & (1u << rank));
+  dmem__held_ranks &= ~(1u << rank);
+#else
+  (void)rank;
+#endif
+  pthread_mutex_unlock(m);
+}
+
+/* ---- state word ------------------------------------------------------------- */
+
+#define DMEM__COUNT_MASK ((uint64_t)0xFFFFFF)
+#define DMEM__STATE_SHIFT 24
+#define DMEM__STATE_MASK ((uint64_t)0xF << DMEM__STATE_SHIFT)
+#define DMEM__F_FREED ((uint64_t)1 << 28)
+#define DMEM__F_UNSPILL_COPY ((uint64_t)1 << 29)
+#define DMEM__F_SPILL_COPY ((uint64_t)1 << 30)
+#define DMEM__F_TRANSIT ((uint64_t)1 << 31)
+#define DMEM__GEN_SHIFT 32
+#define DMEM__STATE_FREE 15u
+
+static inline unsigned dmem__w_state(uint64_t w) {
+  return (unsigned)((w & DMEM__STATE_MASK) >> DMEM__STATE_SHIFT);
+}
+static inline uint32_t dmem__w_count(uint64_t w) { return (uint32_t)(w & DMEM__COUNT_MASK); }
+static inline uint32_t dmem__w_gen(uint64_t w) { return (uint32_t)(w >> DMEM__GEN_SHIFT); }
+static inline uint64_t dmem__w_with_state(uint64_t w, unsigned s) {
+  return (w & ~DMEM__STATE_MASK) | ((uint64_t)s << DMEM__STATE_SHIFT);
+}
+static inline uint32_t dmem__h_gen(dmem_handle_t h) { return (uint32_t)(h >> 32); }
+static inline uint32_t dmem__h_slot(dmem_handle_t h) { return (uint32_t)h; }
+
+/* Whether word w still belongs to the live buffer named by h. */
+static inline bool dmem__word_live(uint64_t w, dmem_handle_t h) {
+  return dmem__w_gen(w) == dmem__h_gen(h) && !(w & DMEM__F_FREED) &&
+         dmem__w_state(w) != DMEM__STATE_FREE;
+}
+
+/* ---- buffers and the handle table (core/table.c) ----------------------------- */
+
+typedef struct dmem__buffer {
+  /* Written by lock/unlock/free (CAS) and by the TRANSIT owner (CAS).
+   * Each buffer starts a cache line: threads locking neighbouring buffers
+   * do not share lines. */
+  _Alignas(64) _Atomic uint64_t word;
+  /* LRU tick of the last unlock; written by unlock (relaxed), read by policy. */
+  _Atomic uint64_t last_use;
+  /* Written by dmem_set_priority (relaxed), read by policy. */
+  _Atomic int priority;
+  /* Completed spills; written by the TRANSIT owner (relaxed). */
+  _Atomic uint64_t spill_count;
+  /* Set at alloc before the word is published (release in dmem_alloc).
+   * Atomic (relaxed) because the policy and info readers may look at a slot
+   * that is being recycled; they validate the word around the read. */
+  _Atomic size_t size;
+  _Atomic unsigned flags;
+  /* Written by the TRANSIT owner before its releasing CAS; read by lockers
+   * after their acquiring CAS. */
+  void *dev;            /* device memory while RESIDENT */
+  void *host;           /* pinned host memory: the host tier's copy while
+                           DEFERRED_HOST, else unspill staging (while
+                           UNSPILL_COPY) or NULL */
+  void *unspill_event;  /* event after the last unspill copy (owned) */
+  /* Event after the current spill copy (from the pool): stored (relaxed)
+   * before SPILL_COPY is set with release; read after an acquire that saw
+   * SPILL_COPY. */
+  _Atomic(void *) spill_event;
+  uint32_t slot;      /* index in the table; set once when the chunk is made */
+  uint32_t next_free; /* free-list link, under the table mutex */
+} dmem__buffer_t;
+
+#define dmem__bsize(b) dmem_atomic_load_relaxed(&(b)->size)
+#define dmem__bflags(b) dmem_atomic_load_relaxed(&(b)->flags)
+
+static inline dmem_handle_t dmem__handle_of(const dmem__buffer_t *b, uint64_t w) {
+  return ((uint64_t)dmem__w_gen(w) << 32) | b->slot;
+}
+
+#define DMEM__CHUNK_BITS 12
+#define DMEM__CHUNK_SLOTS (1u << DMEM__CHUNK_BITS)
+#define DMEM__MAX_CHUNKS 65536u
+#define DMEM__NO_SLOT UINT32_MAX
+
+typedef struct dmem__table {
+  /* Chunk pointers: published with release by table_grow under mu, read
+   * with acquire by dmem__table_lookup. Never freed before destroy. */
+  _Atomic(dmem__buffer_t *) chunks[DMEM__MAX_CHUNKS];
+  pthread_mutex_t mu;   /* free list and high-water mark */
+  uint32_t free_head;
+  _Atomic uint32_t high_water; /* slots ever handed out; written under mu */
+} dmem__table_t;
+
+dmem_status_t dmem__table_init(dmem__table_t *t);
+void dmem__table_fini(dmem__table_t *t);
+/* Take a slot; its word holds the next generation with state FREE. */
+dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffer_t **b_out);
+/* Give back a slot: bump its generation (skipping 0), mark FREE, recycle. */
+void dmem__table_give(dmem__table_t *t, dmem__buffer_t *b);
+dmem__buffer_t *dmem__table_slot(dmem__table_t *t, uint32_t slot);
+/* Buffer for a handle, or NULL if the slot cannot exist (gen not checked). */
+static inline dmem__buffer_t *dmem__table_lookup(dmem__table_t *t, dmem_handle_t h) {
+  uint32_t slot = dmem__h_slot(h);
+  if (dmem__h_gen(h) == 0 || (slot >> DMEM__CHUNK_BITS) >= DMEM__MAX_CHUNKS) return NULL;
+  /* acquire: partner is the release store in table.c:table_grow */
+  dmem__buffer_t *c = dmem_atomic_load_acquire(&t->chunks[slot >> DMEM__CHUNK_BITS]);
+  if (!c || slot >= dmem_atomic_load_acquire(&t->high_water)) return NULL;
+  return &c[slot & (DMEM__CHUNK_SLOTS - 1)];
+}
+/* Record and return DMEM_ERR_STALE_HANDLE for h. */
+dmem_status_t dmem__stale(dmem_handle_t h);
+
+/* ---- the TRANSIT protocol (core/transit.c) ----------------------------------- */
+
+/* The buffer whose TRANSIT the calling thread owns (so that a callback run
+ * during the move gets BUSY instead of waiting for itself), or NULL. */
+extern _Thread_local dmem__buffer_t *dmem__tl_transit;
+
+/* Try to take TRANSIT on b, whose word the caller read as *w: one CAS to
+ * `(*w | TRANSIT)` with the state set to `state` and `locks` added to the
+ * lock count. On failure *w holds the current word (retry or give up). */
+bool dmem__transit_take(dmem__buffer_t *b, uint64_t *w, unsigned state, uint32_t locks);
+
+/* How the TRANSIT owner leaves the buffer when its move ends. Zero fields
+ * change nothing: `to` is DMEM__TO(state) or 0 to keep the state. */
+typedef struct dmem__transit_exit {
+  unsigned to;        /* DMEM__TO(new state), or 0: keep */
+  uint64_t set;       /* flags to set (DMEM__F_UNSPILL_COPY ...) */
+  uint64_t clear;     /* flags to clear besides TRANSIT */
+  bool drop_lock;     /* undo the lock taken with TRANSIT (failed retrieve) */
+} dmem__transit_exit_t;
+#define DMEM__TO(state) ((unsigned)(state) + 1u)
+
+/* End the caller's TRANSIT ownership of b as `exit` says, with a releasing
+ * CAS. Returns the new word. Reclaim and waking waiters are the caller's
+ * (spill/reclaim.c: dmem__move_end). */
+uint64_t dmem__transit_end(dmem__buffer_t *b, dmem__transit_exit_t exit);
+/* Wake every thread waiting for a transit to end. */
+void dmem__transit_broadcast(dmem_runtime_t *rt);
+/* Block until b's word differs from `seen` (or a transit ends anywhere; at
+ * most about 10 ms, then the caller looks again). */
+void dmem__transit_wait(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t seen);
+/* Block until some transit ends, at most `ns` nanoseconds. */
+void dmem__transit_wait_any(dmem_runtime_t *rt, uint64_t ns);
+
+/* ---- events (core/event.c) ----------------------------------------------------- */
+
+/* An event from the runtime's pool (created on demand). */
+dmem_status_t dmem__event_get(dmem_runtime_t *rt, void **ev_out);
+/* Give an event back. Events are never destroyed before the runtime is: a
+ * locker that read b->spill_event may still wait on it. */
+void dmem__event_put(dmem_runtime_t *rt, void *ev);
+/* At destroy: destroy every pooled event. */
+void dmem__event_pool_fini(dmem_runtime_t *rt);
+
+/* ---- controller callbacks (core/controller.c) ---------------------------------- */
+
+/* Copy the installed controller; false when none is installed. */
+bool dmem__controller_get(dmem_runtime_t *rt, dmem_controller_t *c_out);
+/* Send an event to the controller's on_event callback, if it has one. Takes
+ * no mutex when it has none. */
+void dmem__emit(dmem_runtime_t *rt, dmem_event_kind_t kind, dmem_handle_t h, size_t size,
+                dmem_tier_t tier, size_t bytes_needed);
+
+/* ---- configuration (core/config.c) -------------------------------------------- */
+
+dmem_status_t dmem__config_validate_env(void);
+
+/* ---- time (core/transit.c) ----------------------------------------------------- */
+
+uint64_t dmem__now_ns(void);
+
+#endif /* DMEM_CORE_LAYER_H */

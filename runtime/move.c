@@ -1,0 +1,37 @@
+/*
+ * runtime/move.c - the explicit moves: dmem_spill, dmem_unspill and
+ * dmem_evict. The engine behind them is the spill layer (spill/spill.c,
+ * spill/retrieve.c, spill/policy.c).
+ */
+#include "internal.h"
+
+dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_spill: rt is NULL");
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  if (dmem__tl_transit == b)
+    return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved by this thread",
+                       (unsigned long long)h);
+  return dmem__spill_buffer(rt, b, h, tier, false);
+}
+
+dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_unspill: rt is NULL");
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  if (!b) return dmem__stale(h);
+  return dmem__retrieve(rt, b, h, stream, DMEM__RETRIEVE_ONLY, NULL);
+}
+
+dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_evict: rt is NULL");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  dmem__spill_poll(rt);
+  size_t freed = 0;
+  st = dmem__evict(rt, bytes, false, &freed, NULL);
+  if (st != DMEM_OK) return st;
+  if (freed_out) *freed_out = freed;
+  return DMEM_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * spill/pressure.c - making room: device memory for a buffer when the limit
+ * or the device is full. Finished stream releases are completed first (their
+ * buffers become victims), then the controller hears of the pressure and may
+ * make room itself, then victims are spilled by policy. When nothing can be
+ * spilled now but moves or stream releases are in flight, it waits for them,
+ * up to a deadline.
+ */
+#include "runtime/internal.h"
+
+/* How long an allocation keeps waiting for in-flight moves and stream
+ * releases to free memory before it reports DMEM_ERR_OUT_OF_MEMORY. */
+#define DMEM__OOM_PATIENCE_NS (5ull * 1000 * 1000 * 1000)
+
+void dmem__spill_poll(dmem_runtime_t *rt) {
+  dmem__pending_poll(rt, false);
+  dmem__staging_poll(rt, false);
+}
+
+dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void **dev_out) {
+  if (size > rt->limit)
+    return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
+                       size, rt->limit);
+  uint64_t deadline = 0;
+  dmem_status_t last_err = DMEM_OK;
+  bool told = false;
+  for (;;) {
+    size_t need = 0;
+    dmem_status_t st = dmem__device_alloc(rt, size, dev_out, &need);
+    if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
+    dmem__spill_poll(rt);
+    if (!told && dmem_atomic_load_relaxed(&rt->has_ctl)) {
+      /* The controller may make room itself (it runs with no mutex held);
+       * look again before evicting by policy. */
+      told = true;
+      dmem__emit(rt, DMEM_EVENT_PRESSURE, DMEM_HANDLE_NULL, 0, DMEM_TIER_DEVICE, need);
+      continue;
+    }
+    told = false;
+    size_t freed = 0;
+    dmem_status_t err = DMEM_OK;
+    st = dmem__evict(rt, need, true, &freed, &err);
+    if (st != DMEM_OK) return st;
+    if (err != DMEM_OK) last_err = err;
+    if (freed > 0) {
+      deadline = 0;
+      continue;
+    }
+    /* Nothing could be spilled now. Other threads' moves or pending stream
+     * releases may still free memory: wait for them, with a deadline. */
+    bool hope = dmem_atomic_load_relaxed(&rt->spills_in_flight) > 0 ||
+                dmem_atomic_load_relaxed(&rt->npending) > 0;
+    uint64_t now = dmem__now_ns();
+    if (hope) {
+      if (deadline == 0) deadline = now + DMEM__OOM_PATIENCE_NS;
+      if (now < deadline) {
+        dmem__transit_wait_any(rt, 1000u * 1000);
+        continue;
+      }
+    }
+    if (last_err != DMEM_OK && last_err != DMEM_ERR_BUSY) return last_err;
+    return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
+                       "no device memory for %zu bytes: %zu of %zu bytes used and nothing "
+                       "left to spill",
+                       size, dmem_atomic_load_relaxed(&rt->device_used), rt->limit);
+  }
+}

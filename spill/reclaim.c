@@ -1,0 +1,70 @@
+/*
+ * spill/reclaim.c - the end of a buffer's life and of a move. A freed
+ * buffer's memory goes back exactly once, by whichever party's CAS makes
+ * "FREED && count == 0 && !TRANSIT" true: dmem_free (runtime/buffer.c), the
+ * last unlock (here), or the TRANSIT owner ending its move (here).
+ */
+#include "runtime/internal.h"
+
+_Thread_local uint64_t dmem__tl_lru_seq;
+
+void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w) {
+  DMEM_ASSERT((w & DMEM__F_FREED) && dmem__w_count(w) == 0 && !(w & DMEM__F_TRANSIT));
+  unsigned state = dmem__w_state(w);
+  size_t size = dmem__bsize(b);
+  if (w & DMEM__F_UNSPILL_COPY) {
+    /* The unspill copy may still read the staging and write the device
+     * memory: wait for it before freeing either. */
+    (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, b->unspill_event));
+  }
+  if (state == DMEM_STATE_RESIDENT) {
+    dmem__device_release(rt, b->dev, size);
+    if (dmem__bflags(b) & DMEM_ALLOC_PINNED) dmem_atomic_sub_relaxed(&rt->device_pinned, size);
+  } else {
+    const dmem__tier_ops_t *tier = dmem__tier_of_state(state);
+    DMEM_ASSERT(tier != NULL);
+    if (tier) tier->drop(rt, b, dmem__handle_of(b, w));
+  }
+  dmem__host_copy_release(rt, b);
+  if (b->unspill_event) {
+    dmem__event_put(rt, b->unspill_event);
+    b->unspill_event = NULL;
+  }
+  dmem_atomic_sub_relaxed(&rt->buffer_count, 1);
+  dmem__table_give(rt->table, b);
+}
+
+void dmem__move_after(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t nw) {
+  DMEM_ASSERT(!(nw & DMEM__F_TRANSIT));
+  if (dmem__tl_transit == b) dmem__tl_transit = NULL;
+  if ((nw & DMEM__F_FREED) && dmem__w_count(nw) == 0) dmem__reclaim(rt, b, nw);
+  dmem__transit_broadcast(rt);
+}
+
+uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exit_t exit) {
+  uint64_t nw = dmem__transit_end(b, exit);
+  dmem__move_after(rt, b, nw);
+  return nw;
+}
+
+dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
+  /* acquire: partner is the lock's CAS */
+  uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
+  do {
+    if (dmem__w_gen(w) != dmem__h_gen(h) || dmem__w_state(w) == DMEM__STATE_FREE)
+      return dmem__stale(h);
+    if (dmem__w_count(w) == 0) {
+      if (w & DMEM__F_FREED) return dmem__stale(h);
+      return dmem__error(DMEM_ERR_NOT_LOCKED, "handle 0x%016llx is not locked",
+                         (unsigned long long)h);
+    }
+    nw = w - 1;
+    /* release: the caller's device work is done; partner is the spiller's
+     * acquiring CAS */
+  } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
+  if (dmem__w_count(nw) == 0) {
+    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+    if ((nw & DMEM__F_FREED) && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
+  }
+  return DMEM_OK;
+}

@@ -1,0 +1,126 @@
+/*
+ * spill/retrieve.c - bringing a buffer back: the one state machine behind
+ * dmem_lock's slow path and dmem_unspill. It waits out other movers, cancels
+ * a spill whose copy is in flight (the device copy is still intact), or takes
+ * TRANSIT on a deferred buffer and copies it back on the caller's stream, so
+ * that the caller's next work is ordered after the copy without a host
+ * synchronisation.
+ */
+#include "runtime/internal.h"
+
+/* After a successful lock or cancel CAS (new word nw): order `stream` after
+ * the copies still in flight on the buffer. */
+static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t nw,
+                                        void *stream) {
+  if (nw & DMEM__F_UNSPILL_COPY) {
+    dmem_status_t q = dmem__fatal_keep(rt, rt->be->event_query(rt->be, b->unspill_event));
+    if (q == DMEM_ERR_BUSY)
+      q = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, b->unspill_event));
+    if (q != DMEM_OK) return q;
+  }
+  if (nw & DMEM__F_SPILL_COPY) {
+    /* stable: our lock or cancel keeps a new spill from starting */
+    void *ev = dmem_atomic_load_relaxed(&b->spill_event);
+    dmem_status_t q = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, ev));
+    if (q != DMEM_OK) return q;
+  }
+  return DMEM_OK;
+}
+
+/* Copy a deferred buffer whose TRANSIT we own back to the device, ordered
+ * on `stream`. `from` is its deferred state; the lock (if locking) was taken
+ * with TRANSIT and is dropped again on failure. */
+static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
+                               unsigned from, void *stream, bool locking) {
+  uint64_t t0 = dmem__now_ns();
+  const dmem__tier_ops_t *tier = dmem__tier_of_state(from);
+  DMEM_ASSERT(tier != NULL);
+  size_t size = dmem__bsize(b);
+  void *dev = NULL;
+  dmem_status_t st = dmem__pressure_alloc(rt, size, &dev);
+  if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
+  if (st != DMEM_OK) goto rollback;
+  if (!b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
+  if (st == DMEM_OK)
+    st = dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dev, b->host, size, stream));
+  if (st == DMEM_OK)
+    st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, b->unspill_event, stream));
+  if (st != DMEM_OK) {
+    (void)rt->be->stream_synchronize(rt->be, stream);
+    if (!tier->adopts_staging) dmem__host_copy_release(rt, b); /* the tier keeps its copy */
+    goto rollback;
+  }
+  b->dev = dev;
+  /* The tier forgets the buffer; b->host is now staging, recycled once the
+   * copy is done (spill/staging.c). */
+  tier->drop(rt, b, h);
+  dmem_atomic_add_relaxed(&rt->unspill_count, 1);
+  dmem_atomic_add_relaxed(&rt->bytes_unspilled, size);
+  dmem_atomic_add_relaxed(&rt->ns_unspilling, dmem__now_ns() - t0);
+  dmem__staging_push(rt, b, h);
+  /* release: publishes b->dev and b->unspill_event; partner is the lockers'
+   * acquire */
+  uint64_t nw = dmem__move_end(rt, b,
+                               (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
+                                                      .set = DMEM__F_UNSPILL_COPY});
+  if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_UNSPILL, h, size, tier->tier, 0);
+  return DMEM_OK;
+
+rollback:
+  if (dev) dmem__device_release(rt, dev, size);
+  dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(from), .drop_lock = locking});
+  return st;
+}
+
+dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
+                             void *stream, dmem__retrieve_mode_t mode, void **dev_out) {
+  const bool locking = mode == DMEM__RETRIEVE_LOCK;
+  const uint32_t locks = locking ? 1u : 0u;
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  /* acquire: partner is the releasing CAS of the TRANSIT owner */
+  uint64_t w = dmem_atomic_load_acquire(&b->word);
+  for (;;) {
+    if (!dmem__word_live(w, h)) return dmem__stale(h);
+    unsigned s = dmem__w_state(w);
+    bool moving = (w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING;
+    bool cancellable = s == DMEM_STATE_SPILLING && (w & DMEM__F_SPILL_COPY);
+    if (moving && dmem__tl_transit == b && s != DMEM_STATE_RESIDENT)
+      return dmem__error(DMEM_ERR_BUSY,
+                         "handle 0x%016llx is being moved by the calling thread's callback",
+                         (unsigned long long)h);
+    /* Resident (even while the staging poller owns TRANSIT to recycle its
+     * staging: a lock does not disturb that), or spilling with the copy in
+     * flight: lock / cancel with one CAS. */
+    if (s == DMEM_STATE_RESIDENT || cancellable) {
+      if (!locking && s == DMEM_STATE_RESIDENT) return DMEM_OK;
+      if (locking && dmem__w_count(w) >= DMEM_LOCK_COUNT_MAX)
+        return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "lock count of handle 0x%016llx at maximum",
+                           (unsigned long long)h);
+      /* A lock (or unspill) on a spilling buffer cancels the spill: the
+       * device copy is intact; the spiller sees the state change and
+       * discards its copy. */
+      uint64_t nw = dmem__w_with_state(w + locks, DMEM_STATE_RESIDENT);
+      if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
+      if (cancellable) dmem__transit_broadcast(rt);
+      st = order_after_copies(rt, b, nw, stream);
+      if (st != DMEM_OK) {
+        if (locking) (void)dmem__unlock_buffer(rt, b, h);
+        return st;
+      }
+      if (dev_out) *dev_out = b->dev;
+      return DMEM_OK;
+    }
+    if (moving) {
+      dmem__transit_wait(rt, b, w);
+      w = dmem_atomic_load_acquire(&b->word); /* partner: dmem__transit_end */
+      continue;
+    }
+    /* Deferred and nobody moving it: take TRANSIT (and the lock) at once. */
+    if (!dmem__transit_take(b, &w, DMEM_STATE_UNSPILLING, locks)) continue;
+    st = copy_back(rt, b, h, s, stream, locking);
+    if (st != DMEM_OK) return st;
+    if (dev_out) *dev_out = b->dev;
+    return DMEM_OK;
+  }
+}

@@ -1,0 +1,68 @@
+/*
+ * spill/staging.c - recycling unspill staging. A retrieve copies from pinned
+ * memory (b->host) to the device on the locker's stream and returns at once;
+ * the staging may only be reused after that copy. Buffers waiting are kept
+ * here, and polled (when memory runs short, by dmem_runtime_poll and
+ * dmem_stats) until their unspill event completes.
+ */
+#include "runtime/internal.h"
+
+void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
+  dmem__mutex_lock(&rt->staging_mu, DMEM__RANK_STAGING);
+  if (rt->nstaging == rt->capstaging) {
+    size_t cap = rt->capstaging ? rt->capstaging * 2 : 64;
+    dmem__reg_entry_t *v = realloc(rt->staging, cap * sizeof *v);
+    if (!v) {
+      /* Not tracked: the staging is recycled at the next spill or at
+       * reclaim instead. */
+      dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
+      return;
+    }
+    rt->staging = v;
+    rt->capstaging = cap;
+  }
+  rt->staging[rt->nstaging].b = b;
+  rt->staging[rt->nstaging].h = h;
+  rt->nstaging++;
+  dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
+}
+
+void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all) {
+  dmem__mutex_lock(&rt->staging_mu, DMEM__RANK_STAGING);
+  size_t keep = 0;
+  for (size_t i = 0; i < rt->nstaging; i++) {
+    dmem__buffer_t *b = rt->staging[i].b;
+    dmem_handle_t h = rt->staging[i].h;
+    /* acquire: partner is the unspiller's releasing CAS */
+    uint64_t w = dmem_atomic_load_acquire(&b->word);
+    /* done elsewhere, or freed (then reclaim recycles the staging; TRANSIT
+     * is never taken on a freed buffer) */
+    if (dmem__w_gen(w) != dmem__h_gen(h) || !(w & DMEM__F_UNSPILL_COPY) || (w & DMEM__F_FREED))
+      continue;
+    /* the take fails if FREED was set meanwhile: the entry is kept and
+     * dropped by the next poll */
+    if ((w & DMEM__F_TRANSIT) || !dmem__transit_take(b, &w, dmem__w_state(w), 0)) {
+      rt->staging[keep++] = rt->staging[i];
+      continue;
+    }
+    dmem_status_t q = wait_all ? rt->be->event_synchronize(rt->be, b->unspill_event)
+                               : rt->be->event_query(rt->be, b->unspill_event);
+    if (q == DMEM_OK || (q != DMEM_ERR_BUSY && wait_all)) {
+      dmem__host_copy_release(rt, b);
+      dmem__move_end(rt, b, (dmem__transit_exit_t){.clear = DMEM__F_UNSPILL_COPY});
+    } else {
+      (void)dmem__fatal_keep(rt, q == DMEM_ERR_BUSY ? DMEM_OK : q);
+      dmem__move_end(rt, b, (dmem__transit_exit_t){0});
+      rt->staging[keep++] = rt->staging[i];
+    }
+  }
+  rt->nstaging = keep;
+  dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
+}
+
+void dmem__staging_fini(dmem_runtime_t *rt) {
+  dmem__staging_poll(rt, true);
+  free(rt->staging);
+  rt->staging = NULL;
+  rt->nstaging = rt->capstaging = 0;
+}
