@@ -3,13 +3,14 @@
  * (sizes, priorities, handles given as ints, addresses, tiers) and the
  * checks every method makes first (runtime open, buffer usable).
  *
- * Nothing here calls the runtime. Converters that need an object
+ * Nothing here calls the runtime except dmem_size_parse: sizes given as
+ * strings go through the C library's own parser, so Runtime(device_limit=...)
+ * and DMEM_DEVICE_LIMIT spell sizes alike. Converters that need an object
  * type of a higher layer (a dmem.Stream, a dmem.Buffer) live with that type:
  * pyd_stream_arg in stream.c, pyd_handle_arg in buffer.c.
  */
 #include "pydmem.h"
 
-#include <errno.h>
 #include <string.h>
 
 /* ---- checks ------------------------------------------------------------------ */
@@ -75,45 +76,29 @@ int pyd_size_arg(PyObject *o, const char *what, size_t *bytes, double *fraction)
       return -1;
     }
     *bytes = v;
+    if (fraction) *fraction = 0.0;
     return 0;
   }
   if (PyUnicode_Check(o)) {
-    const char *s = PyUnicode_AsUTF8(o);
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(o, &len);
     if (!s) return -1;
-    while (*s == ' ') s++;
-    char *end = NULL;
-    errno = 0;
-    if (fraction && strchr(s, '%')) {
-      double p = strtod(s, &end);
-      while (end && *end == ' ') end++;
-      if (end == s || !end || *end != '%' || end[1] != '\0' || !(p > 0.0 && p <= 100.0) ||
-          errno)
-        goto value_error;
-      *fraction = p / 100.0;
-      return 0;
+    /* A bad value of an argument: ValueError before the runtime is made,
+     * with the parser's own explanation. */
+    if (strlen(s) != (size_t)len) { /* the C parser would not see the rest */
+      PyErr_Format(PyExc_ValueError, "%s: malformed size %R (embedded NUL character)", what, o);
+      return -1;
     }
-    if (*s < '0' || *s > '9') goto value_error;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s) goto value_error;
-    while (*end == ' ') end++;
-    unsigned shift = 0;
-    switch (*end) {
-      case 'k': case 'K': shift = 10; end++; break;
-      case 'm': case 'M': shift = 20; end++; break;
-      case 'g': case 'G': shift = 30; end++; break;
-      case 't': case 'T': shift = 40; end++; break;
-      default: break;
+    size_t b = 0;
+    double f = 0.0;
+    if (dmem_size_parse(s, &b, fraction ? &f : NULL) != DMEM_OK) {
+      PyErr_Format(PyExc_ValueError, "%s: malformed size %R (%s)", what, o,
+                   dmem_last_error_detail());
+      return -1;
     }
-    if (shift && (*end == 'i' || *end == 'I')) end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end != '\0') goto value_error;
-    if (shift && v > (~0ull >> shift)) goto value_error;
-    *bytes = (size_t)(v << shift);
+    *bytes = b;
+    if (fraction) *fraction = f;
     return 0;
-  value_error:
-    PyErr_Format(PyExc_ValueError, "%s: malformed size %R (expected bytes, e.g. 1048576, '512M'%s)",
-                 what, o, fraction ? " or '80%'" : "");
-    return -1;
   }
 type_error:
   PyErr_Format(PyExc_TypeError, "%s must be an int or a str, not %.100s", what,

@@ -176,9 +176,12 @@ int pyd_buffer_check(pyd_buffer_t *b);
 int pyd_address_arg(PyObject *o, const char *what, void **out);
 /* A handle given as an int (o must be an int). -1 with ValueError on error. */
 int pyd_handle_int_arg(PyObject *o, dmem_handle_t *out);
-/* A size of Runtime(...): None (left alone), a non-negative int, or a string
- * "N", "N[KMGT][i][B]" (powers of 1024) or, if fraction != NULL, "P%"
- * (0 < P <= 100). -1 with TypeError or ValueError on error. */
+/* A size of Runtime(...): a non-negative int, or a str in the syntax of the
+ * DMEM_* variables, parsed by the C library's dmem_size_parse ("4096",
+ * "512M", "1.5G"; "80%" only when fraction != NULL). On success *bytes is
+ * the byte count (0 for a percentage) and *fraction, when given, the
+ * fraction (0 for a byte count); None leaves both alone. -1 on error:
+ * TypeError, or ValueError carrying dmem_last_error_detail(). */
 int pyd_size_arg(PyObject *o, const char *what, size_t *bytes, double *fraction);
 /* A priority class (an int that fits a C int). -1 on error. */
 int pyd_priority_arg(PyObject *o, int *out);

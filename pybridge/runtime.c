@@ -423,9 +423,10 @@ PyTypeObject pyd_runtime_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
               "        spill_dir=None, host_capacity=None)\n\n"
-              "A dmem runtime. device_limit: bytes, '512M' or '80%'; host_limit: bytes of\n"
-              "spilled data kept in host memory (None: unlimited); host_capacity: simulated\n"
-              "device memory of the host backend. Context manager; close() destroys it.",
+              "A dmem runtime. device_limit: bytes, '512M', '1.5G' or '80%'; host_limit: bytes\n"
+              "of spilled data kept in host memory (None: unlimited); host_capacity: simulated\n"
+              "device memory of the host backend. Strings are read as the DMEM_* variables\n"
+              "are. Context manager; close() destroys it.",
     .tp_traverse = (traverseproc)pyd_runtime_traverse,
     .tp_clear = (inquiry)pyd_runtime_clear,
     .tp_weaklistoffset = offsetof(pyd_runtime_t, weakreflist),
