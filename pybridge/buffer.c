@@ -6,6 +6,9 @@
  * not own the handle (they compare equal to the owning Buffer). Every Buffer
  * holds a strong reference to its Runtime; after Runtime.close() every use
  * raises StaleHandleError and collection does nothing.
+ *
+ * buf.lock() hands out a View (view.c, the layer below: a View reads a
+ * Buffer's fields but calls none of this file's functions).
  */
 #include "pydmem.h"
 
@@ -44,19 +47,6 @@ static int pyd_buffer_traverse(pyd_buffer_t *self, visitproc visit, void *arg) {
   return 0;
 }
 
-/* 0 if the buffer may be used; StaleHandleError otherwise. */
-int pyd_buffer_check(pyd_buffer_t *b) {
-  if (b->freed) {
-    pyd_raise(DMEM_ERR_STALE_HANDLE, "buffer was freed");
-    return -1;
-  }
-  if (!b->rt->rt || b->rt->closing) {
-    pyd_raise(DMEM_ERR_STALE_HANDLE, "the buffer's runtime is closed");
-    return -1;
-  }
-  return 0;
-}
-
 static int pyd_buffer_info(pyd_buffer_t *b, dmem_buffer_info_t *info) {
   if (pyd_buffer_check(b) < 0) return -1;
   /* No waiting and no callbacks: keep the GIL. */
@@ -66,6 +56,29 @@ static int pyd_buffer_info(pyd_buffer_t *b, dmem_buffer_info_t *info) {
     return -1;
   }
   return 0;
+}
+
+/* ---- handle arguments --------------------------------------------------------- */
+
+/* Here rather than in args.c: it needs the Buffer type. */
+int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out) {
+  if (PyObject_TypeCheck(o, &pyd_buffer_type)) {
+    pyd_buffer_t *b = (pyd_buffer_t *)o;
+    if (b->rt != rt) {
+      PyErr_SetString(PyExc_ValueError, "buffer belongs to another dmem runtime");
+      return -1;
+    }
+    if (b->freed) {
+      pyd_raise(DMEM_ERR_STALE_HANDLE, "buffer was freed");
+      return -1;
+    }
+    *out = b->h;
+    return 0;
+  }
+  if (allow_int && PyLong_Check(o) && !PyBool_Check(o)) return pyd_handle_int_arg(o, out);
+  PyErr_Format(PyExc_TypeError, "expected a dmem.Buffer%s, not %.100s",
+               allow_int ? " or an int handle" : "", Py_TYPE(o)->tp_name);
+  return -1;
 }
 
 /* ---- methods ------------------------------------------------------------------ */
@@ -179,21 +192,6 @@ static PyObject *pyd_buffer_read(pyd_buffer_t *self, PyObject *args, PyObject *k
   return out;
 }
 
-static int pyd_tier_arg(PyObject *o, dmem_tier_t *out) {
-  if (!PyUnicode_Check(o)) {
-    PyErr_Format(PyExc_TypeError, "tier must be a str, not %.100s", Py_TYPE(o)->tp_name);
-    return -1;
-  }
-  if (PyUnicode_CompareWithASCIIString(o, "host") == 0) *out = DMEM_TIER_HOST;
-  else if (PyUnicode_CompareWithASCIIString(o, "disk") == 0) *out = DMEM_TIER_DISK;
-  else if (PyUnicode_CompareWithASCIIString(o, "controller") == 0) *out = DMEM_TIER_CONTROLLER;
-  else {
-    PyErr_Format(PyExc_ValueError, "tier must be 'host', 'disk' or 'controller', not %R", o);
-    return -1;
-  }
-  return 0;
-}
-
 static PyObject *pyd_buffer_spill(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"tier", NULL};
   PyObject *tier_o = NULL;
@@ -284,18 +282,10 @@ static int pyd_buffer_set_priority(pyd_buffer_t *self, PyObject *v, void *c) {
     PyErr_SetString(PyExc_AttributeError, "cannot delete priority");
     return -1;
   }
-  if (!PyLong_Check(v) || PyBool_Check(v)) {
-    PyErr_Format(PyExc_TypeError, "priority must be an int, not %.100s", Py_TYPE(v)->tp_name);
-    return -1;
-  }
-  int ovf = 0;
-  long p = PyLong_AsLongAndOverflow(v, &ovf);
-  if (ovf || p < -2147483647L - 1 || p > 2147483647L) {
-    PyErr_SetString(PyExc_ValueError, "priority out of the range of a C int");
-    return -1;
-  }
+  int p;
+  if (pyd_priority_arg(v, &p) < 0) return -1;
   if (pyd_buffer_check(self) < 0) return -1;
-  dmem_status_t st = dmem_set_priority(self->rt->rt, self->h, (int)p);
+  dmem_status_t st = dmem_set_priority(self->rt->rt, self->h, p);
   if (st != DMEM_OK) {
     pyd_raise(st, NULL);
     return -1;

@@ -23,6 +23,10 @@
 
 #include <string.h>
 
+/* dmem.Controller, registered by the package (module.c's
+ * _set_controller_base): a subclass overrides the methods it installs. */
+PyObject *pyd_controller_base = NULL;
+
 static const char *const pyd_cb_names[] = {"on_alloc",   "on_free",        "on_spill",
                                            "on_unspill", "on_pressure",    "select_victims",
                                            "store",      "retrieve"};

@@ -1,6 +1,12 @@
 /*
  * pybridge/pydmem.h - internal declarations shared by the files of the
- * CPython extension dmem._dmem (Python C API only).
+ * CPython extension dmem._dmem (Python C API only): the objects, then what
+ * each file exports, one section per file in layer order.
+ *
+ * Layers, bottom up (a file calls only functions of its own and of the files
+ * before it in this list; see README.md):
+ *   errors -> args -> stream -> view -> buffer -> controller -> launch
+ *   -> runtime -> module
  *
  * Threading model
  *  - Every C call that may spill, copy, synchronise or wait runs with the GIL
@@ -94,13 +100,9 @@ typedef struct pyd_view {
 
 enum { PYD_VIEW_NEW = 0, PYD_VIEW_LOCKED = 1, PYD_VIEW_DONE = 2 };
 
-extern PyTypeObject pyd_runtime_type;
-extern PyTypeObject pyd_buffer_type;
-extern PyTypeObject pyd_stream_type;
-extern PyTypeObject pyd_view_type;
+/* ---- errors.c: exceptions, the call context, callback errors ------------- */
 
-/* ---- calls with the GIL released ------------------------------------------ */
-
+/* The call context of a Python call waiting in C with the GIL released. */
 typedef struct pyd_ctx {
   struct pyd_ctx *prev;
   pyd_runtime_t *rt;
@@ -133,7 +135,22 @@ static inline void pyd_leave(pyd_ctx_t *c) {
  * the exception of `st`. Returns 0 when nothing was raised, -1 otherwise. */
 int pyd_finish(pyd_ctx_t *c, dmem_status_t st);
 
-/* ---- errors ------------------------------------------------------------------ */
+/* The status -> exception class table. errors.c maps statuses through it;
+ * module.c creates the classes from it at import and stores them in
+ * pyd_dmem_error and pyd_exc_types (same order as pyd_exc_defs). */
+enum { PYD_EXC_VALUE = 1, PYD_EXC_MEMORY = 2, PYD_EXC_OS = 3, PYD_EXC_DEVICE = 4 };
+
+typedef struct pyd_exc_def {
+  dmem_status_t status;
+  const char *name;            /* class name in the module */
+  int extra;                   /* PYD_EXC_*: base besides DmemError (0: none) */
+  const char *doc;
+} pyd_exc_def_t;
+
+extern const pyd_exc_def_t pyd_exc_defs[];
+extern const size_t pyd_exc_ndefs;
+extern PyObject *pyd_dmem_error;   /* dmem.DmemError */
+extern PyObject *pyd_exc_types[];  /* its subclasses, by pyd_exc_defs row */
 
 /* Raise the exception class of `st` with dmem_last_error_detail() (or
  * `detail` if not NULL). Returns NULL. */
@@ -148,44 +165,87 @@ void pyd_callback_failed(PyObject *where);
 /* Non-zero while the interpreter is shutting down (no Python callbacks). */
 int pyd_finalizing(void);
 
-/* ---- helpers used across files ----------------------------------------------- */
+/* ---- args.c: argument converters and checks --------------------------------- */
 
 /* 0 if rt is open; else ValueError("runtime is closed") and -1. */
 int pyd_runtime_check(pyd_runtime_t *rt);
+/* 0 if the Buffer may be used (not freed, runtime open); else StaleHandleError. */
+int pyd_buffer_check(pyd_buffer_t *b);
+/* An address from an int-like object; ValueError "<what> must be a
+ * non-negative 64-bit integer" when it does not fit. -1 on error. */
+int pyd_address_arg(PyObject *o, const char *what, void **out);
+/* A handle given as an int (o must be an int). -1 with ValueError on error. */
+int pyd_handle_int_arg(PyObject *o, dmem_handle_t *out);
+/* A size of Runtime(...): a non-negative int, or a str in the syntax of the
+ * DMEM_* variables, parsed by the C library's dmem_size_parse ("4096",
+ * "512M", "1.5G"; "80%" only when fraction != NULL). On success *bytes is
+ * the byte count (0 for a percentage) and *fraction, when given, the
+ * fraction (0 for a byte count); None leaves both alone. -1 on error:
+ * TypeError, or ValueError carrying dmem_last_error_detail(). */
+int pyd_size_arg(PyObject *o, const char *what, size_t *bytes, double *fraction);
+/* A priority class (an int that fits a C int). -1 on error. */
+int pyd_priority_arg(PyObject *o, int *out);
+/* A spill tier: 'host', 'disk' or 'controller'. -1 on error. */
+int pyd_tier_arg(PyObject *o, dmem_tier_t *out);
+/* Names of states and tiers, as the Python API spells them. */
+const char *pyd_state_name(dmem_state_t s);
+const char *pyd_tier_name(dmem_tier_t t);
+
+/* ---- stream.c: dmem.Stream and stream arguments ------------------------------ */
+
+extern PyTypeObject pyd_stream_type;
+/* New Stream of rt (Runtime.stream()); rt must be open. */
+PyObject *pyd_stream_new(pyd_runtime_t *rt);
 /* Convert a stream argument (None, dmem.Stream, or under CUDA an int address
  * or a CuPy/PyTorch/Numba/__cuda_stream__ stream object) into *out; *keep
  * receives a new reference to the object to keep alive while the stream is in
  * use (a Stream or a foreign stream object; NULL for None and ints). -1 with
  * an exception on error. */
 int pyd_stream_arg(pyd_runtime_t *rt, PyObject *o, dmem_stream_t *out, PyObject **keep);
-/* Handle of a Buffer of rt (or an int handle if allow_int). -1 on error. */
-int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out);
+
+/* ---- view.c: dmem.View (lock views, CUDA array interface, DLPack) ------------ */
+
+extern PyTypeObject pyd_view_type;
+int pyd_view_type_ready(void);
+/* View of a buffer on a stream argument (Buffer.lock()). */
+PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o);
+
+/* ---- buffer.c: dmem.Buffer ---------------------------------------------------- */
+
+extern PyTypeObject pyd_buffer_type;
 /* New Buffer object. owning = 0 gives a wrapper that does not free. */
 PyObject *pyd_buffer_new(pyd_runtime_t *rt, dmem_handle_t h, size_t size, int owning);
-/* 0 if the Buffer may be used (not freed, runtime open); else StaleHandleError. */
-int pyd_buffer_check(pyd_buffer_t *b);
-/* View of a buffer (view.c). */
-PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o);
-/* Names of states and tiers. */
-const char *pyd_state_name(dmem_state_t s);
-const char *pyd_tier_name(dmem_tier_t t);
+/* Handle of a Buffer of rt (or an int handle if allow_int). -1 on error. */
+int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out);
 
-/* Runtime (runtime_obj.c): the open runtimes (for atexit and fork), and
- * close with a timeout (< 0: wait for calls in flight as long as needed). */
-extern pyd_runtime_t *pyd_live_runtimes;
-int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s);
+/* ---- controller.c: controller bindings and trampolines ----------------------- */
 
-/* Controller (controller.c). */
+extern PyObject *pyd_controller_base; /* dmem.Controller, registered by the package */
+int pyd_controller_types_ready(void);
 PyObject *pyd_runtime_set_controller(pyd_runtime_t *self, PyObject *obj);
 PyObject *pyd_runtime_get_controller(pyd_runtime_t *self, void *closure);
 void pyd_bindings_mark_closing(pyd_runtime_t *self);
 void pyd_bindings_free(pyd_runtime_t *self);
 int pyd_bindings_traverse(pyd_runtime_t *self, visitproc visit, void *arg);
 void pyd_bindings_clear(pyd_runtime_t *self);
-extern PyObject *pyd_controller_base;
-int pyd_controller_types_ready(void); /* dmem.Controller, registered by the package */
 
-/* Views (view.c). */
-int pyd_view_type_ready(void);
+/* ---- launch.c: the Runtime's launch entry points and stream calls ------------ */
+
+/* Methods of dmem.Runtime (its method table is in runtime.c). */
+PyObject *pyd_runtime_lock_and_launch(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
+PyObject *pyd_runtime_launch_async(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
+PyObject *pyd_runtime_sync_and_unlock(pyd_runtime_t *self, PyObject *const *args,
+                                      Py_ssize_t nargs);
+PyObject *pyd_runtime_stream_release(pyd_runtime_t *self, PyObject *const *args,
+                                     Py_ssize_t nargs);
+PyObject *pyd_runtime_synchronize(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* ---- runtime.c: dmem.Runtime ------------------------------------------------- */
+
+extern PyTypeObject pyd_runtime_type;
+/* The open runtimes (for atexit and fork), and close with a timeout (< 0:
+ * wait for calls in flight as long as needed). */
+extern pyd_runtime_t *pyd_live_runtimes;
+int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s);
 
 #endif /* PYDMEM_H */

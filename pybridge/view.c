@@ -13,6 +13,9 @@
  * that hands out the address raises NotLockedError before __enter__ and after
  * __exit__. Arrays made from a view (numpy, CuPy, DLPack consumers) must not
  * be used after the block: the buffer may be spilled and its memory reused.
+ *
+ * This file sits below buffer.c: it reads a Buffer's fields and checks it
+ * with pyd_buffer_check (args.c), and Buffer.lock() calls pyd_view_new.
  */
 #include "pydmem.h"
 

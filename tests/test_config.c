@@ -194,6 +194,8 @@ TEST_CASE(size_parse_matches_env) {
   CHECK_STATUS(dmem_size_parse("-1", &b, NULL), DMEM_ERR_CONFIG);
   CHECK_STATUS(dmem_size_parse("12Q", &b, NULL), DMEM_ERR_CONFIG);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "12Q") != NULL);
+  CHECK_STATUS(dmem_size_parse("12Q", &b, &f), DMEM_ERR_CONFIG);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "or N% with") != NULL); /* not "N%%" */
   CHECK_STATUS(dmem_size_parse(NULL, &b, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_size_parse("1", NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
   /* the environment reading gives the same limit */

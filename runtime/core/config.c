@@ -56,10 +56,11 @@ dmem_status_t dmem_size_parse(const char *text, size_t *bytes_out, double *fract
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_size_parse: NULL argument");
   size_t bytes = 0;
   double frac = 0;
+  /* The "N%" below goes through %s, so it is written with a single '%'. */
   if (parse_size(text, &bytes, fraction_out ? &frac : NULL) != DMEM_OK)
     return dmem__error(DMEM_ERR_CONFIG,
                        "\"%s\": expected bytes (K/M/G/T suffix, powers of 1024)%s", text,
-                       fraction_out ? " or N%% with 0 < N <= 100" : "");
+                       fraction_out ? " or N% with 0 < N <= 100" : "");
   *bytes_out = bytes;
   if (fraction_out) *fraction_out = frac;
   return DMEM_OK;

@@ -99,6 +99,62 @@ def test_host_capacity_string():
         assert rt.stats()["device_capacity"] == 4 << 20
 
 
+# Size strings go through the C library's parser (dmem_size_parse): each one
+# means through Runtime(...) what it means in the DMEM_* variable.
+
+@pytest.mark.parametrize("text, expect", [
+    ("1.5G", 3 << 29),
+    ("512M", 512 << 20),
+    ("80%", 8 << 20),  # of a 10 MiB host_capacity: a whole number of bytes
+])
+def test_device_limit_string_same_as_environment(monkeypatch, text, expect):
+    capacity = 10 << 20
+    monkeypatch.delenv("DMEM_DEVICE_LIMIT", raising=False)
+    with dmem.Runtime(backend="host", host_capacity=capacity, device_limit=text) as rt:
+        from_arg = rt.stats()["device_limit"]
+    monkeypatch.setenv("DMEM_DEVICE_LIMIT", text)
+    with dmem.Runtime(backend="host", host_capacity=capacity) as rt:
+        from_env = rt.stats()["device_limit"]
+    assert from_arg == from_env == expect
+
+
+def _tiers_after_spilling(spill_dir, **kwargs):
+    """Spill eight 256 KiB buffers to the host tier; the host limit decides
+    how many stay there (the rest go straight to disk). stats() has no host
+    limit field: this is how the limit shows."""
+    with dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir),
+                      **kwargs) as rt:
+        bufs = [rt.alloc(256 << 10) for _ in range(8)]
+        for b in bufs:
+            b.spill("host")
+        s = rt.stats()
+        return [b.state for b in bufs], s["host_used"], s["disk_used"]
+
+
+@pytest.mark.parametrize("text, on_host", [
+    ("1.5G", 8),
+    ("512M", 8),
+    ("1.5M", 6),
+    ("512K", 2),
+])
+def test_host_limit_string_same_as_environment(monkeypatch, spill_dir, text, on_host):
+    monkeypatch.delenv("DMEM_HOST_LIMIT", raising=False)
+    from_arg = _tiers_after_spilling(spill_dir, host_limit=text)
+    monkeypatch.setenv("DMEM_HOST_LIMIT", text)
+    from_env = _tiers_after_spilling(spill_dir)
+    expect = (["deferred_host"] * on_host + ["deferred_disk"] * (8 - on_host),
+              on_host * (256 << 10), (8 - on_host) * (256 << 10))
+    assert from_arg == from_env == expect
+
+
+def test_malformed_size_string_names_the_parser_detail():
+    with pytest.raises(ValueError) as ei:
+        dmem.Runtime(backend="host", host_capacity=CAPACITY, device_limit="12Q")
+    msg = str(ei.value)
+    assert "device_limit" in msg and "12Q" in msg
+    assert "powers of 1024" in msg  # dmem_last_error_detail() of dmem_size_parse
+
+
 @pytest.mark.parametrize("kwargs", [
     {"backend": 1},
     {"backend": b"host"},

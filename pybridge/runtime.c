@@ -1,82 +1,19 @@
 /*
- * pybridge/runtime_obj.c - dmem.Runtime and dmem.Stream, the launch entry
- * points, eviction and statistics.
+ * pybridge/runtime.c - dmem.Runtime: creation from keyword arguments, close
+ * (waiting for calls in flight), alloc, streams, eviction and statistics,
+ * and the list of open runtimes that module.c closes at exit or disowns in a
+ * forked child.
+ *
+ * The launch entry points are in launch.c and the controller methods in
+ * controller.c; this file's method table lists them with its own.
  */
 #include "pydmem.h"
 
-#include <errno.h>
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 pyd_runtime_t *pyd_live_runtimes = NULL;
 
-/* ---- configuration arguments ---------------------------------------------- */
-
-/* Parse a size: None (0), a non-negative int, or a string "N", "N[KMGT][i][B]"
- * (powers of 1024) or, if fraction != NULL, "P%" (0 < P <= 100). */
-static int pyd_size_arg(PyObject *o, const char *what, size_t *bytes, double *fraction) {
-  if (o == Py_None) return 0;
-  if (PyBool_Check(o)) goto type_error;
-  if (PyIndex_Check(o)) {
-    PyObject *idx = PyNumber_Index(o);
-    if (!idx) return -1;
-    size_t v = PyLong_AsSize_t(idx);
-    Py_DECREF(idx);
-    if (v == (size_t)-1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      PyErr_Format(PyExc_ValueError, "%s must be a non-negative number of bytes", what);
-      return -1;
-    }
-    *bytes = v;
-    return 0;
-  }
-  if (PyUnicode_Check(o)) {
-    const char *s = PyUnicode_AsUTF8(o);
-    if (!s) return -1;
-    while (*s == ' ') s++;
-    char *end = NULL;
-    errno = 0;
-    if (fraction && strchr(s, '%')) {
-      double p = strtod(s, &end);
-      while (end && *end == ' ') end++;
-      if (end == s || !end || *end != '%' || end[1] != '\0' || !(p > 0.0 && p <= 100.0) ||
-          errno)
-        goto value_error;
-      *fraction = p / 100.0;
-      return 0;
-    }
-    if (*s < '0' || *s > '9') goto value_error;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s) goto value_error;
-    while (*end == ' ') end++;
-    unsigned shift = 0;
-    switch (*end) {
-      case 'k': case 'K': shift = 10; end++; break;
-      case 'm': case 'M': shift = 20; end++; break;
-      case 'g': case 'G': shift = 30; end++; break;
-      case 't': case 'T': shift = 40; end++; break;
-      default: break;
-    }
-    if (shift && (*end == 'i' || *end == 'I')) end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end != '\0') goto value_error;
-    if (shift && v > (~0ull >> shift)) goto value_error;
-    *bytes = (size_t)(v << shift);
-    return 0;
-  value_error:
-    PyErr_Format(PyExc_ValueError, "%s: malformed size %R (expected bytes, e.g. 1048576, '512M'%s)",
-                 what, o, fraction ? " or '80%'" : "");
-    return -1;
-  }
-type_error:
-  PyErr_Format(PyExc_TypeError, "%s must be an int or a str, not %.100s", what,
-               Py_TYPE(o)->tp_name);
-  return -1;
-}
-
-/* ---- Runtime ---------------------------------------------------------------- */
+/* ---- creation and close ------------------------------------------------------- */
 
 static void pyd_live_link(pyd_runtime_t *r) {
   r->live_prev = NULL;
@@ -263,6 +200,8 @@ static PyObject *pyd_runtime_exit(pyd_runtime_t *self, PyObject *args) {
   Py_RETURN_FALSE;
 }
 
+/* ---- calls -------------------------------------------------------------------- */
+
 /* alloc(nbytes, *, priority=0, pinned=False): the hot path; keep it thin. */
 static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames) {
@@ -307,20 +246,7 @@ static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, P
     return NULL;
   }
   int priority = 0;
-  if (prio_o) {
-    if (!PyLong_Check(prio_o) || PyBool_Check(prio_o)) {
-      PyErr_Format(PyExc_TypeError, "priority must be an int, not %.100s",
-                   Py_TYPE(prio_o)->tp_name);
-      return NULL;
-    }
-    int ovf = 0;
-    long p = PyLong_AsLongAndOverflow(prio_o, &ovf);
-    if (ovf || p < -2147483647L - 1 || p > 2147483647L) {
-      PyErr_SetString(PyExc_ValueError, "priority out of the range of a C int");
-      return NULL;
-    }
-    priority = (int)p;
-  }
+  if (prio_o && pyd_priority_arg(prio_o, &priority) < 0) return NULL;
   unsigned flags = DMEM_ALLOC_DEFAULT;
   if (pinned_o) {
     int t = PyObject_IsTrue(pinned_o);
@@ -361,223 +287,7 @@ static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, P
 
 static PyObject *pyd_runtime_stream(pyd_runtime_t *self, PyObject *unused) {
   if (pyd_runtime_check(self) < 0) return NULL;
-  pyd_stream_t *so = PyObject_New(pyd_stream_t, &pyd_stream_type);
-  if (!so) return NULL;
-  so->rt = NULL;
-  so->s = NULL;
-  so->views = 0;
-  pyd_ctx_t ctx;
-  dmem_stream_t s = NULL;
-  pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_stream_create(self->rt, &s);
-  pyd_leave(&ctx);
-  if (pyd_finish(&ctx, st) < 0) {
-    Py_DECREF(so);
-    return NULL;
-  }
-  Py_INCREF(self);
-  so->rt = self;
-  so->s = s;
-  return (PyObject *)so;
-}
-
-/* ---- launches ------------------------------------------------------------------ */
-
-typedef struct pyd_launch {
-  PyObject *fn;
-  PyObject *result; /* fn's return value */
-  PyObject *exc;    /* exception raised by fn */
-} pyd_launch_t;
-
-static dmem_status_t pyd_launch_trampoline(void *user, dmem_stream_t stream,
-                                           void *const *ptrs, size_t n) {
-  pyd_launch_t *L = user;
-  if (pyd_finalizing()) return DMEM_ERR_CALLBACK;
-  PyGILState_STATE g = PyGILState_Ensure();
-  dmem_status_t st = DMEM_ERR_CALLBACK;
-  PyObject *lst = PyList_New((Py_ssize_t)n), *s = NULL, *r = NULL;
-  if (!lst) goto fail;
-  for (size_t i = 0; i < n; i++) {
-    PyObject *p = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)ptrs[i]);
-    if (!p) goto fail;
-    PyList_SET_ITEM(lst, (Py_ssize_t)i, p);
-  }
-  if (stream) {
-    s = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)stream);
-    if (!s) goto fail;
-  } else {
-    s = Py_None;
-    Py_INCREF(s);
-  }
-  r = PyObject_CallFunctionObjArgs(L->fn, s, lst, NULL);
-  if (!r) goto fail;
-  Py_XSETREF(L->result, r);
-  st = DMEM_OK;
-  goto done;
-fail:
-  if (!L->exc) L->exc = pyd_fetch_exception();
-  else PyErr_WriteUnraisable(L->fn);
-done:
-  Py_XDECREF(lst);
-  Py_XDECREF(s);
-  PyGILState_Release(g);
-  return st;
-}
-
-/* Handles of a sequence of Buffers; *seq_out keeps them alive. */
-static int pyd_handles_arg(pyd_runtime_t *rt, PyObject *buffers, PyObject **seq_out,
-                           dmem_handle_t **hs_out, size_t *n_out) {
-  if (PyUnicode_Check(buffers) || PyBytes_Check(buffers) ||
-      PyObject_TypeCheck(buffers, &pyd_buffer_type)) {
-    PyErr_SetString(PyExc_TypeError, "buffers must be a sequence of dmem.Buffer");
-    return -1;
-  }
-  PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence of dmem.Buffer");
-  if (!seq) return -1;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  dmem_handle_t *hs = PyMem_Malloc(sizeof *hs * (size_t)(n ? n : 1));
-  if (!hs) {
-    Py_DECREF(seq);
-    PyErr_NoMemory();
-    return -1;
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    if (pyd_handle_arg(rt, PySequence_Fast_GET_ITEM(seq, i), 0, &hs[i]) < 0) {
-      PyMem_Free(hs);
-      Py_DECREF(seq);
-      return -1;
-    }
-  }
-  *seq_out = seq;
-  *hs_out = hs;
-  *n_out = (size_t)n;
-  return 0;
-}
-
-static PyObject *pyd_launch_finish(pyd_ctx_t *ctx, pyd_launch_t *L, dmem_status_t st) {
-  if (L->exc) {
-    /* fn raised: re-raise the original exception. */
-    if (ctx->exc) {
-      /* a controller callback raised too: attach it as context */
-      PyObject *old = ctx->exc;
-      ctx->exc = NULL;
-      if (PyExceptionInstance_Check(L->exc)) PyException_SetContext(L->exc, old);
-      else Py_DECREF(old);
-    }
-    PyObject *e = L->exc;
-    L->exc = NULL;
-    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-    Py_DECREF(e);
-    Py_CLEAR(L->result);
-    return NULL;
-  }
-  if (pyd_finish(ctx, st) < 0) {
-    Py_CLEAR(L->result);
-    return NULL;
-  }
-  if (!L->result) Py_RETURN_NONE;
-  return L->result;
-}
-
-static PyObject *pyd_runtime_lock_and_launch(pyd_runtime_t *self, PyObject *args,
-                                             PyObject *kwds) {
-  static char *kwlist[] = {"buffers", "fn", NULL};
-  PyObject *buffers, *fn;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:lock_and_launch", kwlist, &buffers, &fn))
-    return NULL;
-  if (!PyCallable_Check(fn)) {
-    PyErr_Format(PyExc_TypeError, "fn must be callable, not %.100s", Py_TYPE(fn)->tp_name);
-    return NULL;
-  }
-  if (pyd_runtime_check(self) < 0) return NULL;
-  PyObject *seq;
-  dmem_handle_t *hs;
-  size_t n;
-  if (pyd_handles_arg(self, buffers, &seq, &hs, &n) < 0) return NULL;
-  pyd_launch_t L = {fn, NULL, NULL};
-  pyd_ctx_t ctx;
-  pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_lock_and_launch(self->rt, hs, n, pyd_launch_trampoline, &L);
-  pyd_leave(&ctx);
-  PyMem_Free(hs);
-  Py_DECREF(seq);
-  return pyd_launch_finish(&ctx, &L, st);
-}
-
-static PyObject *pyd_runtime_launch_async(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"stream", "buffers", "fn", NULL};
-  PyObject *stream_o, *buffers, *fn;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:launch_async", kwlist, &stream_o, &buffers,
-                                   &fn))
-    return NULL;
-  if (!PyCallable_Check(fn)) {
-    PyErr_Format(PyExc_TypeError, "fn must be callable, not %.100s", Py_TYPE(fn)->tp_name);
-    return NULL;
-  }
-  if (pyd_runtime_check(self) < 0) return NULL;
-  dmem_stream_t s;
-  PyObject *keep;
-  if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) return NULL;
-  PyObject *seq;
-  dmem_handle_t *hs;
-  size_t n;
-  if (pyd_handles_arg(self, buffers, &seq, &hs, &n) < 0) {
-    Py_XDECREF(keep);
-    return NULL;
-  }
-  pyd_launch_t L = {fn, NULL, NULL};
-  pyd_ctx_t ctx;
-  pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_launch_async(self->rt, s, hs, n, pyd_launch_trampoline, &L);
-  pyd_leave(&ctx);
-  PyMem_Free(hs);
-  Py_DECREF(seq);
-  Py_XDECREF(keep);
-  return pyd_launch_finish(&ctx, &L, st);
-}
-
-typedef dmem_status_t (*pyd_stream_op_t)(dmem_runtime_t *, dmem_stream_t);
-
-static PyObject *pyd_runtime_stream_op(pyd_runtime_t *self, PyObject *stream_o,
-                                       pyd_stream_op_t op) {
-  if (pyd_runtime_check(self) < 0) return NULL;
-  dmem_stream_t s;
-  PyObject *keep;
-  if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) return NULL;
-  pyd_ctx_t ctx;
-  pyd_enter(&ctx, self, 1);
-  dmem_status_t st = op(self->rt, s);
-  pyd_leave(&ctx);
-  Py_XDECREF(keep);
-  if (pyd_finish(&ctx, st) < 0) return NULL;
-  Py_RETURN_NONE;
-}
-
-static PyObject *pyd_runtime_sync_and_unlock(pyd_runtime_t *self, PyObject *const *args,
-                                             Py_ssize_t nargs) {
-  if (nargs > 1) {
-    PyErr_SetString(PyExc_TypeError, "sync_and_unlock() takes at most 1 argument (stream)");
-    return NULL;
-  }
-  return pyd_runtime_stream_op(self, nargs ? args[0] : Py_None, dmem_sync_and_unlock);
-}
-
-static PyObject *pyd_runtime_stream_release(pyd_runtime_t *self, PyObject *const *args,
-                                            Py_ssize_t nargs) {
-  if (nargs > 1) {
-    PyErr_SetString(PyExc_TypeError, "stream_release() takes at most 1 argument (stream)");
-    return NULL;
-  }
-  return pyd_runtime_stream_op(self, nargs ? args[0] : Py_None, dmem_stream_release);
-}
-
-static PyObject *pyd_runtime_synchronize(pyd_runtime_t *self, PyObject *const *args,
-                                         Py_ssize_t nargs) {
-  if (nargs > 1) {
-    PyErr_SetString(PyExc_TypeError, "synchronize() takes at most 1 argument (stream)");
-    return NULL;
-  }
-  return pyd_runtime_stream_op(self, nargs ? args[0] : Py_None, dmem_stream_synchronize);
+  return pyd_stream_new(self);
 }
 
 static PyObject *pyd_runtime_evict(pyd_runtime_t *self, PyObject *arg) {
@@ -639,6 +349,8 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
       (unsigned long long)s.oom_evictions, "cancelled_spills",
       (unsigned long long)s.cancelled_spills);
 }
+
+/* ---- properties and the type ------------------------------------------------ */
 
 static PyObject *pyd_runtime_get_backend(pyd_runtime_t *self, void *closure) {
   return PyUnicode_FromString(self->backend == DMEM_BACKEND_CUDA ? "cuda" : "host");
@@ -711,138 +423,14 @@ PyTypeObject pyd_runtime_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
               "        spill_dir=None, host_capacity=None)\n\n"
-              "A dmem runtime. device_limit: bytes, '512M' or '80%'; host_limit: bytes of\n"
-              "spilled data kept in host memory (None: unlimited); host_capacity: simulated\n"
-              "device memory of the host backend. Context manager; close() destroys it.",
+              "A dmem runtime. device_limit: bytes, '512M', '1.5G' or '80%'; host_limit: bytes\n"
+              "of spilled data kept in host memory (None: unlimited); host_capacity: simulated\n"
+              "device memory of the host backend. Strings are read as the DMEM_* variables\n"
+              "are. Context manager; close() destroys it.",
     .tp_traverse = (traverseproc)pyd_runtime_traverse,
     .tp_clear = (inquiry)pyd_runtime_clear,
     .tp_weaklistoffset = offsetof(pyd_runtime_t, weakreflist),
     .tp_methods = pyd_runtime_methods,
     .tp_getset = pyd_runtime_getset,
     .tp_new = pyd_runtime_new,
-};
-
-/* ---- Stream ------------------------------------------------------------------- */
-
-static int pyd_stream_check(pyd_stream_t *self) {
-  if (!self->s || !self->rt) {
-    PyErr_SetString(PyExc_ValueError, "stream is closed");
-    return -1;
-  }
-  return pyd_runtime_check(self->rt);
-}
-
-static PyObject *pyd_stream_synchronize(pyd_stream_t *self, PyObject *unused) {
-  if (pyd_stream_check(self) < 0) return NULL;
-  pyd_ctx_t ctx;
-  pyd_enter(&ctx, self->rt, 1);
-  dmem_status_t st = dmem_stream_synchronize(self->rt->rt, self->s);
-  pyd_leave(&ctx);
-  if (pyd_finish(&ctx, st) < 0) return NULL;
-  Py_RETURN_NONE;
-}
-
-static PyObject *pyd_stream_close(pyd_stream_t *self, PyObject *unused) {
-  if (!self->s) Py_RETURN_NONE;
-  if (!self->rt->rt) { /* the runtime destroyed it */
-    self->s = NULL;
-    Py_RETURN_NONE;
-  }
-  if (pyd_runtime_check(self->rt) < 0) return NULL;
-  if (self->views > 0) return pyd_raise(DMEM_ERR_BUSY, "stream has open lock views");
-  pyd_ctx_t ctx;
-  pyd_enter(&ctx, self->rt, 1);
-  dmem_status_t st = dmem_stream_destroy(self->rt->rt, self->s);
-  pyd_leave(&ctx);
-  if (st == DMEM_OK) self->s = NULL;
-  if (pyd_finish(&ctx, st) < 0) return NULL;
-  Py_RETURN_NONE;
-}
-
-static void pyd_stream_dealloc(pyd_stream_t *self) {
-  if (self->rt) {
-    if (self->s && self->rt->rt && !self->rt->closing) {
-      pyd_ctx_t ctx;
-      pyd_enter(&ctx, self->rt, 0);
-      dmem_status_t st = dmem_stream_destroy(self->rt->rt, self->s);
-      if (st == DMEM_ERR_BUSY) { /* launch_async without a sync: finish it */
-        dmem_sync_and_unlock(self->rt->rt, self->s);
-        dmem_stream_destroy(self->rt->rt, self->s);
-      }
-      pyd_leave(&ctx);
-    }
-    Py_DECREF(self->rt);
-  }
-  PyObject_Free(self);
-}
-
-static PyObject *pyd_stream_int(pyd_stream_t *self) {
-  if (!self->s) {
-    PyErr_SetString(PyExc_ValueError, "stream is closed");
-    return NULL;
-  }
-  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)self->s);
-}
-
-static PyObject *pyd_stream_enter(pyd_stream_t *self, PyObject *unused) {
-  if (pyd_stream_check(self) < 0) return NULL;
-  Py_INCREF(self);
-  return (PyObject *)self;
-}
-
-static PyObject *pyd_stream_exit(pyd_stream_t *self, PyObject *args) {
-  PyObject *r = pyd_stream_close(self, NULL);
-  if (!r) return NULL;
-  Py_DECREF(r);
-  Py_RETURN_FALSE;
-}
-
-static PyObject *pyd_stream_cuda_stream(pyd_stream_t *self, PyObject *unused) {
-  if (!self->s) {
-    PyErr_SetString(PyExc_ValueError, "stream is closed");
-    return NULL;
-  }
-  return Py_BuildValue("(iK)", 0, (unsigned long long)(uintptr_t)self->s);
-}
-
-static PyObject *pyd_stream_get_closed(pyd_stream_t *self, void *closure) {
-  return PyBool_FromLong(!self->s || !self->rt || !self->rt->rt);
-}
-
-static PyObject *pyd_stream_repr(pyd_stream_t *self) {
-  if (!self->s) return PyUnicode_FromString("<dmem.Stream closed>");
-  return PyUnicode_FromFormat("<dmem.Stream %p>", self->s);
-}
-
-static PyMethodDef pyd_stream_methods[] = {
-    {"synchronize", (PyCFunction)pyd_stream_synchronize, METH_NOARGS,
-     "Block until the work queued on this stream has completed."},
-    {"close", (PyCFunction)pyd_stream_close, METH_NOARGS,
-     "Destroy the stream (BusyError while buffers are registered on it or views use it)."},
-    {"__enter__", (PyCFunction)pyd_stream_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)pyd_stream_exit, METH_VARARGS, NULL},
-    {"__cuda_stream__", (PyCFunction)pyd_stream_cuda_stream, METH_NOARGS,
-     "CUDA stream protocol: (0, address)."},
-    {NULL, NULL, 0, NULL}};
-
-static PyGetSetDef pyd_stream_getset[] = {
-    {"closed", (getter)pyd_stream_get_closed, NULL, "True after close()", NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
-
-static PyNumberMethods pyd_stream_as_number = {
-    .nb_int = (unaryfunc)pyd_stream_int,
-    .nb_index = (unaryfunc)pyd_stream_int,
-};
-
-PyTypeObject pyd_stream_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dmem.Stream",
-    .tp_basicsize = sizeof(pyd_stream_t),
-    .tp_dealloc = (destructor)pyd_stream_dealloc,
-    .tp_repr = (reprfunc)pyd_stream_repr,
-    .tp_as_number = &pyd_stream_as_number,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A stream of a dmem runtime (from Runtime.stream()). int(stream) is its address\n"
-              "(the cudaStream_t under CUDA).",
-    .tp_methods = pyd_stream_methods,
-    .tp_getset = pyd_stream_getset,
 };
