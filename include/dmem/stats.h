@@ -25,8 +25,16 @@ typedef struct dmem_stats {
   uint64_t unspill_count;    /**< completed retrieves (any tier -> device) */
   uint64_t bytes_spilled;
   uint64_t bytes_unspilled;
-  double seconds_spilling;   /**< wall time spent in spill copies */
-  double seconds_unspilling; /**< wall time spent setting up retrieves (to enqueue) */
+  /** Wall time of the spill calls, summed over threads: staging, the
+   *  device->host copy (a spill waits for it), and the disk write or the
+   *  controller's store. Tier changes (host -> disk) count too. */
+  double seconds_spilling;
+  /** Wall time of the retrieves, summed over threads, up to the moment the
+   *  host->device copy is enqueued on the locker's stream: device memory
+   *  (including any spilling that needs), the disk read or the controller's
+   *  retrieve, and enqueueing. The copy itself runs asynchronously, ordered
+   *  before the locker's next work, and is not included. */
+  double seconds_unspilling;
   uint64_t oom_evictions;    /**< buffers spilled because an allocation needed room */
   uint64_t cancelled_spills; /**< spills cancelled by a lock */
 } dmem_stats_t;

@@ -17,12 +17,16 @@ import sys
 
 def read_table(path):
     layers = []  # (name, [prefixes]) bottom first
+    public_only = set()  # ranks that may call only public dmem_* functions
     with open(path) as f:
         for line in f:
             line = line.split("#", 1)[0].split()
             if line:
+                if len(line) > 1 and line[1] == "public":
+                    public_only.add(len(layers))
+                    line = [line[0]] + line[2:]
                 layers.append((line[0], line[1:]))
-    return layers
+    return layers, public_only
 
 
 def layer_of(src, layers):
@@ -35,7 +39,7 @@ def layer_of(src, layers):
     return best
 
 
-def objects(build, layers):
+def objects(build, layers, source_root):
     prefixes = [p for _, paths in layers for p in paths]
     found = {}
     for root, _, files in os.walk(build):
@@ -51,6 +55,9 @@ def objects(build, layers):
             sub = rel.split("/CMakeFiles/")[0] if "/CMakeFiles/" in rel else ""
             if sub and not src.startswith(sub + "/"):
                 src = sub + "/" + src
+            # an object whose source was removed since is stale, not code
+            if not os.path.exists(os.path.join(source_root, src)):
+                continue
             if any(src.startswith(p) or src == p for p in prefixes):
                 found.setdefault(src, os.path.join(root, f))
     return found
@@ -58,8 +65,9 @@ def objects(build, layers):
 
 def main():
     nm, build, table = sys.argv[1:4]
-    layers = read_table(table)
-    objs = objects(build, layers)
+    layers, public_only = read_table(table)
+    source_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(table))))
+    objs = objects(build, layers, source_root)
     if not objs:
         print(f"no objects under {build} for the table's paths: build first")
         return 1
@@ -88,6 +96,10 @@ def main():
             if rank[src] is not None and rank[d] is not None and rank[d] > rank[src]:
                 errors.append(f"{src} ({layers[rank[src]][0]}) calls {s} of {d} "
                               f"({layers[rank[d]][0]}), a higher layer")
+            elif (rank[src] in public_only and rank[d] not in public_only
+                  and s.startswith("dmem__")):
+                errors.append(f"{src} ({layers[rank[src]][0]}) calls {s} of {d}, "
+                              f"an internal function (public API only)")
     # circles: strongly connected components (Tarjan)
     index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
 
