@@ -323,7 +323,7 @@ static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
 
 /* stats() returns every field of dmem_stats_t: a new field must be added to
  * the dict below (and to STATS_FIELDS in tests/python/test_runtime.py). */
-_Static_assert(sizeof(dmem_stats_t) == 9 * sizeof(size_t) + 6 * sizeof(uint64_t) +
+_Static_assert(sizeof(dmem_stats_t) == 11 * sizeof(size_t) + 8 * sizeof(uint64_t) +
                                            2 * sizeof(double),
                "dmem_stats_t changed: update pyd_runtime_stats");
 
@@ -336,7 +336,7 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) return NULL;
   return Py_BuildValue(
-      "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K}",
+      "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K,s:n,s:n,s:K,s:K}",
       "device_capacity", (Py_ssize_t)s.device_capacity, "device_limit", (Py_ssize_t)s.device_limit,
       "device_used", (Py_ssize_t)s.device_used, "device_locked", (Py_ssize_t)s.device_locked,
       "device_pinned", (Py_ssize_t)s.device_pinned, "host_used", (Py_ssize_t)s.host_used,
@@ -347,7 +347,9 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
       (unsigned long long)s.bytes_unspilled, "seconds_spilling", s.seconds_spilling,
       "seconds_unspilling", s.seconds_unspilling, "oom_evictions",
       (unsigned long long)s.oom_evictions, "cancelled_spills",
-      (unsigned long long)s.cancelled_spills);
+      (unsigned long long)s.cancelled_spills, "device_reserved", (Py_ssize_t)s.device_reserved,
+      "raw_used", (Py_ssize_t)s.raw_used, "pool_hits", (unsigned long long)s.pool_hits,
+      "pool_misses", (unsigned long long)s.pool_misses);
 }
 
 /* ---- properties and the type ------------------------------------------------ */

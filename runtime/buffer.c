@@ -14,21 +14,32 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: unknown flags 0x%x", flags);
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
-  void *dev = NULL;
-  st = dmem__pressure_alloc(rt, size, &dev);
+  /* The buffer has no stream yet: its block is taken in the order stream's
+   * order. If the pool made that stream wait for the block's last use (a
+   * spill copy, say), lockers order their streams after an event recorded
+   * there, as after an unspill copy (UNSPILL_COPY). */
+  void *dev = NULL, *ready = NULL;
+  bool ordered = false;
+  st = dmem__pressure_alloc(rt, size, rt->order_stream, &dev, &ordered);
   if (st != DMEM_OK) return st;
+  if (ordered) {
+    st = dmem__event_get(rt, &ready);
+    if (st == DMEM_OK)
+      st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ready, rt->order_stream));
+  }
   uint32_t slot;
-  dmem__buffer_t *b;
-  st = dmem__table_take(rt->table, &slot, &b);
+  dmem__buffer_t *b = NULL;
+  if (st == DMEM_OK) st = dmem__table_take(rt->table, &slot, &b);
   if (st != DMEM_OK) {
-    dmem__device_release(rt, dev, size);
+    if (ready) dmem__event_put(rt, ready);
+    dmem__device_release(rt, dev, size, rt->order_stream);
     return st;
   }
   dmem_atomic_store_relaxed(&b->size, size);
   dmem_atomic_store_relaxed(&b->flags, flags);
-  b->dev = dev;
+  dmem_atomic_store_relaxed(&b->dev, dev);
   b->host = NULL;
-  b->unspill_event = NULL;
+  b->unspill_event = ready;
   dmem_atomic_store_relaxed(&b->spill_event, NULL);
   dmem_atomic_store_relaxed(&b->priority, 0);
   dmem_atomic_store_relaxed(&b->spill_count, 0);
@@ -40,8 +51,10 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
   /* release: publishes the fields above; partner is the acquire load in
    * dmem_lock and every other handle-taking call */
   dmem_atomic_store_release(&b->word, (gen << DMEM__GEN_SHIFT) |
-                                          ((uint64_t)DMEM_STATE_RESIDENT << DMEM__STATE_SHIFT));
+                                          ((uint64_t)DMEM_STATE_RESIDENT << DMEM__STATE_SHIFT) |
+                                          (ready ? DMEM__F_UNSPILL_COPY : 0));
   dmem_handle_t h = (gen << 32) | slot;
+  if (ready) dmem__staging_push(rt, b, h); /* clears UNSPILL_COPY once it completes */
   dmem__emit(rt, DMEM_EVENT_ALLOC, h, size, DMEM_TIER_DEVICE, 0);
   *h_out = h;
   return DMEM_OK;
@@ -107,7 +120,7 @@ dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void
   if (dmem__w_gen(w) == dmem__h_gen(h) && (w & slow_bits) == 0 &&
       dmem__w_count(w) < DMEM_LOCK_COUNT_MAX && !dmem_atomic_load_relaxed(&rt->fatal)) {
     if (dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
-      *dev_out = b->dev;
+      *dev_out = dmem__bdev(b);
       if (b_out) *b_out = b;
       return DMEM_OK;
     }

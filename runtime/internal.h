@@ -50,6 +50,8 @@ typedef struct dmem__pending {
 } dmem__pending_t;
 
 typedef struct dmem__hostpool dmem__hostpool_t;
+typedef struct dmem__raw dmem__raw_t;
+typedef struct dmem__pool dmem__pool_t;
 typedef struct dmem__disk dmem__disk_t;
 
 /* ---- the runtime ------------------------------------------------------------ */
@@ -64,11 +66,16 @@ struct dmem_runtime {
   dmem__table_t *table;        /* core */
   dmem__registry_t reg;        /* API */
   dmem__hostpool_t *hostpool;  /* memory */
+  dmem__pool_t *pool;          /* memory: every device byte of the runtime */
+  dmem__raw_t *raw;            /* memory: live raw allocations */
 
   pthread_mutex_t disk_mu;      /* creates the disk tier lazily */
   _Atomic(dmem__disk_t *) disk; /* release in spill/tier_disk.c, acquire by readers */
 
   void *spill_stream; /* device->host copies of spills */
+  /* Buffers allocated without a stream (dmem_alloc) get pool blocks in this
+   * stream's order; it carries nothing but the waits the pool enqueues. */
+  void *order_stream;
 
   pthread_mutex_t evpool_mu; /* core/event.c */
   void **evpool;
@@ -108,6 +115,7 @@ struct dmem_runtime {
   /* Accounting (relaxed counters). */
   _Alignas(64) _Atomic size_t device_used;  /* reserved for resident buffers */
   _Atomic size_t device_pinned;
+  _Atomic size_t raw_used;        /* of device_used: live raw allocations */
   _Atomic size_t host_used;       /* the host tier's copies (DEFERRED_HOST) */
   _Atomic size_t disk_used;
   _Atomic size_t controller_used;

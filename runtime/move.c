@@ -30,7 +30,7 @@ dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out) {
   if (st != DMEM_OK) return st;
   dmem__spill_poll(rt);
   size_t freed = 0;
-  st = dmem__evict(rt, bytes, false, &freed, NULL);
+  st = dmem__evict(rt, bytes, 0, false, &freed, NULL);
   if (st != DMEM_OK) return st;
   if (freed_out) *freed_out = freed;
   return DMEM_OK;

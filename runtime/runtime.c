@@ -39,6 +39,16 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->disk_mu);
 }
 
+/* The pool's first slab: a sixteenth of the limit, between 2 MiB and 1 GiB
+ * (later slabs double). Large enough that the first allocations do not pay
+ * a cudaMalloc each, small enough not to hold memory nobody asked for. */
+static size_t first_slab(size_t limit) {
+  size_t s = limit / 16;
+  if (s < ((size_t)2 << 20)) s = (size_t)2 << 20;
+  if (s > ((size_t)1 << 30)) s = (size_t)1 << 30;
+  return s;
+}
+
 static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
   switch (cfg->backend) {
     case DMEM_BACKEND_HOST: return dmem__backend_host_create(cfg, be_out);
@@ -106,14 +116,26 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   rt->host_limit = cfg.host_limit;
   st = dmem__hostpool_create(rt->be, &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
-  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
+  if (st != DMEM_OK) goto fail_hostpool;
+  st = dmem__raw_create(&rt->raw);
   if (st != DMEM_OK) goto fail_pool;
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  if (st != DMEM_OK) goto fail_raw;
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->order_stream));
+  if (st != DMEM_OK) goto fail_spill_stream;
   DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
               rt->be->name, rt->capacity, rt->limit, rt->host_limit);
   *rt_out = rt;
   return DMEM_OK;
 
+fail_spill_stream:
+  (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+fail_raw:
+  dmem__raw_destroy(rt->raw);
 fail_pool:
+  dmem__pool_destroy(rt->pool);
+fail_hostpool:
   dmem__hostpool_destroy(rt->hostpool);
 fail_backend:
   rt->be->destroy(rt->be);
@@ -148,6 +170,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  (void)rt->be->stream_synchronize(rt->be, rt->order_stream);
   dmem__registry_fini(rt);
   dmem__staging_fini(rt);
   /* Free every buffer still alive, locked ones too. */
@@ -157,13 +180,18 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
     if (!b) break;
     uint64_t w = dmem_atomic_load_relaxed(&b->word);
     if (dmem__w_state(w) == DMEM__STATE_FREE) continue;
-    w = (w & ~(DMEM__COUNT_MASK | DMEM__F_TRANSIT | DMEM__F_SPILL_COPY)) | DMEM__F_FREED;
+    w = (w & ~(DMEM__COUNT_MASK | DMEM__F_TRANSIT)) | DMEM__F_FREED;
     dmem_atomic_store_relaxed(&b->word, w);
     dmem__reclaim(rt, b, w);
   }
   dmem__event_pool_fini(rt);
   dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
+  dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */
+  dmem__pool_stream_forget(rt->pool, rt->spill_stream);
+  dmem__pool_stream_forget(rt->pool, rt->order_stream);
+  dmem__pool_destroy(rt->pool);
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+  (void)rt->be->stream_destroy(rt->be, rt->order_stream);
   dmem__hostpool_destroy(rt->hostpool);
   rt->be->destroy(rt->be);
   destroy_mutexes(rt);

@@ -26,6 +26,12 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.seconds_unspilling = (double)dmem_atomic_load_relaxed(&rt->ns_unspilling) * 1e-9;
   s.oom_evictions = dmem_atomic_load_relaxed(&rt->oom_evictions);
   s.cancelled_spills = dmem_atomic_load_relaxed(&rt->cancelled_spills);
+  s.raw_used = dmem_atomic_load_relaxed(&rt->raw_used);
+  dmem__pool_stats_t ps;
+  dmem__pool_stats(rt->pool, &ps);
+  s.device_reserved = ps.reserved;
+  s.pool_hits = ps.hits;
+  s.pool_misses = ps.misses;
   /* Locked bytes are counted here rather than on every lock, keeping the
    * lock fast path to one CAS. */
   uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */

@@ -20,6 +20,8 @@ dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
                        "stream %p still has locked buffers registered: call "
                        "dmem_sync_and_unlock first",
                        s);
+  /* the pool must not take a later stream at this address for this one */
+  dmem__pool_stream_forget(rt->pool, s);
   return dmem__fatal_keep(rt, rt->be->stream_destroy(rt->be, s));
 }
 

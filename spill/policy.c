@@ -43,8 +43,22 @@ static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
   return st;
 }
 
-dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, bool on_demand, size_t *freed_out,
-                          dmem_status_t *first_error_out) {
+/* The first candidate (in policy order) whose block, freed, would join the
+ * free ranges beside it into one of at least `contig` bytes; -1 if none. */
+static long find_range_maker(dmem_runtime_t *rt, const candidate_t *cand, size_t n,
+                             size_t contig) {
+  size_t want = dmem__pool_block_size(contig);
+  dmem__pool_flush(rt->pool); /* cached free blocks count as free ranges */
+  for (size_t i = 0; i < n; i++) {
+    void *dev = dmem__bdev(cand[i].b); /* a hint: the spill re-validates */
+    if (dev && dmem__pool_range_if_freed(rt->pool, dev, dmem__bsize(cand[i].b)) >= want)
+      return (long)i;
+  }
+  return -1;
+}
+
+dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool on_demand,
+                          size_t *freed_out, dmem_status_t *first_error_out) {
   size_t freed = 0;
   dmem_status_t first = DMEM_OK;
   dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
@@ -95,7 +109,19 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, bool on_demand, size_
       n++;
     }
     qsort(cand, n, sizeof *cand, cmp_candidates);
+    long first_pick = contig ? find_range_maker(rt, cand, n, contig) : -1;
+    if (first_pick >= 0) {
+      /* One victim that makes the range beats several that do not. */
+      dmem_status_t st = spill_victim(rt, cand[first_pick].b, cand[first_pick].h, on_demand,
+                                      &freed, &first);
+      if (hopeless(st)) {
+        free(cand);
+        return st;
+      }
+      if (st == DMEM_OK && dmem__pool_fits(rt->pool, contig, NULL)) need = freed;
+    }
     for (size_t i = 0; i < n && freed < need; i++) {
+      if ((long)i == first_pick) continue;
       dmem_status_t st = spill_victim(rt, cand[i].b, cand[i].h, on_demand, &freed, &first);
       if (hopeless(st)) {
         free(cand);

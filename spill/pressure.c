@@ -17,16 +17,17 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__staging_poll(rt, false);
 }
 
-dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void **dev_out) {
+dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
+                                   void **dev_out, bool *ordered_out) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
-  bool told = false;
+  bool told = false, trimmed = false;
   for (;;) {
     size_t need = 0;
-    dmem_status_t st = dmem__device_alloc(rt, size, dev_out, &need);
+    dmem_status_t st = dmem__device_alloc(rt, size, stream, dev_out, ordered_out, &need);
     if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
     dmem__spill_poll(rt);
     if (!told && dmem_atomic_load_relaxed(&rt->has_ctl)) {
@@ -37,17 +38,30 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void **dev_o
       continue;
     }
     told = false;
+    /* When the pool has no range for `size` now, freeing bytes is not
+     * enough: they must make one contiguous range. */
+    size_t contig = dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
-    st = dmem__evict(rt, need, true, &freed, &err);
+    st = dmem__evict(rt, need, contig, true, &freed, &err);
     if (st != DMEM_OK) return st;
     if (err != DMEM_OK) last_err = err;
     if (freed > 0) {
       deadline = 0;
+      trimmed = false;
       continue;
     }
-    /* Nothing could be spilled now. Other threads' moves or pending stream
-     * releases may still free memory: wait for them, with a deadline. */
+    /* Nothing left to spill. Empty slabs may be in the way of a larger one
+     * (or of other users of the device): give them back once. */
+    if (!trimmed) {
+      trimmed = true;
+      size_t released = 0;
+      if (dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, 0, &released)) == DMEM_OK &&
+          released > 0)
+        continue;
+    }
+    /* Other threads' moves or pending stream releases may still free
+     * memory: wait for them, with a deadline. */
     bool hope = dmem_atomic_load_relaxed(&rt->spills_in_flight) > 0 ||
                 dmem_atomic_load_relaxed(&rt->npending) > 0;
     uint64_t now = dmem__now_ns();
@@ -55,6 +69,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void **dev_o
       if (deadline == 0) deadline = now + DMEM__OOM_PATIENCE_NS;
       if (now < deadline) {
         dmem__transit_wait_any(rt, 1000u * 1000);
+        trimmed = false;
         continue;
       }
     }

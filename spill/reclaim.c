@@ -17,8 +17,18 @@ void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w) {
      * memory: wait for it before freeing either. */
     (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, b->unspill_event));
   }
+  if (w & DMEM__F_SPILL_COPY) {
+    /* A spill copy may still write the host tier's copy (DEFERRED_HOST), or
+     * read the device memory (a cancelled spill not yet undone cannot be
+     * here: its owner holds TRANSIT). */
+    void *ev = dmem_atomic_load_relaxed(&b->spill_event);
+    (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+    dmem_atomic_store_relaxed(&b->spill_event, NULL);
+    dmem__event_put(rt, ev);
+  }
   if (state == DMEM_STATE_RESIDENT) {
-    dmem__device_release(rt, b->dev, size);
+    /* unlocked and freed: the last user's work is done */
+    dmem__device_release_after(rt, dmem__bdev(b), size, NULL);
     if (dmem__bflags(b) & DMEM_ALLOC_PINNED) dmem_atomic_sub_relaxed(&rt->device_pinned, size);
   } else {
     const dmem__tier_ops_t *tier = dmem__tier_of_state(state);

@@ -37,10 +37,15 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   DMEM_ASSERT(tier != NULL);
   size_t size = dmem__bsize(b);
   void *dev = NULL;
-  dmem_status_t st = dmem__pressure_alloc(rt, size, &dev);
+  /* a spill into the host tier may still be copying: order after it */
+  void *spill_ev = (dmem_atomic_load_relaxed(&b->word) & DMEM__F_SPILL_COPY)
+                       ? dmem_atomic_load_relaxed(&b->spill_event)
+                       : NULL;
+  dmem_status_t st = dmem__pressure_alloc(rt, size, stream, &dev, NULL);
   if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
   if (st != DMEM_OK) goto rollback;
-  if (!b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
+  if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, spill_ev));
+  if (st == DMEM_OK && !b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
   if (st == DMEM_OK)
     st = dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dev, b->host, size, stream));
   if (st == DMEM_OK)
@@ -50,7 +55,11 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     if (!tier->adopts_staging) dmem__host_copy_release(rt, b); /* the tier keeps its copy */
     goto rollback;
   }
-  b->dev = dev;
+  dmem_atomic_store_relaxed(&b->dev, dev);
+  if (spill_ev) { /* our stream's wait captured it: the event may go back */
+    dmem_atomic_store_relaxed(&b->spill_event, NULL);
+    dmem__event_put(rt, spill_ev);
+  }
   /* The tier forgets the buffer; b->host is now staging, recycled once the
    * copy is done (spill/staging.c). */
   tier->drop(rt, b, h);
@@ -62,12 +71,13 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
    * acquire */
   uint64_t nw = dmem__move_end(rt, b,
                                (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
-                                                      .set = DMEM__F_UNSPILL_COPY});
+                                                      .set = DMEM__F_UNSPILL_COPY,
+                                                      .clear = DMEM__F_SPILL_COPY});
   if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_UNSPILL, h, size, tier->tier, 0);
   return DMEM_OK;
 
 rollback:
-  if (dev) dmem__device_release(rt, dev, size);
+  if (dev) dmem__device_release(rt, dev, size, stream);
   dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(from), .drop_lock = locking});
   return st;
 }
@@ -108,7 +118,7 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
         if (locking) (void)dmem__unlock_buffer(rt, b, h);
         return st;
       }
-      if (dev_out) *dev_out = b->dev;
+      if (dev_out) *dev_out = dmem__bdev(b);
       return DMEM_OK;
     }
     if (moving) {
@@ -120,7 +130,7 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
     if (!dmem__transit_take(b, &w, DMEM_STATE_UNSPILLING, locks)) continue;
     st = copy_back(rt, b, h, s, stream, locking);
     if (st != DMEM_OK) return st;
-    if (dev_out) *dev_out = b->dev;
+    if (dev_out) *dev_out = dmem__bdev(b);
     return DMEM_OK;
   }
 }

@@ -18,29 +18,25 @@ static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_
   if (emit) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, tier, 0);
 }
 
-/* Keep the bytes at `stage` in `want`; a full host tier sends them to disk.
- * *used_out is the tier that took them. */
-static dmem_status_t store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
-                           const dmem__tier_ops_t *want, void *stage,
-                           const dmem__tier_ops_t **used_out) {
-  dmem_status_t st = want->store(rt, b, h, stage);
-  if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && want == &dmem__tier_host) {
-    want = &dmem__tier_disk; /* host tier full: straight to disk */
-    st = want->store(rt, b, h, stage);
-  }
-  if (st == DMEM_OK) *used_out = want;
-  return st;
-}
-
-/* Spill a resident buffer whose TRANSIT we own (state SPILLING, word w). */
+/* Spill a resident buffer whose TRANSIT we own (state SPILLING, word w).
+ *
+ * To the host tier the spill is stream-ordered end to end: the copy is
+ * enqueued on the spill stream, the pinned staging becomes the host tier's
+ * copy, the device range goes back to the pool tagged with the copy's event,
+ * and the buffer is DEFERRED_HOST with SPILL_COPY set until the copy is seen
+ * complete: no cudaFree, no host synchronisation. A retrieve orders its
+ * stream after b->spill_event. The disk and controller tiers need the bytes
+ * on the host, so they wait for the copy (as does a full host tier, whose
+ * spill goes to disk). */
 static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                        uint64_t w, const dmem__tier_ops_t *want) {
   uint64_t t0 = dmem__now_ns();
   size_t size = dmem__bsize(b);
-  void *dev = b->dev;
-  const dmem__tier_ops_t *dest = NULL;
+  void *dev = dmem__bdev(b);
+  const dmem__tier_ops_t *dest = want;
   dmem_status_t st = DMEM_OK;
   void *ev = NULL;
+  bool copied = false; /* the copy is known complete */
 
   /* Staging left from the last unspill (not charged to any tier): reuse it. */
   void *stage = b->host;
@@ -61,6 +57,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
   if (st == DMEM_OK) st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, rt->spill_stream));
   if (st != DMEM_OK) {
     (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+    copied = true;
     goto undo;
   }
   dmem_atomic_store_relaxed(&b->spill_event, ev);
@@ -68,8 +65,15 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
    * locker that cancels the spill and then waits on the event */
   dmem_atomic_or_acq_rel(&b->word, DMEM__F_SPILL_COPY);
   dmem__transit_broadcast(rt); /* lockers waiting for SPILL_COPY may cancel now */
-  st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
-  if (st == DMEM_OK) st = store(rt, b, h, want, stage, &dest);
+  if (dest->adopts_staging) {
+    st = dest->store(rt, b, h, stage);
+    if (st == DMEM_ERR_HOST_OUT_OF_MEMORY) dest = &dmem__tier_disk; /* full: straight to disk */
+  }
+  if (!dest->adopts_staging) {
+    st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+    copied = st == DMEM_OK;
+    if (st == DMEM_OK) st = dest->store(rt, b, h, stage);
+  }
   if (st != DMEM_OK) goto undo;
 
   /* Commit unless a lock cancelled the spill meanwhile. */
@@ -84,27 +88,37 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
       goto undo;
     }
     DMEM_ASSERT((w & DMEM__F_TRANSIT) && dmem__w_count(w) == 0);
-    uint64_t nw = dmem__w_with_state(w, dest->state) &
-                  ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY | DMEM__F_UNSPILL_COPY);
+    uint64_t keep = copied ? 0 : DMEM__F_SPILL_COPY; /* the copy still runs */
+    uint64_t nw = (dmem__w_with_state(w, dest->state) &
+                   ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY | DMEM__F_UNSPILL_COPY)) |
+                  keep;
     /* release: publishes b->host; partner is the next mover's acquire */
     if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
       dmem_atomic_add_relaxed(&b->spill_count, 1);
       if (!dest->adopts_staging) dmem__hostpool_free(rt->hostpool, stage);
-      dmem__device_release(rt, dev, size);
-      dmem_atomic_store_relaxed(&b->spill_event, NULL);
+      /* the range is reusable once the copy that reads it is done */
+      dmem__device_release_after(rt, dev, size, copied ? NULL : ev);
+      if (copied) {
+        dmem_atomic_store_relaxed(&b->spill_event, NULL);
+        dmem__event_put(rt, ev);
+      } else {
+        dmem__staging_push(rt, b, h); /* gives ev back once it completes */
+      }
       dmem__move_after(rt, b, nw);
-      dmem__event_put(rt, ev);
       record_spill(rt, h, size, dest->tier, t0, !(nw & DMEM__F_FREED));
       return DMEM_OK;
     }
   }
 
 undo:
-  /* The buffer stays resident with its device data intact. Staging taken
-   * from a pending unspill goes back (UNSPILL_COPY stays: that copy may
-   * still read it). */
+  /* The buffer stays resident with its device data intact. The copy may
+   * still be writing the staging: wait for it before the staging is reused
+   * (the cancel path only). Staging taken from a pending unspill goes back
+   * (UNSPILL_COPY stays: that copy may still read it). */
+  if (ev && !copied) (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
   b->host = reused ? stage : NULL;
   if (!reused && stage) dmem__hostpool_free(rt->hostpool, stage);
+  dmem_atomic_store_relaxed(&b->spill_event, NULL);
   dmem__move_end(rt, b,
                  (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
                                         .clear = DMEM__F_SPILL_COPY});
@@ -112,12 +126,28 @@ undo:
   return st;
 }
 
+/* Wait for the spill copy into the host tier of a DEFERRED_HOST buffer
+ * whose TRANSIT we own, and give its event back (tier changes need the
+ * bytes on the host). */
+static dmem_status_t finish_spill_copy(dmem_runtime_t *rt, dmem__buffer_t *b) {
+  uint64_t w = dmem_atomic_load_relaxed(&b->word);
+  if (!(w & DMEM__F_SPILL_COPY)) return DMEM_OK;
+  void *ev = dmem_atomic_load_relaxed(&b->spill_event);
+  dmem_status_t st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+  if (st != DMEM_OK) return st;
+  dmem_atomic_and_acq_rel(&b->word, ~DMEM__F_SPILL_COPY);
+  dmem_atomic_store_relaxed(&b->spill_event, NULL);
+  dmem__event_put(rt, ev);
+  return DMEM_OK;
+}
+
 /* Move a DEFERRED_HOST buffer whose TRANSIT we own to another tier. */
 static dmem_status_t spill_from_host(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                      const dmem__tier_ops_t *dest) {
   uint64_t t0 = dmem__now_ns();
   size_t size = dmem__bsize(b);
-  dmem_status_t st = dest->store(rt, b, h, b->host);
+  dmem_status_t st = finish_spill_copy(rt, b);
+  if (st == DMEM_OK) st = dest->store(rt, b, h, b->host);
   if (st != DMEM_OK) {
     dmem__move_end(rt, b, (dmem__transit_exit_t){0});
     return st;

@@ -73,12 +73,14 @@ uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exi
  * DMEM_ERR_STALE_HANDLE, DMEM_ERR_NOT_LOCKED. */
 dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
 
-/* ---- unspill staging (staging.c) ----------------------------------------------- */
+/* ---- copies in flight (staging.c) ----------------------------------------------- */
 
-/* Remember that b's staging (b->host) waits for its unspill copy. */
+/* Remember that b has a copy in flight: UNSPILL_COPY (resident; its staging
+ * b->host is recycled once b->unspill_event completes) or SPILL_COPY on a
+ * DEFERRED_HOST buffer (b->spill_event goes back to the pool once the copy
+ * into the host tier completes). */
 void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
-/* Recycle the staging of unspill copies that completed (wait_all: wait for
- * all of them). */
+/* Finish the copies that completed (wait_all: wait for all of them). */
 void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all);
 void dmem__staging_fini(dmem_runtime_t *rt);
 
@@ -112,15 +114,20 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
 /* ---- victims (policy.c) and room (pressure.c) ------------------------------------ */
 
 /* Spill unlocked buffers (the controller's choice, then by priority and
- * LRU) until `need` bytes were freed or nothing is left. on_demand: counts
- * as oom_evictions. *first_error_out (may be NULL): the first error other
- * than BUSY/STALE met on the way. */
-dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, bool on_demand, size_t *freed_out,
-                          dmem_status_t *first_error_out);
-/* Device memory for size bytes, spilling (and waiting for moves and stream
- * releases in flight, up to a deadline) when memory runs short.
+ * LRU) until `need` bytes were freed or nothing is left. When `contig` is
+ * not 0 an allocation of that size needs a contiguous pool range: a victim
+ * whose block, with the free ranges beside it, makes such a range is spilled
+ * first, alone (one spill that helps rather than several that do not).
+ * on_demand: counts as oom_evictions. *first_error_out (may be NULL): the
+ * first error other than BUSY/STALE met on the way. */
+dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool on_demand,
+                          size_t *freed_out, dmem_status_t *first_error_out);
+/* Device memory for size bytes in stream order on `stream`, spilling (and
+ * waiting for moves and stream releases in flight, up to a deadline) when
+ * memory runs short. *ordered_out as for dmem__device_alloc.
  * DMEM_ERR_OUT_OF_MEMORY when nothing more can be freed. */
-dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void **dev_out);
+dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
+                                   void **dev_out, bool *ordered_out);
 /* Complete what finished in the background: stream releases, staging. */
 void dmem__spill_poll(dmem_runtime_t *rt);
 

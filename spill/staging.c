@@ -1,9 +1,11 @@
 /*
- * spill/staging.c - recycling unspill staging. A retrieve copies from pinned
- * memory (b->host) to the device on the locker's stream and returns at once;
- * the staging may only be reused after that copy. Buffers waiting are kept
- * here, and polled (when memory runs short, by dmem_runtime_poll and
- * dmem_stats) until their unspill event completes.
+ * spill/staging.c - finishing copies in flight. A retrieve copies from
+ * pinned memory (b->host) to the device on the locker's stream and returns
+ * at once: the staging may only be reused after that copy (UNSPILL_COPY). A
+ * spill into the host tier returns once its copy is enqueued: its event goes
+ * back to the pool only after the copy (SPILL_COPY on a DEFERRED_HOST
+ * buffer). Such buffers are kept here, and polled (when memory runs short,
+ * by dmem_runtime_poll and dmem_stats) until their event completes.
  */
 #include "runtime/internal.h"
 
@@ -37,19 +39,29 @@ void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all) {
     uint64_t w = dmem_atomic_load_acquire(&b->word);
     /* done elsewhere, or freed (then reclaim recycles the staging; TRANSIT
      * is never taken on a freed buffer) */
-    if (dmem__w_gen(w) != dmem__h_gen(h) || !(w & DMEM__F_UNSPILL_COPY) || (w & DMEM__F_FREED))
-      continue;
+    unsigned s = dmem__w_state(w);
+    uint64_t flag = s == DMEM_STATE_RESIDENT        ? DMEM__F_UNSPILL_COPY
+                    : s == DMEM_STATE_DEFERRED_HOST ? DMEM__F_SPILL_COPY
+                                                    : 0;
+    if (dmem__w_gen(w) != dmem__h_gen(h) || !(w & flag) || (w & DMEM__F_FREED)) continue;
     /* the take fails if FREED was set meanwhile: the entry is kept and
      * dropped by the next poll */
-    if ((w & DMEM__F_TRANSIT) || !dmem__transit_take(b, &w, dmem__w_state(w), 0)) {
+    if ((w & DMEM__F_TRANSIT) || !dmem__transit_take(b, &w, s, 0)) {
       rt->staging[keep++] = rt->staging[i];
       continue;
     }
-    dmem_status_t q = wait_all ? rt->be->event_synchronize(rt->be, b->unspill_event)
-                               : rt->be->event_query(rt->be, b->unspill_event);
+    void *ev = flag == DMEM__F_UNSPILL_COPY ? b->unspill_event
+                                            : dmem_atomic_load_relaxed(&b->spill_event);
+    dmem_status_t q = wait_all ? rt->be->event_synchronize(rt->be, ev)
+                               : rt->be->event_query(rt->be, ev);
     if (q == DMEM_OK || (q != DMEM_ERR_BUSY && wait_all)) {
-      dmem__host_copy_release(rt, b);
-      dmem__move_end(rt, b, (dmem__transit_exit_t){.clear = DMEM__F_UNSPILL_COPY});
+      if (flag == DMEM__F_UNSPILL_COPY) {
+        dmem__host_copy_release(rt, b); /* the staging */
+      } else {
+        dmem_atomic_store_relaxed(&b->spill_event, NULL);
+        dmem__event_put(rt, ev);
+      }
+      dmem__move_end(rt, b, (dmem__transit_exit_t){.clear = flag});
     } else {
       (void)dmem__fatal_keep(rt, q == DMEM_ERR_BUSY ? DMEM_OK : q);
       dmem__move_end(rt, b, (dmem__transit_exit_t){0});

@@ -195,8 +195,14 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
-  dmem_handle_t y;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &y)); /* next: h[3], then h[1]; h[2] survives */
+  /* Two more: next h[3], then h[1]; h[2] survives. (One 2 MiB allocation
+   * would need a contiguous pool range, which is eviction_makes_a_
+   * contiguous_range's subject in test_device.c, not the policy order.) */
+  dmem_handle_t y, y2;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y2));
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
@@ -208,6 +214,7 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
   for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
   CHECK_OK(dmem_free(rt, x));
   CHECK_OK(dmem_free(rt, y));
+  CHECK_OK(dmem_free(rt, y2));
   dmem_runtime_destroy(rt);
 }
 

@@ -23,5 +23,6 @@
 #include "dmem/spill.h"
 #include "dmem/stats.h"
 #include "dmem/controller.h"
+#include "dmem/device.h"
 
 #endif /* DMEM_DMEM_H */

@@ -14,7 +14,9 @@ extern "C" {
 typedef struct dmem_stats {
   size_t device_capacity;    /**< device memory of the backend */
   size_t device_limit;       /**< the limit dmem keeps to */
-  size_t device_used;        /**< bytes of buffers resident on the device */
+  size_t device_used;        /**< bytes in live device allocations: resident
+                                  buffers and raw allocations (0 once all
+                                  are freed) */
   size_t device_locked;      /**< of which locked */
   size_t device_pinned;      /**< of which pinned (never spillable) */
   size_t host_used;          /**< spilled bytes held in host memory */
@@ -37,6 +39,13 @@ typedef struct dmem_stats {
   double seconds_unspilling;
   uint64_t oom_evictions;    /**< buffers spilled because an allocation needed room */
   uint64_t cancelled_spills; /**< spills cancelled by a lock */
+  size_t device_reserved;    /**< bytes of pool slabs held on the device
+                                  (>= device_used; dmem_device_trim gives
+                                  empty slabs back) */
+  size_t raw_used;           /**< of device_used, bytes in live raw
+                                  allocations (dmem_device_malloc) */
+  uint64_t pool_hits;        /**< allocations served from pool memory already held */
+  uint64_t pool_misses;      /**< allocations that needed a new slab */
 } dmem_stats_t;
 
 /**

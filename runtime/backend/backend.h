@@ -74,6 +74,11 @@ struct dmem__backend {
    * the backend's own functions need no call. Host backend: nothing to do. */
   dmem_status_t (*make_current)(dmem__backend_t *be);
 
+  /* The IPC handle (cuIpcGetMemHandle, 64 bytes at handle_out) of a device
+   * allocation `base` returned by device_alloc. Host backend:
+   * DMEM_ERR_NO_DEVICE (no IPC between processes there). */
+  dmem_status_t (*ipc_handle)(dmem__backend_t *be, void *base, void *handle_out);
+
   /* Free and total device memory as the device sees it. */
   dmem_status_t (*mem_info)(dmem__backend_t *be, size_t *free_out, size_t *total_out);
 

@@ -469,6 +469,23 @@ static dmem_status_t cuda_event_synchronize(dmem__backend_t *be, void *event) {
 
 /* ---- memory information, teardown --------------------------------------------------- */
 
+_Static_assert(sizeof(CUipcMemHandle) == 64, "dmem_ipc_handle writes DMEM_IPC_HANDLE_SIZE bytes");
+
+static dmem_status_t cuda_ipc_handle(dmem__backend_t *be, void *base, void *handle_out) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (base == NULL || handle_out == NULL)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cuIpcGetMemHandle: NULL argument");
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuIpcGetMemHandle", &sc);
+  if (st != DMEM_OK) return st;
+  CUipcMemHandle h;
+  CUresult r = cb->drv.ipc_get_mem_handle(&h, (CUdeviceptr)(uintptr_t)base);
+  if (r != CUDA_SUCCESS) st = cuda_cu_fail(cb, r, "cuIpcGetMemHandle");
+  cuda_leave(cb, &sc);
+  if (st == DMEM_OK) memcpy(handle_out, &h, sizeof h);
+  return st;
+}
+
 static dmem_status_t cuda_mem_info(dmem__backend_t *be, size_t *free_out, size_t *total_out) {
   cuda_backend_t *cb = cuda_of(be);
   cuda_scope_t sc;
@@ -640,6 +657,7 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->event_query = cuda_event_query;
   be->event_synchronize = cuda_event_synchronize;
   be->make_current = dmem__cuda_make_current;
+  be->ipc_handle = cuda_ipc_handle;
   be->mem_info = cuda_mem_info;
   be->destroy = cuda_destroy;
   *be_out = be;

@@ -197,6 +197,14 @@ static dmem_status_t hb_make_current(dmem__backend_t *be) {
   return DMEM_OK;
 }
 
+static dmem_status_t hb_ipc_handle(dmem__backend_t *be, void *base, void *handle_out) {
+  (void)be;
+  (void)base;
+  (void)handle_out;
+  return dmem__error(DMEM_ERR_NO_DEVICE,
+                     "host backend: no CUDA IPC (device memory is this process's host memory)");
+}
+
 static dmem_status_t hb_mem_info(dmem__backend_t *be, size_t *free_out, size_t *total_out) {
   hb_backend_t *hb = hb_of(be);
   size_t used = dmem_atomic_load_relaxed(&hb->used);
@@ -642,6 +650,7 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
   b->event_query = hb_event_query;
   b->event_synchronize = hb_event_synchronize;
   b->make_current = hb_make_current;
+  b->ipc_handle = hb_ipc_handle;
   b->mem_info = hb_mem_info;
   b->destroy = hb_destroy;
 

@@ -40,8 +40,10 @@
  *   7 table     table->mu
  *   8 hostpool  the pinned host pool's mutex
  *   9 events    rt->evpool_mu
+ *  10 raw       a shard of the raw-allocation table (memory/raw.c)
  *
- * The backends' own mutexes are innermost: a backend never calls up.
+ * The device pool's mutexes (memory/pool.c) and the backends' own are
+ * innermost: neither calls up.
  */
 #ifndef DMEM_CORE_LAYER_H
 #define DMEM_CORE_LAYER_H
@@ -90,7 +92,8 @@ typedef enum dmem__rank {
   DMEM__RANK_TRANSIT,
   DMEM__RANK_TABLE,
   DMEM__RANK_HOSTPOOL,
-  DMEM__RANK_EVENTS
+  DMEM__RANK_EVENTS,
+  DMEM__RANK_RAW
 } dmem__rank_t;
 
 #ifdef DMEM_DEBUG
@@ -171,9 +174,13 @@ typedef struct dmem__buffer {
    * that is being recycled; they validate the word around the read. */
   _Atomic size_t size;
   _Atomic unsigned flags;
+  /* Device memory while RESIDENT. Written (relaxed) by the TRANSIT owner
+   * before its releasing CAS; read by lockers after their acquiring CAS, and
+   * (relaxed, as a hint validated by the spill that follows) by the victim
+   * policy. */
+  _Atomic(void *) dev;
   /* Written by the TRANSIT owner before its releasing CAS; read by lockers
    * after their acquiring CAS. */
-  void *dev;            /* device memory while RESIDENT */
   void *host;           /* pinned host memory: the host tier's copy while
                            DEFERRED_HOST, else unspill staging (while
                            UNSPILL_COPY) or NULL */
@@ -188,6 +195,7 @@ typedef struct dmem__buffer {
 
 #define dmem__bsize(b) dmem_atomic_load_relaxed(&(b)->size)
 #define dmem__bflags(b) dmem_atomic_load_relaxed(&(b)->flags)
+#define dmem__bdev(b) dmem_atomic_load_relaxed(&(b)->dev)
 
 static inline dmem_handle_t dmem__handle_of(const dmem__buffer_t *b, uint64_t w) {
   return ((uint64_t)dmem__w_gen(w) << 32) | b->slot;

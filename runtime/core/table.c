@@ -89,7 +89,7 @@ void dmem__table_give(dmem__table_t *t, dmem__buffer_t *b) {
   uint32_t gen = dmem__w_gen(w) + 1;
   if (gen == 0) gen = 1;
   DMEM_ASSERT((w & DMEM__F_FREED) && dmem__w_count(w) == 0 && !(w & DMEM__F_TRANSIT));
-  b->dev = NULL;
+  dmem_atomic_store_relaxed(&b->dev, NULL);
   b->host = NULL;
   /* release: partner is the acquire load of any later lock/free with the old
    * handle, which then sees the new generation and reports it stale */

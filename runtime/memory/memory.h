@@ -1,23 +1,45 @@
 /*
- * runtime/memory/memory.h - the memory layer: device memory charged against
- * the runtime's limit (device.c) and the pinned host pool (hostpool.c).
+ * runtime/memory/memory.h - the memory layer: the stream-ordered device pool
+ * (pool.c), device memory charged against the runtime's limit (devmem.c),
+ * the table of live raw allocations (raw.c) and the pinned host pool
+ * (hostpool.c).
  * It calls only core, the backend table and base; making room when memory
  * runs short is the spill layer's job (spill/pressure.c).
  */
 #ifndef DMEM_MEMORY_LAYER_H
 #define DMEM_MEMORY_LAYER_H
 
-/* ---- device memory (memory/device.c) ------------------------------------------ */
+/* ---- the device pool (memory/pool.c) ------------------------------------------- */
+#include "memory/pool.h"
 
-/* Charge size bytes against the device limit and take them from the backend.
- * DMEM_ERR_OUT_OF_MEMORY when the limit or the device itself has no room:
- * *short_by_out is then how many bytes would have to be freed first. Other
- * statuses are backend errors. Nothing is spilled here. */
-dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void **dev_out,
-                                 size_t *short_by_out);
-/* Give back device memory taken with dmem__device_alloc (dev may be NULL:
- * then only the charge goes). */
-void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size);
+/* ---- device memory (memory/devmem.c) -------------------------------------------- */
+
+/* Charge size bytes against the device limit and take a pool block usable in
+ * stream order on `stream`. *ordered_out (may be NULL) is set when the pool
+ * had to make `stream` wait for an earlier use of the block (work on other
+ * streams must then be ordered after `stream`'s current point).
+ * DMEM_ERR_OUT_OF_MEMORY when the limit or the pool has no room:
+ * *short_by_out is then how many bytes would have to be freed first (the
+ * whole request when the pool needs a contiguous range). Other statuses are
+ * backend errors. Nothing is spilled here. */
+dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
+                                 bool *ordered_out, size_t *short_by_out);
+/* Give back a block whose last use was enqueued on `stream` (reusable at once
+ * by that stream), or whose last use is ordered before `event` (NULL: the
+ * last use has completed). No host synchronisation, no cudaFree. */
+void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream);
+void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void *event);
+
+/* ---- live raw allocations (memory/raw.c) ---------------------------------------- */
+
+dmem_status_t dmem__raw_create(dmem__raw_t **raw_out);
+void dmem__raw_destroy(dmem__raw_t *raw);
+/* Record a live raw allocation. DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__raw_insert(dmem__raw_t *raw, void *ptr, size_t size);
+/* Forget a live raw allocation; *size_out is its size. DMEM_ERR_INVALID_ARGUMENT
+ * (detail recorded) when ptr is not one: nothing changes. */
+dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out);
+size_t dmem__raw_count(dmem__raw_t *raw);
 
 /* ---- pinned host pool (memory/hostpool.c) -------------------------------------- */
 

@@ -12,7 +12,8 @@ STATS_FIELDS = {
     "device_capacity", "device_limit", "device_used", "device_locked", "device_pinned",
     "host_used", "disk_used", "controller_used", "buffer_count", "spill_count",
     "unspill_count", "bytes_spilled", "bytes_unspilled", "seconds_spilling",
-    "seconds_unspilling", "oom_evictions", "cancelled_spills",
+    "seconds_unspilling", "oom_evictions", "cancelled_spills", "device_reserved", "raw_used",
+    "pool_hits", "pool_misses",
 }
 
 

@@ -1,0 +1,136 @@
+/*
+ * dmem/device.h - raw device memory from dmem's pool, for allocator hooks
+ * (Numba's EMM plugin, CuPy's allocator, PyTorch's pluggable allocator):
+ * plain pointers that are never spilled but count against the same device
+ * limit as spillable buffers, so one runtime accounts for every byte.
+ *
+ * Both kinds of memory come from one stream-ordered pool: large slabs taken
+ * with cudaMalloc (so CUDA IPC works on them), suballocated with size
+ * classes for small blocks and best fit for large ones. A block freed on
+ * stream S is reused at once by S and by other streams only after an event
+ * recorded at the free (the pool never synchronises the host).
+ */
+#ifndef DMEM_DEVICE_H
+#define DMEM_DEVICE_H
+
+#include "dmem/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Size of the buffer dmem_ipc_handle writes (a CUipcMemHandle). */
+#define DMEM_IPC_HANDLE_SIZE 64
+
+/**
+ * Allocate `size` bytes of device memory for use in stream order on
+ * `stream` (NULL: the default stream). The memory is never spilled; it
+ * counts against the device limit, and when the limit or the device is full
+ * unlocked spillable buffers are spilled to make room (as for dmem_alloc).
+ * If the block was last used by another stream, `stream` is made to wait for
+ * that use (no host synchronisation): work enqueued on `stream` after this
+ * call may use the memory at once. Blocks are 256-byte aligned.
+ *
+ * Thread-safe.
+ * @return DMEM_OK (*ptr_out written);
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or ptr_out NULL, size 0;
+ *         DMEM_ERR_OUT_OF_MEMORY     nothing more could be spilled or freed;
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL  a CUDA error (sticky for
+ *                                    the fatal kind);
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY bookkeeping could not grow.
+ */
+DMEM_API dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
+                                          void **ptr_out);
+
+/**
+ * Free memory from dmem_device_malloc whose last use was enqueued on
+ * `stream` before this call. The block is reusable at once in `stream`'s
+ * order, and by other streams after an event recorded at the free. ptr NULL
+ * is a no-op (DMEM_OK).
+ *
+ * Thread-safe.
+ * @return DMEM_OK;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt NULL, or ptr is not a live allocation
+ *                                    of dmem_device_malloc of this runtime
+ *                                    (an unknown pointer, a pointer inside a
+ *                                    block, a double free); nothing changes.
+ */
+DMEM_API dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream);
+
+/**
+ * Memory as an allocator hook sees it (Numba's get_memory_info).
+ *  *total_out  the device limit of the runtime (bytes);
+ *  *free_out   what an allocation could obtain now: the bytes under the
+ *              limit not used by live buffers or raw allocations, capped by
+ *              what the device itself can still give (the pool's free
+ *              ranges plus the device's free memory), plus the bytes of
+ *              resident buffers that could be spilled now (unlocked, not
+ *              pinned). It may overstate what one allocation gets when the
+ *              free bytes are fragmented.
+ * Either output may be NULL. Thread-safe; O(live buffers).
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE.
+ */
+DMEM_API dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out,
+                                               size_t *total_out);
+
+/**
+ * The CUDA IPC handle (cuIpcGetMemHandle, DMEM_IPC_HANDLE_SIZE bytes) of the
+ * pool slab that holds `ptr`, and ptr's offset in that slab: another process
+ * opens the handle with cudaIpcOpenMemHandle and adds the offset.
+ * `ptr` is an allocation of dmem_device_malloc (or points inside one); the
+ * handle stays valid while the slab is held (a slab with a live block is
+ * never trimmed).
+ *
+ * Thread-safe.
+ * @return DMEM_OK (both outputs written);
+ *         DMEM_ERR_INVALID_ARGUMENT  NULL argument, or ptr in no slab of the
+ *                                    runtime's pool;
+ *         DMEM_ERR_NO_DEVICE         the host backend, which has no IPC;
+ *         DMEM_ERR_DEVICE            the driver refused.
+ */
+DMEM_API dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
+                                       size_t *offset_out);
+
+/**
+ * Give empty pool slabs back to the device (cudaFree) until at most
+ * keep_bytes of slab memory stay reserved. Slabs holding any live block stay.
+ * The pool also trims itself when the device runs out of memory. This call
+ * may synchronise the device (cudaFree does): not for hot paths.
+ *
+ * Thread-safe.
+ * @return DMEM_OK (*released_out, may be NULL, = bytes given back);
+ *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE.
+ */
+DMEM_API dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes,
+                                        size_t *released_out);
+
+/**
+ * The process-wide runtime of CUDA device `device`, created on first use
+ * from the DMEM_* environment (dmem_config_init, with cfg.device = device).
+ * Every consumer in a process that uses it (the PyTorch symbols below, the
+ * Numba and CuPy hooks, dmem.default_runtime() in Python) shares one
+ * accounting point. It lives until the process exits; never pass it to
+ * dmem_runtime_destroy.
+ *
+ * Thread-safe (the first calls race to create it; one wins).
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt_out NULL, device negative
+ *         or >= 64); any status of dmem_runtime_create.
+ */
+DMEM_API dmem_status_t dmem_runtime_default(int device, dmem_runtime_t **rt_out);
+
+/**
+ * PyTorch's pluggable allocator interface
+ * (torch.cuda.memory.CUDAPluggableAllocator(path, "dmem_torch_alloc",
+ * "dmem_torch_free")): raw allocations of the default runtime of `device`.
+ * `stream` is a cudaStream_t. dmem_torch_alloc returns NULL when the memory
+ * cannot be had (PyTorch then raises its out-of-memory error); the detail is
+ * in dmem_last_error_detail(). dmem_torch_free ignores `size` (dmem knows
+ * it) and reports a bad pointer through the log. Thread-safe.
+ */
+DMEM_API void *dmem_torch_alloc(size_t size, int device, void *stream);
+DMEM_API void dmem_torch_free(void *ptr, size_t size, int device, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DMEM_DEVICE_H */

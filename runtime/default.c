@@ -1,0 +1,58 @@
+/*
+ * runtime/default.c - the process-wide runtime of each device
+ * (dmem_runtime_default), created from the DMEM_* environment on first use
+ * and shared by every consumer in the process, and PyTorch's pluggable
+ * allocator symbols on top of it (dmem_torch_alloc / dmem_torch_free).
+ */
+#include "internal.h"
+
+#define DMEM__MAX_DEVICES 64
+
+/* Published with release once created; never destroyed (it lives until the
+ * process exits: allocator hooks may free into it during interpreter
+ * shutdown, after any atexit handler of ours would have run). */
+static _Atomic(dmem_runtime_t *) default_rt[DMEM__MAX_DEVICES];
+static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
+
+dmem_status_t dmem_runtime_default(int device, dmem_runtime_t **rt_out) {
+  if (!rt_out || device < 0 || device >= DMEM__MAX_DEVICES)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_runtime_default: rt_out NULL or device %d not in 0..%d", device,
+                       DMEM__MAX_DEVICES - 1);
+  /* acquire: partner is the release store below */
+  dmem_runtime_t *rt = dmem_atomic_load_acquire(&default_rt[device]);
+  if (rt) {
+    *rt_out = rt;
+    return DMEM_OK;
+  }
+  pthread_mutex_lock(&default_mu); /* not ranked: taken with no runtime mutex held */
+  rt = dmem_atomic_load_relaxed(&default_rt[device]);
+  dmem_status_t st = DMEM_OK;
+  if (!rt) {
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    cfg.device = device;
+    st = dmem_runtime_create(&cfg, &rt);
+    if (st == DMEM_OK) dmem_atomic_store_release(&default_rt[device], rt);
+  }
+  pthread_mutex_unlock(&default_mu);
+  if (st == DMEM_OK) *rt_out = rt;
+  return st;
+}
+
+void *dmem_torch_alloc(size_t size, int device, void *stream) {
+  dmem_runtime_t *rt;
+  void *p = NULL;
+  if (dmem_runtime_default(device, &rt) != DMEM_OK) return NULL;
+  if (size == 0) size = 1; /* PyTorch asks for 0 bytes for empty tensors */
+  if (dmem_device_malloc(rt, size, stream, &p) != DMEM_OK) return NULL;
+  return p;
+}
+
+void dmem_torch_free(void *ptr, size_t size, int device, void *stream) {
+  (void)size;
+  dmem_runtime_t *rt;
+  if (!ptr || dmem_runtime_default(device, &rt) != DMEM_OK) return;
+  dmem_status_t st = dmem_device_free(rt, ptr, stream);
+  if (st != DMEM_OK) DMEM_LOG_AT(DMEM_LOG_ERROR, "dmem_torch_free: %s", dmem_last_error_detail());
+}

@@ -1,0 +1,102 @@
+/*
+ * runtime/device.c - raw device memory for allocator hooks:
+ * dmem_device_malloc / dmem_device_free (never spilled; charged against the
+ * same limit as buffers, and spilling buffers when memory runs short),
+ * dmem_device_memory_info, dmem_ipc_handle and dmem_device_trim.
+ */
+#include "internal.h"
+#include <string.h>
+
+dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
+                                 void **ptr_out) {
+  if (!rt || !ptr_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_malloc: NULL argument");
+  if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_malloc: size 0");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  void *p = NULL;
+  st = dmem__pressure_alloc(rt, size, stream, &p, NULL);
+  if (st != DMEM_OK) return st;
+  st = dmem__raw_insert(rt->raw, p, size);
+  if (st != DMEM_OK) {
+    dmem__device_release(rt, p, size, stream);
+    return st;
+  }
+  dmem_atomic_add_relaxed(&rt->raw_used, size);
+  *ptr_out = p;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_free: rt is NULL");
+  if (!ptr) return DMEM_OK;
+  size_t size;
+  dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size);
+  if (st != DMEM_OK) return st;
+  dmem_atomic_sub_relaxed(&rt->raw_used, size);
+  dmem__device_release(rt, ptr, size, stream);
+  return DMEM_OK;
+}
+
+/* Bytes of resident buffers that could be spilled now. */
+static size_t spillable_bytes(dmem_runtime_t *rt) {
+  size_t total = 0;
+  uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
+  for (uint32_t slot = 0; slot < hw; slot++) {
+    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
+    if (!b) break;
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+    if (dmem__w_state(w) == DMEM_STATE_RESIDENT && dmem__w_count(w) == 0 &&
+        !(w & DMEM__F_FREED) && !(dmem__bflags(b) & DMEM_ALLOC_PINNED))
+      total += dmem__bsize(b);
+  }
+  return total;
+}
+
+dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out, size_t *total_out) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_memory_info: rt is NULL");
+  dmem__spill_poll(rt); /* finished stream releases make buffers spillable */
+  size_t dev_free = 0;
+  dmem_status_t st = dmem__fatal_keep(rt, rt->be->mem_info(rt->be, &dev_free, NULL));
+  if (st != DMEM_OK) return st;
+  dmem__pool_stats_t ps;
+  dmem__pool_stats(rt->pool, &ps);
+  size_t used = dmem_atomic_load_relaxed(&rt->device_used);
+  size_t under_limit = used < rt->limit ? rt->limit - used : 0;
+  size_t device_can = (ps.reserved > ps.in_use ? ps.reserved - ps.in_use : 0) + dev_free;
+  size_t free_now = under_limit < device_can ? under_limit : device_can;
+  size_t spillable = spillable_bytes(rt);
+  size_t free_total = free_now + spillable;
+  if (free_total > rt->limit) free_total = rt->limit;
+  if (free_out) *free_out = free_total;
+  if (total_out) *total_out = rt->limit;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
+                              size_t *offset_out) {
+  if (!rt || !ptr || !handle_out || !offset_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_ipc_handle: NULL argument");
+  if (rt->be->kind != DMEM_BACKEND_CUDA)
+    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
+                       rt->be->name);
+  void *base = NULL;
+  size_t off = 0;
+  dmem_status_t st = dmem__pool_slab_of(rt->pool, ptr, &base, &off);
+  if (st != DMEM_OK) return st;
+  unsigned char h[DMEM_IPC_HANDLE_SIZE];
+  st = dmem__fatal_keep(rt, rt->be->ipc_handle(rt->be, base, h));
+  if (st != DMEM_OK) return st;
+  memcpy(handle_out, h, sizeof h);
+  *offset_out = off;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_trim: rt is NULL");
+  size_t released = 0;
+  dmem_status_t st = dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, keep_bytes, &released));
+  if (st != DMEM_OK) return st;
+  if (released_out) *released_out = released;
+  return DMEM_OK;
+}

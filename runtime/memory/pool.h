@@ -1,0 +1,230 @@
+/*
+ * runtime/memory/pool.h - the device pool: a stream-ordered suballocator of
+ * large slabs taken from the backend (memory layer; it calls the backend
+ * table and nothing else of the runtime).
+ *
+ * What it gives:
+ *  - Blocks of device memory, 256-byte aligned, carved from slabs that come
+ *    from be->device_alloc (cudaMalloc under CUDA, so CUDA IPC works on
+ *    them). Slabs grow geometrically from `min_slab` (doubling) and the bytes
+ *    of all slabs never pass `limit`; a request larger than the next
+ *    geometric size gets a slab of its own (rounded up to 2 MiB where that
+ *    fits under the limit).
+ *  - Size classes for blocks up to 1 MiB (multiples of 256 B up to 1 KiB,
+ *    then four classes per power of two); larger blocks are rounded to
+ *    256 B. Free ranges are kept best fit (a treap ordered by size, then
+ *    address) and coalesce with both address neighbours in their slab.
+ *  - Stream-ordered reuse. A block freed on stream S is reusable at once by S
+ *    and by any other stream only once an event recorded on S after the free
+ *    has completed (event_query) or after that stream was made to wait on it
+ *    (be->stream_wait_event). The pool never synchronises the host on the
+ *    alloc or free path.
+ *  - A per-stream cache, sharded per thread, so that the common small
+ *    alloc+free pair takes no pool-wide lock.
+ *
+ * Thread safety: every function is thread-safe except dmem__pool_destroy,
+ * which must not run concurrently with any other call on the same pool.
+ *
+ * Rules for callers:
+ *  - The caller is trusted: dmem__pool_free / _free_after get a pointer that
+ *    dmem__pool_alloc returned and the size that was asked for then, exactly
+ *    once. The pool checks global-path frees against its records (an unknown
+ *    pointer is logged and ignored) but never checks cache frees.
+ *  - Under CUDA, cudaStreamPerThread ((void *)2) is a different stream in
+ *    every thread: the pool keys it per calling thread and never caches its
+ *    blocks (each free records its own event).
+ *  - Stream handles can be reused by the backend after a stream is
+ *    destroyed: call dmem__pool_stream_forget before destroying a stream that
+ *    was passed to the pool.
+ */
+#ifndef DMEM_MEMORY_POOL_H
+#define DMEM_MEMORY_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+/* Block alignment; every block size is a multiple of it. */
+#define DMEM__POOL_ALIGN ((size_t)256)
+/* Largest size served from size classes (and cached per stream). */
+#define DMEM__POOL_SMALL_MAX ((size_t)1 << 20)
+
+typedef struct dmem__pool dmem__pool_t;
+
+/* Counters of a pool; written whole by dmem__pool_stats. */
+typedef struct dmem__pool_stats {
+  size_t reserved;       /* slab bytes held (never above the limit) */
+  size_t in_use;         /* bytes in live blocks (rounded sizes) */
+  uint64_t hits;         /* allocations served from a cache or the free ranges */
+  uint64_t misses;       /* allocations that needed a new slab */
+  size_t slabs;          /* slabs held */
+  size_t cached;         /* bytes of freed blocks waiting in per-stream caches */
+  uint64_t global_locks; /* alloc/free/flush operations that took the pool-wide mutex */
+} dmem__pool_stats_t;
+
+/*
+ * Create a pool on backend `be` (which must outlive the pool).
+ *   limit     the most slab bytes the pool ever holds (rounded down to 256 B);
+ *             0 means be->device_capacity.
+ *   min_slab  the first slab's size; later slabs double, capped by what is
+ *             left under the limit. 0 means 2 MiB. Rounded up to 256 B.
+ * No device memory is taken until the first allocation.
+ * Returns DMEM_OK, DMEM_ERR_INVALID_ARGUMENT (be or pool_out NULL),
+ * DMEM_ERR_HOST_OUT_OF_MEMORY. *pool_out is written only on success.
+ */
+dmem_status_t dmem__pool_create(dmem__backend_t *be, size_t limit, size_t min_slab,
+                                dmem__pool_t **pool_out);
+
+/*
+ * Destroy the pool: waits (event_synchronize) for every event the pool
+ * recorded, destroys them and the pool's internal stream, then gives every
+ * slab back with be->device_free. Blocks still live are reclaimed with their
+ * slabs (logged as a warning). Work the caller enqueued on device memory of
+ * the pool and did not free must have finished. Not thread-safe with other
+ * calls on `p`; p NULL is a no-op.
+ */
+void dmem__pool_destroy(dmem__pool_t *p);
+
+/*
+ * A block of at least `size` bytes (256-byte aligned; size 0 counts as 1),
+ * usable in stream order on `stream` (NULL: the default stream). When the
+ * block was last freed on another stream and that free's event has not
+ * completed, `stream` is made to wait on the event (be->stream_wait_event)
+ * before the block is returned; nothing waits on the host.
+ * Order of attempts: this thread's cache of `stream`; the free ranges; the
+ * same after noting completed events; the same after flushing every cache
+ * (events recorded on their streams) and joining adjacent free ranges
+ * (waiting on their events); a new slab. The pool never evicts anything.
+ * Returns DMEM_OK (*ptr_out written); DMEM_ERR_OUT_OF_MEMORY (detail
+ * recorded) when nothing fits and no slab can be added (limit reached or
+ * backend device_alloc out of memory) - the caller spills and retries;
+ * DMEM_ERR_INVALID_ARGUMENT (p or ptr_out NULL); DMEM_ERR_HOST_OUT_OF_MEMORY
+ * (bookkeeping); DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL from the backend.
+ */
+dmem_status_t dmem__pool_alloc(dmem__pool_t *p, size_t size, void *stream, void **ptr_out);
+
+/*
+ * dmem__pool_alloc, and on DMEM_ERR_OUT_OF_MEMORY also the largest
+ * contiguous free range at the time of the failure (caches flushed) in
+ * *largest_free_out. That output is the failure's payload: it is written
+ * only when the status is DMEM_ERR_OUT_OF_MEMORY (and may be NULL), while
+ * *ptr_out is written only on DMEM_OK.
+ */
+dmem_status_t dmem__pool_alloc_ex(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,
+                                  size_t *largest_free_out);
+
+/*
+ * dmem__pool_alloc, and *ordered_out (may be NULL; written on DMEM_OK) says
+ * whether the block is usable only in `stream`'s order: `stream` was made to
+ * wait for the block's last use, or that last use was on `stream` itself and
+ * may still be pending. When false, every earlier use of the block is known
+ * complete and any stream may use it at once. For callers that allocate on
+ * one stream on behalf of others (dmem_alloc, which has no stream: it then
+ * records an event for the buffer's lockers).
+ */
+dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,
+                                       bool *ordered_out);
+
+/*
+ * Free a block whose last use was enqueued on `stream` before this call.
+ * It is reusable at once by `stream`; by any other stream only after an
+ * event recorded on `stream` (at the free, or when the stream's cache is
+ * flushed, which amortises one event over many frees) has completed or the
+ * other stream was made to wait on it. No host synchronisation. p or ptr
+ * NULL is a no-op. If no event can be recorded (backend failure), the block
+ * is quarantined until dmem__pool_destroy: it is never handed out again,
+ * since nothing would order its reuse.
+ */
+void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream);
+
+/*
+ * Free a block whose last use is ordered before `event`, an event of the
+ * caller's that is already recorded (e.g. a spill copy's).
+ * Ownership: the pool never keeps `event`. If event_query says it has
+ * completed, the block is free for everyone at once. Otherwise the pool makes
+ * its own internal stream wait on `event` (which captures the event's
+ * current record, as cudaStreamWaitEvent does) and records one of its own
+ * events there; the block is reusable by a stream after that event completes
+ * or after the stream waits on it. The caller may destroy or re-record
+ * `event` as soon as this returns. event NULL means the last use has
+ * completed. A failure to create the internal stream or record the event, or
+ * an invalid event, quarantines the block (as in dmem__pool_free).
+ */
+void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event);
+
+/*
+ * Give back empty slabs with be->device_free until at most `keep` slab bytes
+ * remain reserved (largest first), after flushing every cache. Only slabs
+ * whose every block is free and whose free events have completed are given
+ * back. When more than `keep` is reserved, trim first waits
+ * (be->event_synchronize, no pool lock held) for the pending free events of
+ * slabs that hold nothing but free ranges - including the events its own
+ * cache flush just recorded - since giving a slab back (cudaFree)
+ * synchronises the device anyway. It never waits for anything else: a slab
+ * with a live block stays. Not for the alloc/free path.
+ * Returns DMEM_OK (*released_out, may be NULL, = bytes given back),
+ * DMEM_ERR_INVALID_ARGUMENT (p NULL), or the backend's device_free status
+ * (that slab stays in the pool; bytes given back before it are not
+ * reported).
+ */
+dmem_status_t dmem__pool_trim(dmem__pool_t *p, size_t keep, size_t *released_out);
+
+/*
+ * Move every cached free block of every stream to the free ranges (one event
+ * per stream shard and batch). Victim selection calls this first so that
+ * dmem__pool_range_if_freed and dmem__pool_largest_free see cached blocks as
+ * free. Never waits.
+ */
+void dmem__pool_flush(dmem__pool_t *p);
+
+/*
+ * Forget `stream` before it is destroyed: flushes its caches (an event on
+ * it) and stops treating later blocks' events on it as "same stream", so a
+ * new stream that reuses the handle is ordered after the old one's work.
+ * stream NULL (the default stream) is never forgotten. Must not run
+ * concurrently with calls that pass the same stream.
+ */
+void dmem__pool_stream_forget(dmem__pool_t *p, void *stream);
+
+/*
+ * For victim selection: the size of the contiguous free range that would
+ * exist if the live block at `ptr` (from dmem__pool_alloc with `size`) were
+ * freed now: the block plus the free ranges next to it in its slab, whatever
+ * their events. Blocks in caches count as live (call dmem__pool_flush
+ * first). 0 when ptr is not a live block of the global structure.
+ */
+size_t dmem__pool_range_if_freed(dmem__pool_t *p, void *ptr, size_t size);
+
+/*
+ * The largest contiguous free range now, over all slabs (adjacent free
+ * ranges whose events differ count as one: an allocation can take them
+ * together by waiting on their events). Cached blocks are not counted (call
+ * dmem__pool_flush first). A request of `size` can be served without a new
+ * slab when dmem__pool_block_size(size) <= this value (see dmem__pool_fits).
+ */
+size_t dmem__pool_largest_free(dmem__pool_t *p);
+
+/* Whether a request of `size` bytes could be served now without a new slab
+ * (from this thread's cache of `stream` or the free ranges). */
+int dmem__pool_fits(dmem__pool_t *p, size_t size, void *stream);
+
+/* The bytes a request of `size` occupies (its size class or 256-byte
+ * rounding); what stats.in_use counts. Thread-safe, pure. */
+size_t dmem__pool_block_size(size_t size);
+
+/*
+ * The slab holding `ptr`: its base (what be->device_alloc returned, the
+ * address IPC handles are made of) and ptr's offset in it.
+ * Returns DMEM_OK (both outputs written), DMEM_ERR_INVALID_ARGUMENT (ptr in
+ * no slab of the pool, or an output NULL; detail recorded).
+ */
+dmem_status_t dmem__pool_slab_of(dmem__pool_t *p, const void *ptr, void **slab_base_out,
+                                 size_t *offset_out);
+
+/* Snapshot of the counters (each consistent; together approximate while
+ * other threads run). out is written whole; p or out NULL is a no-op. */
+void dmem__pool_stats(dmem__pool_t *p, dmem__pool_stats_t *out);
+
+#endif /* DMEM_MEMORY_POOL_H */
