@@ -118,7 +118,9 @@ undo:
   if (ev && !copied) (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
   b->host = reused ? stage : NULL;
   if (!reused && stage) dmem__hostpool_free(rt->hostpool, stage);
-  dmem_atomic_store_relaxed(&b->spill_event, NULL);
+  /* b->spill_event keeps pointing at ev: a locker that cancelled this spill
+   * may still be about to make its stream wait on it (events are never
+   * destroyed before the runtime, so a late wait is at worst conservative) */
   dmem__move_end(rt, b,
                  (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
                                         .clear = DMEM__F_SPILL_COPY});
