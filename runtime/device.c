@@ -22,7 +22,7 @@ dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t 
     dmem__device_release(rt, p, size, stream);
     return st;
   }
-  dmem_atomic_add_relaxed(&rt->raw_used, size);
+  dmem__raw_count_add(rt, size);
   *ptr_out = p;
   return DMEM_OK;
 }
@@ -33,7 +33,7 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
   size_t size;
   dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size);
   if (st != DMEM_OK) return st;
-  dmem_atomic_sub_relaxed(&rt->raw_used, size);
+  dmem__raw_count_sub(rt, size);
   dmem__device_release(rt, ptr, size, stream);
   return DMEM_OK;
 }
@@ -61,7 +61,7 @@ dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out, size
   if (st != DMEM_OK) return st;
   dmem__pool_stats_t ps;
   dmem__pool_stats(rt->pool, &ps);
-  size_t used = dmem_atomic_load_relaxed(&rt->device_used);
+  size_t used = dmem__device_used(rt);
   size_t under_limit = used < rt->limit ? rt->limit - used : 0;
   size_t device_can = (ps.reserved > ps.in_use ? ps.reserved - ps.in_use : 0) + dev_free;
   size_t free_now = under_limit < device_can ? under_limit : device_can;

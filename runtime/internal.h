@@ -49,6 +49,19 @@ typedef struct dmem__pending {
   size_t n;
 } dmem__pending_t;
 
+/* One shard of the device-limit charge (memory/devmem.c): threads charge
+ * and uncharge their own shard, so allocations on many threads do not all
+ * write one counter. */
+#define DMEM__CHARGE_SHARDS 64
+typedef struct dmem__charge_shard {
+  /* Budget charged to device_charged and not used yet. Written by the
+   * shard's threads (CAS) and by drains (exchange); relaxed. */
+  _Alignas(64) _Atomic size_t slack;
+  /* Raw bytes allocated minus freed through this shard (modulo 2^64: a
+   * block freed on another thread's shard; the sum over shards is exact). */
+  _Atomic size_t raw;
+} dmem__charge_shard_t;
+
 typedef struct dmem__hostpool dmem__hostpool_t;
 typedef struct dmem__raw dmem__raw_t;
 typedef struct dmem__pool dmem__pool_t;
@@ -112,10 +125,15 @@ struct dmem_runtime {
    * eviction passes. On its own line. */
   _Alignas(64) _Atomic uint64_t lru_epoch;
 
+  /* Device bytes charged against the limit: live allocations (buffers and
+   * raw) plus the shards' unused budget (memory/devmem.c). Never above the
+   * limit. Its own line: every shard refill and give-back writes it. */
+  _Alignas(64) _Atomic size_t device_charged;
+  size_t charge_chunk; /* a shard's refill; set at create */
+  dmem__charge_shard_t charge[DMEM__CHARGE_SHARDS];
+
   /* Accounting (relaxed counters). */
-  _Alignas(64) _Atomic size_t device_used;  /* reserved for resident buffers */
-  _Atomic size_t device_pinned;
-  _Atomic size_t raw_used;        /* of device_used: live raw allocations */
+  _Alignas(64) _Atomic size_t device_pinned;
   _Atomic size_t host_used;       /* the host tier's copies (DEFERRED_HOST) */
   _Atomic size_t disk_used;
   _Atomic size_t controller_used;

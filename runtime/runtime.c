@@ -77,7 +77,9 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) return st;
   dmem__log_level = (int)cfg.log_level;
 
-  dmem_runtime_t *rt = calloc(1, sizeof *rt);
+  /* aligned: the charge shards and hot counters sit on lines of their own */
+  dmem_runtime_t *rt = aligned_alloc(_Alignof(dmem_runtime_t), sizeof *rt);
+  if (rt) memset(rt, 0, sizeof *rt);
   dmem__table_t *table = calloc(1, sizeof *table);
   if (!rt || !table) {
     free(rt);
@@ -114,6 +116,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     rt->limit = (size_t)((double)rt->capacity * cfg.device_limit_fraction);
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
+  dmem__charge_init(rt);
   st = dmem__hostpool_create(rt->be, &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);

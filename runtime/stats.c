@@ -12,7 +12,7 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   memset(&s, 0, sizeof s);
   s.device_capacity = rt->capacity;
   s.device_limit = rt->limit;
-  s.device_used = dmem_atomic_load_relaxed(&rt->device_used);
+  s.device_used = dmem__device_used(rt);
   s.device_pinned = dmem_atomic_load_relaxed(&rt->device_pinned);
   s.host_used = dmem__tier_host.used(rt);
   s.disk_used = dmem__tier_disk.used(rt);
@@ -26,7 +26,7 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.seconds_unspilling = (double)dmem_atomic_load_relaxed(&rt->ns_unspilling) * 1e-9;
   s.oom_evictions = dmem_atomic_load_relaxed(&rt->oom_evictions);
   s.cancelled_spills = dmem_atomic_load_relaxed(&rt->cancelled_spills);
-  s.raw_used = dmem_atomic_load_relaxed(&rt->raw_used);
+  s.raw_used = dmem__raw_used(rt);
   dmem__pool_stats_t ps;
   dmem__pool_stats(rt->pool, &ps);
   s.device_reserved = ps.reserved;

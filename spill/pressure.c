@@ -77,6 +77,6 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
                        "no device memory for %zu bytes: %zu of %zu bytes used and nothing "
                        "left to spill",
-                       size, dmem_atomic_load_relaxed(&rt->device_used), rt->limit);
+                       size, dmem__device_used(rt), rt->limit);
   }
 }

@@ -1,17 +1,109 @@
 /*
  * runtime/memory/devmem.c - device memory for buffers and raw allocations:
- * a charge against the runtime's device limit (device_used: bytes in live
- * allocations), then a block of the stream-ordered pool (memory/pool.c).
+ * a charge against the runtime's device limit, then a block of the
+ * stream-ordered pool (memory/pool.c).
+ *
+ * The charge is sharded so that threads allocating at once do not all write
+ * one counter: the global device_charged holds live bytes plus every
+ * shard's unused budget (slack) and never passes the limit; a thread takes
+ * budget from its shard, refills it a chunk at a time, and near the limit
+ * drains every shard's slack back before it gives up. Live bytes
+ * (dmem_stats' device_used) are device_charged minus the slack.
  * When the limit or the pool has no room it says how short it is; the spill
  * layer (spill/pressure.c) makes room and asks again. Nothing here spills,
  * frees a slab or waits on the host.
  */
 #include "internal.h"
 
+/* ---- the charge against the limit ------------------------------------------- */
+
+/* This thread's shard: assigned round robin at first use. */
+static _Thread_local unsigned tl_shard_plus1;
+static _Atomic unsigned shard_counter;
+
+static inline dmem__charge_shard_t *my_shard(dmem_runtime_t *rt) {
+  if (!tl_shard_plus1)
+    tl_shard_plus1 = dmem_atomic_add_relaxed(&shard_counter, 1) % DMEM__CHARGE_SHARDS + 1;
+  return &rt->charge[tl_shard_plus1 - 1];
+}
+
+void dmem__charge_init(dmem_runtime_t *rt) {
+  size_t chunk = rt->limit / 256;
+  if (chunk < ((size_t)64 << 10)) chunk = (size_t)64 << 10;
+  if (chunk > ((size_t)8 << 20)) chunk = (size_t)8 << 20;
+  rt->charge_chunk = chunk;
+}
+
+/* Give every shard's unused budget back to the global charge. */
+static void drain(dmem_runtime_t *rt) {
+  for (unsigned i = 0; i < DMEM__CHARGE_SHARDS; i++) {
+    size_t x = dmem_atomic_exchange_acq_rel(&rt->charge[i].slack, 0);
+    if (x) dmem_atomic_sub_relaxed(&rt->device_charged, x);
+  }
+}
+
+/* Charge size bytes: from this thread's shard budget when it has enough
+ * (no shared write), else a refill from the global charge (a chunk, or the
+ * exact size for large requests), else, near the limit, after draining
+ * every shard's budget. */
+static bool charge(dmem_runtime_t *rt, size_t size, size_t *short_by) {
+  dmem__charge_shard_t *sh = my_shard(rt);
+  size_t s = dmem_atomic_load_relaxed(&sh->slack);
+  while (s >= size)
+    if (dmem_atomic_cas_relaxed(&sh->slack, &s, s - size)) return true;
+  size_t take = size < rt->charge_chunk ? rt->charge_chunk : size;
+  if (dmem__reserve(&rt->device_charged, rt->limit, take, NULL)) {
+    if (take > size) dmem_atomic_add_relaxed(&sh->slack, take - size);
+    return true;
+  }
+  drain(rt);
+  return dmem__reserve(&rt->device_charged, rt->limit, size, short_by);
+}
+
+/* Uncharge size bytes into this thread's shard; a shard holding more than
+ * two chunks gives the excess back. */
+static void uncharge(dmem_runtime_t *rt, size_t size) {
+  dmem__charge_shard_t *sh = my_shard(rt);
+  size_t cur = dmem_atomic_add_relaxed(&sh->slack, size) + size;
+  const size_t keep = rt->charge_chunk;
+  if (cur <= 2 * keep) return;
+  cur = dmem_atomic_load_relaxed(&sh->slack);
+  while (cur > keep) {
+    if (dmem_atomic_cas_relaxed(&sh->slack, &cur, keep)) {
+      dmem_atomic_sub_relaxed(&rt->device_charged, cur - keep);
+      return;
+    }
+  }
+}
+
+size_t dmem__device_used(dmem_runtime_t *rt) {
+  size_t slack = 0;
+  for (unsigned i = 0; i < DMEM__CHARGE_SHARDS; i++)
+    slack += dmem_atomic_load_relaxed(&rt->charge[i].slack);
+  size_t charged = dmem_atomic_load_relaxed(&rt->device_charged);
+  return charged > slack ? charged - slack : 0; /* a racing snapshot may cross */
+}
+
+void dmem__raw_count_add(dmem_runtime_t *rt, size_t size) {
+  dmem_atomic_add_relaxed(&my_shard(rt)->raw, size);
+}
+
+void dmem__raw_count_sub(dmem_runtime_t *rt, size_t size) {
+  dmem_atomic_sub_relaxed(&my_shard(rt)->raw, size);
+}
+
+size_t dmem__raw_used(dmem_runtime_t *rt) {
+  size_t n = 0; /* modulo 2^64, like the shards */
+  for (unsigned i = 0; i < DMEM__CHARGE_SHARDS; i++) n += dmem_atomic_load_relaxed(&rt->charge[i].raw);
+  return n;
+}
+
+/* ---- device memory ------------------------------------------------------------ */
+
 dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
                                  bool *ordered_out, size_t *short_by_out) {
   size_t short_by = 0;
-  if (!dmem__reserve(&rt->device_used, rt->limit, size, &short_by)) {
+  if (!charge(rt, size, &short_by)) {
     *short_by_out = short_by;
     return DMEM_ERR_OUT_OF_MEMORY; /* the caller makes room or records the detail */
   }
@@ -20,7 +112,7 @@ dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, 
   dmem_status_t st =
       dmem__fatal_keep(rt, dmem__pool_alloc_ordered(rt->pool, size, stream, &p, &ordered));
   if (st != DMEM_OK) {
-    dmem_atomic_sub_relaxed(&rt->device_used, size);
+    uncharge(rt, size);
     /* no free range fits and no slab can be added */
     if (st == DMEM_ERR_OUT_OF_MEMORY) *short_by_out = size;
     return st;
@@ -32,10 +124,10 @@ dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, 
 
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream) {
   dmem__pool_free(rt->pool, dev, size, stream);
-  dmem_atomic_sub_relaxed(&rt->device_used, size);
+  uncharge(rt, size);
 }
 
 void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void *event) {
   dmem__pool_free_after(rt->pool, dev, size, event);
-  dmem_atomic_sub_relaxed(&rt->device_used, size);
+  uncharge(rt, size);
 }

@@ -30,6 +30,15 @@ dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, 
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream);
 void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void *event);
 
+/* Set the shard refill size from the limit (at create). */
+void dmem__charge_init(dmem_runtime_t *rt);
+/* Bytes in live allocations (buffers and raw): a snapshot. */
+size_t dmem__device_used(dmem_runtime_t *rt);
+/* Raw bytes live, counted per thread shard. */
+void dmem__raw_count_add(dmem_runtime_t *rt, size_t size);
+void dmem__raw_count_sub(dmem_runtime_t *rt, size_t size);
+size_t dmem__raw_used(dmem_runtime_t *rt);
+
 /* ---- live raw allocations (memory/raw.c) ---------------------------------------- */
 
 dmem_status_t dmem__raw_create(dmem__raw_t **raw_out);

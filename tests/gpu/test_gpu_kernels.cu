@@ -786,3 +786,95 @@ TEST_CASE(device_selection) {
     unsetenv("DMEM_DEVICE");
   }
 }
+
+/* ---- raw allocations (dmem_device_malloc) with real kernels --------------------- */
+
+/* A block freed on stream A while A's kernels still use it is handed to
+ * stream B only in stream order: B's kernels run after A's. A spins, then
+ * checks the pattern it wrote; B overwrites the block it got. Without the
+ * ordering B's fill lands during A's spin and A's check counts it. */
+TEST_CASE(raw_block_reuse_across_streams_is_stream_ordered) {
+  const size_t bytes = gpu_small() ? MiB : 64 * MiB;
+  dmem_runtime_t *rt = gpu_runtime(8 * bytes, 0);
+  unsigned long long *bad = gpu_counters(2);
+  dmem_stream_t a, b;
+  REQUIRE_OK(dmem_stream_create(rt, &a));
+  REQUIRE_OK(dmem_stream_create(rt, &b));
+  int same = 0;
+  for (int round = 0; round < 4; round++) {
+    void *p = NULL, *q = NULL;
+    REQUIRE_OK(dmem_device_malloc(rt, bytes, a, &p));
+    REQUIRE_OK(gpu_fill(p, bytes, 11, (uint32_t)round, (cudaStream_t)a));
+    REQUIRE_OK(gpu_spin(gpu_small() ? 0.02 : 0.1, NULL, (cudaStream_t)a));
+    REQUIRE_OK(gpu_check(p, bytes, 11, (uint32_t)round, &bad[0], (cudaStream_t)a));
+    REQUIRE_OK(dmem_device_free(rt, p, a));
+    REQUIRE_OK(dmem_device_malloc(rt, bytes, b, &q));
+    same += q == p;
+    REQUIRE_OK(gpu_fill(q, bytes, 22, (uint32_t)round, (cudaStream_t)b));
+    REQUIRE_OK(gpu_check(q, bytes, 22, (uint32_t)round, &bad[1], (cudaStream_t)b));
+    REQUIRE_OK(dmem_device_free(rt, q, b));
+  }
+  CHECK_OK(dmem_stream_synchronize(rt, a));
+  CHECK_OK(dmem_stream_synchronize(rt, b));
+  fprintf(stderr, "raw reuse: the same block went to the other stream in %d of 4 rounds\n", same);
+  CHECK_GT(same, 0); /* the case under test happened */
+  CHECK_UEQ(gpu_counter_read(&bad[0]), 0);
+  CHECK_UEQ(gpu_counter_read(&bad[1]), 0);
+  CHECK_OK(dmem_stream_destroy(rt, a));
+  CHECK_OK(dmem_stream_destroy(rt, b));
+  CUDA_REQUIRE(cudaFree(bad));
+  dmem_runtime_destroy(rt);
+}
+
+/* Raw allocations spill buffers (whose kernels' data survives the round
+ * trip); a raw block reused from spilled buffers' ranges is ordered after
+ * their spill copies. */
+TEST_CASE(raw_allocations_spill_buffers_with_kernels) {
+  const size_t bytes = gpu_small() ? MiB : 64 * MiB;
+  const size_t nbuf = 16;
+  dmem_runtime_t *rt = gpu_runtime(nbuf * bytes, 0);
+  unsigned long long *bad = gpu_counters(1);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t h[16];
+  for (size_t i = 0; i < nbuf; i++) {
+    REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h[i]));
+    job_t j = job1(JOB_FILL, bytes, 300u + (uint32_t)i, 0, NULL);
+    REQUIRE_OK(dmem_launch_async(rt, s, &h[i], 1, run_job, &j));
+    REQUIRE_OK(dmem_stream_release(rt, s));
+  }
+  /* half the limit in raw blocks, written at once on another stream */
+  dmem_stream_t r;
+  REQUIRE_OK(dmem_stream_create(rt, &r));
+  void *raw[8];
+  for (int k = 0; k < 8; k++) {
+    REQUIRE_OK(dmem_device_malloc(rt, bytes, r, &raw[k]));
+    REQUIRE_OK(gpu_fill(raw[k], bytes, 900u + (uint32_t)k, 0, (cudaStream_t)r));
+  }
+  dmem_stats_t st;
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_GE(st.spill_count, 8);
+  CHECK_UEQ(st.raw_used, 8 * bytes);
+  CHECK_LE(st.device_used, nbuf * bytes);
+  /* every buffer comes back intact (spilling others), raw blocks stay */
+  for (size_t i = 0; i < nbuf; i++) {
+    job_t j = job1(JOB_CHECK, bytes, 300u + (uint32_t)i, 0, bad);
+    REQUIRE_OK(dmem_launch_async(rt, s, &h[i], 1, run_job, &j));
+    REQUIRE_OK(dmem_sync_and_unlock(rt, s));
+  }
+  for (int k = 0; k < 8; k++) REQUIRE_OK(gpu_check(raw[k], bytes, 900u + (uint32_t)k, 0, bad, (cudaStream_t)r));
+  CHECK_OK(dmem_stream_synchronize(rt, r));
+  CHECK_UEQ(gpu_counter_read(bad), 0);
+  /* bad frees on the CUDA backend */
+  CHECK_STATUS(dmem_device_free(rt, (char *)raw[0] + 256, r), DMEM_ERR_INVALID_ARGUMENT);
+  for (int k = 0; k < 8; k++) CHECK_OK(dmem_device_free(rt, raw[k], r));
+  CHECK_STATUS(dmem_device_free(rt, raw[0], r), DMEM_ERR_INVALID_ARGUMENT);
+  for (size_t i = 0; i < nbuf; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.device_used, 0);
+  CHECK_UEQ(st.raw_used, 0);
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  CHECK_OK(dmem_stream_destroy(rt, r));
+  CUDA_REQUIRE(cudaFree(bad));
+  dmem_runtime_destroy(rt);
+}
