@@ -38,6 +38,12 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
   return DMEM_OK;
 }
 
+dmem_status_t dmem_stream_forget(dmem_runtime_t *rt, dmem_stream_t stream) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_forget: rt is NULL");
+  if (stream) dmem__pool_stream_forget(rt->pool, stream);
+  return DMEM_OK;
+}
+
 /* Bytes of resident buffers that could be spilled now. */
 static size_t spillable_bytes(dmem_runtime_t *rt) {
   size_t total = 0;

@@ -392,6 +392,13 @@ TEST_CASE(raw_block_freed_on_one_stream_ordered_for_another) {
   REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, a, &q));
   CHECK_TRUE(q == p);
   CHECK_OK(dmem_device_free(rt, q, a));
+  /* a stream the caller made and destroys itself is forgotten first */
+  CHECK_OK(dmem_stream_forget(rt, b));
+  CHECK_OK(dmem_stream_forget(rt, NULL)); /* no-op */
+  CHECK_STATUS(dmem_stream_forget(NULL, b), DMEM_ERR_INVALID_ARGUMENT);
+  void *r2 = NULL;
+  REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, a, &r2));
+  CHECK_OK(dmem_device_free(rt, r2, a));
   CHECK_OK(dmem_stream_destroy(rt, a));
   CHECK_OK(dmem_stream_destroy(rt, b));
   dmem_runtime_destroy(rt);

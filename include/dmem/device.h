@@ -58,6 +58,19 @@ DMEM_API dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_
 DMEM_API dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream);
 
 /**
+ * Forget `stream` before the caller destroys it itself: a stream that was
+ * passed to dmem_device_malloc / dmem_device_free (or dmem_lock,
+ * dmem_launch_async ...) may still be named by the pool as the last user of
+ * free blocks, and the pool records events on it when another stream wants
+ * them. This records what is pending on it now; afterwards the stream is not
+ * used again. Streams destroyed with dmem_stream_destroy are forgotten there.
+ * stream NULL (the default stream) is never forgotten (no-op). Must not run
+ * while other calls pass the same stream.
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL).
+ */
+DMEM_API dmem_status_t dmem_stream_forget(dmem_runtime_t *rt, dmem_stream_t stream);
+
+/**
  * Memory as an allocator hook sees it (Numba's get_memory_info).
  *  *total_out  the device limit of the runtime (bytes);
  *  *free_out   what an allocation could obtain now: the bytes under the

@@ -29,20 +29,42 @@
  *  - Blocks leave a cache only by a flush (overflow, a slow-path
  *    allocation, trim, flush, forget): the flusher records ONE event on the
  *    cache's stream after taking the entries out and tags every flushed
- *    segment with it (pool_tag_t). Frees that bypass the caches (large
- *    blocks, uncached streams) record an event each; free_after uses the
- *    pool's internal stream (see pool.h).
+ *    segment with it (pool_tag_t). free_after uses the pool's internal
+ *    stream (see pool.h). Frees on streams without a cache struct
+ *    (cudaStreamPerThread, a full stream table) record an event each.
+ *  - Lazy tags: a free that bypasses the caches (large blocks, and small
+ *    ones over the cache bound) on a stream S with a cache struct records
+ *    nothing. The block goes to the free ranges under S's open lazy tag
+ *    (ps->lazy, one per stream, under mu): a tag whose event is NOT recorded
+ *    yet. S reuses it at once (same stream), so the common same-stream
+ *    large alloc+free pair costs two passes under mu and no event. The
+ *    first time another stream T needs a range under that tag (pool_take,
+ *    pool_take_run), the event is recorded on S then, under mu (with S's
+ *    rec_mu and next rec_seq), and T waits on it: every block under the tag
+ *    was freed before that record, so it covers their last uses (and
+ *    whatever S ran since: conservative, never a host wait). The tag is then
+ *    an ordinary one and S's next bypassing free opens a new lazy tag. Lazy
+ *    tags are never queried (no record yet, so never "done"); trim records
+ *    them before waiting, stream_forget records its stream's before the
+ *    stream can go away, destroy records all before its waits. If a record
+ *    fails (the stream destroyed without forget, a broken device), the ranges
+ *    under the tag are quarantined. An open lazy tag stays on p->tags even
+ *    at refs 0, so a same-stream pair does not touch the tag free list.
  *  - A FREE segment with a tag is handed to the tag's stream at once; to
  *    another stream only if the tag's event has completed (event_query) or
- *    after be->stream_wait_event(stream, tag event). A tag without pending
- *    work (NULL, or done) makes the segment free for all.
+ *    after be->stream_wait_event(stream, tag event) (a lazy tag recorded
+ *    first). A tag without pending work (NULL, or done) makes the segment
+ *    free for all.
  *  - Coalescing keeps that promise: two free neighbours join when one of
  *    them is settled (the union carries the other's tag), when they carry the
  *    same tag, or when both tags were recorded on the same stream (the
  *    later record, by a per-stream sequence number taken with the record
- *    under rec_mu, covers the earlier). Otherwise they stay apart; a request
- *    that only a run of such neighbours can serve takes the run after
- *    waiting on each foreign pending event.
+ *    under rec_mu, covers the earlier). A lazy tag joins only its own ranges
+ *    and ranges under a recorded, pending tag of its stream (its record, to
+ *    come, covers that one); never a settled range, which would tie bytes
+ *    free for every stream to a record that has not happened yet. Otherwise
+ *    neighbours stay apart; a request that only a run of such neighbours can
+ *    serve takes the run after waiting on each foreign pending event.
  *  - Tags are reference-counted by the segments that carry them; at zero the
  *    tag and its event go back to a free list and the event is recorded
  *    again later. That is safe because a stream wait captures the event's
@@ -54,12 +76,15 @@
  *   table_mu -> shard mu          (flush, stats)
  *   table_mu -> rec_mu            (flush records an event; rec_mu is a leaf)
  *   table_mu -> mu -> tag_mu      (flush hands blocks back; forget)
+ *   table_mu -> mu -> rec_mu      (forget records its lazy tag)
+ *   mu -> rec_mu, mu -> tag_mu    (a lazy tag recorded or opened under mu)
  *   grow_mu -> mu                 (slab growth and trim)
  *   aux_mu -> tag_mu              (free_after)
  * The fast path takes one shard mu and nothing else. No pool lock is held
  * across a call that can block long, except grow_mu across the backend's
- * device_alloc / device_free; event_record, event_query and
- * stream_wait_event (non-blocking) run under rec_mu, aux_mu or mu.
+ * device_alloc / device_free; event_record, event_query, event_create (a
+ * new tag) and stream_wait_event (non-blocking) run under rec_mu, aux_mu or
+ * mu.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -105,15 +130,19 @@ typedef enum pool_seg_state {
   SEG_UNUSED       /* descriptor on the free list */
 } pool_seg_state_t;
 
-/* One event recorded on one stream after the frees it covers. All fields
+/* One event recorded on one stream after the frees it covers, or (lazy) to
+ * be recorded there when another stream first needs the blocks. All fields
  * under the pool's mu once published (the recorder fills them privately). */
 struct pool_tag {
   void *event;          /* backend event; the tag struct keeps it for life */
   uintptr_t skey;       /* stream key of the record; 0: no stream reuses at once */
-  uint64_t seq;         /* record order on that stream; 0: unknown */
+  uint64_t seq;         /* record order on that stream; 0: unknown (or lazy) */
   uint32_t refs;        /* segments carrying it + the recorder's until published */
   bool done;            /* event_query said complete (monotonic while refs > 0) */
-  pool_tag_t *prev, *next; /* p->tags while refs > 0; `next` links the free list */
+  bool lazy;            /* not recorded yet: ps->lazy == this tag, and only then */
+  pool_stream_t *ps;    /* lazy: the stream's cache struct (rec_mu, rec_seq) */
+  void *stream;         /* lazy: the stream to record on */
+  pool_tag_t *prev, *next; /* p->tags while refs > 0 or lazy; `next` links the free list */
 };
 
 /* A segment descriptor (host memory; the device bytes are never touched).
@@ -155,6 +184,7 @@ struct pool_stream {
                              publication; read under table_mu) */
   pthread_mutex_t rec_mu; /* records on this stream with their rec_seq */
   uint64_t rec_seq;       /* (rec_mu) */
+  pool_tag_t *lazy;       /* the open lazy tag of this stream, or NULL (mu) */
   _Atomic(pool_shard_t *) shards[POOL_SHARDS]; /* written once, by the CAS of
                              the first thread to use that shard */
   pool_stream_t *next_all;  /* every struct of the pool (table_mu) */
@@ -277,8 +307,8 @@ static uintptr_t pool_stream_key(const dmem__pool_t *p, void *stream) {
 
 static void pool_tag_ref(pool_tag_t *t) { t->refs++; }
 
-static void pool_tag_unref(dmem__pool_t *p, pool_tag_t *t) {
-  if (--t->refs) return;
+/* Off p->tags and onto the free list (its event kept for the next record). */
+static void pool_tag_retire(dmem__pool_t *p, pool_tag_t *t) {
   if (t->prev)
     t->prev->next = t->next;
   else
@@ -291,12 +321,39 @@ static void pool_tag_unref(dmem__pool_t *p, pool_tag_t *t) {
   pthread_mutex_unlock(&p->tag_mu);
 }
 
+static void pool_tag_unref(dmem__pool_t *p, pool_tag_t *t) {
+  if (--t->refs) return;
+  /* An open lazy tag stays its stream's (ps->lazy) at zero: the next free
+   * there takes it again without touching the free list. */
+  if (!t->lazy) pool_tag_retire(p, t);
+}
+
 /* Publish a freshly recorded tag (refs 1: the recorder's) on p->tags. */
 static void pool_tag_link(dmem__pool_t *p, pool_tag_t *t) {
   t->prev = NULL;
   t->next = p->tags;
   if (p->tags) p->tags->prev = t;
   p->tags = t;
+}
+
+/* A tag with its event from the free list, or a new one (event_create). Any
+ * pool lock but tag_mu may be held. */
+static dmem_status_t pool_tag_obtain(dmem__pool_t *p, pool_tag_t **tag_out) {
+  pthread_mutex_lock(&p->tag_mu);
+  pool_tag_t *t = p->free_tags;
+  if (t) p->free_tags = t->next;
+  pthread_mutex_unlock(&p->tag_mu);
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (!t) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "pool: allocating an event tag failed");
+    dmem_status_t st = p->be->event_create(p->be, &t->event);
+    if (st != DMEM_OK) {
+      free(t);
+      return st;
+    }
+  }
+  *tag_out = t;
+  return DMEM_OK;
 }
 
 /* Record an event on `stream` for blocks freed there before this call. No
@@ -306,19 +363,9 @@ static void pool_tag_link(dmem__pool_t *p, pool_tag_t *t) {
 static dmem_status_t pool_tag_record(dmem__pool_t *p, pthread_mutex_t *rec_mu, uint64_t *seq,
                                      void *stream, uintptr_t skey, pool_tag_t **tag_out) {
   dmem__backend_t *be = p->be;
-  pthread_mutex_lock(&p->tag_mu);
-  pool_tag_t *t = p->free_tags;
-  if (t) p->free_tags = t->next;
-  pthread_mutex_unlock(&p->tag_mu);
-  if (!t) {
-    t = calloc(1, sizeof *t);
-    if (!t) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "pool: allocating an event tag failed");
-    dmem_status_t st = be->event_create(be, &t->event);
-    if (st != DMEM_OK) {
-      free(t);
-      return st;
-    }
-  }
+  pool_tag_t *t = NULL;
+  dmem_status_t obtained = pool_tag_obtain(p, &t);
+  if (obtained != DMEM_OK) return obtained;
   if (rec_mu) pthread_mutex_lock(rec_mu);
   dmem_status_t st = be->event_record(be, t->event, stream);
   uint64_t s = 0;
@@ -335,18 +382,77 @@ static dmem_status_t pool_tag_record(dmem__pool_t *p, pthread_mutex_t *rec_mu, u
   t->seq = s;
   t->refs = 1;
   t->done = false;
+  t->lazy = false;
+  t->ps = NULL;
+  t->stream = NULL;
   t->prev = t->next = NULL;
   *tag_out = t;
   return DMEM_OK;
 }
 
+/* mu held. The open lazy tag of ps (stream `stream`), made now if there is
+ * none; linked on p->tags with refs 0 (the segments that take it count). */
+static dmem_status_t pool_tag_lazy(dmem__pool_t *p, pool_stream_t *ps, void *stream,
+                                   pool_tag_t **tag_out) {
+  pool_tag_t *t = ps->lazy;
+  if (!t) {
+    dmem_status_t st = pool_tag_obtain(p, &t);
+    if (st != DMEM_OK) return st;
+    t->skey = pool_stream_key(p, stream);
+    t->seq = 0;
+    t->refs = 0;
+    t->done = false;
+    t->lazy = true;
+    t->ps = ps;
+    t->stream = stream;
+    t->prev = NULL;
+    t->next = p->tags;
+    if (p->tags) p->tags->prev = t;
+    p->tags = t;
+    ps->lazy = t;
+  }
+  *tag_out = t;
+  return DMEM_OK;
+}
+
+/* mu held; t lazy. Record t's event on its stream now, under the stream's
+ * rec_mu and with the next rec_seq: every block freed under t was freed
+ * before this call, so the record covers them (and whatever the stream ran
+ * since: conservative). t becomes an ordinary tag; the stream's next
+ * bypassing free opens a new lazy tag. On failure t stays lazy. */
+static dmem_status_t pool_tag_materialise(dmem__pool_t *p, pool_tag_t *t) {
+  pool_stream_t *ps = t->ps;
+  pthread_mutex_lock(&ps->rec_mu);
+  dmem_status_t st = p->be->event_record(p->be, t->event, t->stream);
+  if (st == DMEM_OK) t->seq = ++ps->rec_seq;
+  pthread_mutex_unlock(&ps->rec_mu);
+  if (st != DMEM_OK) return st;
+  t->lazy = false;
+  t->ps = NULL;
+  t->stream = NULL;
+  ps->lazy = NULL;
+  if (!t->refs) pool_tag_retire(p, t);
+  return DMEM_OK;
+}
+
+/* mu held; t lazy and refs 0 (nothing carries it): no longer ps's open tag. */
+static void pool_tag_close(dmem__pool_t *p, pool_tag_t *t) {
+  t->ps->lazy = NULL;
+  t->lazy = false;
+  t->ps = NULL;
+  t->stream = NULL;
+  pool_tag_retire(p, t);
+}
+
 static bool pool_tag_settled(const pool_tag_t *t) { return !t || t->done; }
 
 /* Whether `stream` (key skey) may use a segment tagged t without waiting.
- * Queries the event once more if needed. */
+ * Queries the event once more if needed (never a lazy tag's: it has no
+ * record yet). */
 static bool pool_usable(dmem__pool_t *p, pool_tag_t *t, uintptr_t skey) {
   if (pool_tag_settled(t)) return true;
   if (t->skey && t->skey == skey) return true;
+  if (t->lazy) return false;
   if (p->be->event_query(p->be, t->event) == DMEM_OK) {
     t->done = true;
     return true;
@@ -357,6 +463,21 @@ static bool pool_usable(dmem__pool_t *p, pool_tag_t *t, uintptr_t skey) {
 /* Whether free neighbours with tags a and b may become one segment; *keep is
  * the tag the union must carry (see the header comment). */
 static bool pool_tags_mergeable(pool_tag_t *a, pool_tag_t *b, pool_tag_t **keep) {
+  if (a && b && a != b && (a->lazy || b->lazy)) {
+    /* A lazy range joins only pending work of its own stream: its record,
+     * still to come, covers every record already made there. It never
+     * joins a settled range, which would tie bytes free for every stream to
+     * a record that has not happened yet. */
+    pool_tag_t *l = a->lazy ? a : b, *o = a->lazy ? b : a;
+    if (o->lazy || o->done || !o->skey || o->skey != l->skey) return false;
+    *keep = l;
+    return true;
+  }
+  if ((a && a->lazy) || (b && b->lazy)) {
+    if (a != b) return false; /* lazy and settled */
+    *keep = a;
+    return true;
+  }
   if (pool_tag_settled(a) && pool_tag_settled(b)) {
     *keep = NULL;
   } else if (pool_tag_settled(a)) {
@@ -620,6 +741,27 @@ static void pool_quarantine(dmem__pool_t *p, pool_seg_t *s) {
   s->tag = NULL;
 }
 
+/* mu held; t lazy and its event cannot be recorded (the stream is gone or
+ * the device broken): every FREE range carrying t is quarantined, since
+ * nothing could order its reuse by another stream. */
+static void pool_tag_quarantine(dmem__pool_t *p, pool_tag_t *t) {
+  size_t n = 0, bytes = 0;
+  for (pool_seg_t *s = p->pending, *next; s; s = next) {
+    next = s->pnext;
+    if (s->tag != t) continue;
+    pool_unindex(p, s);
+    s->state = SEG_QUARANTINED;
+    s->tag = NULL;
+    pool_tag_unref(p, t); /* stays: lazy */
+    n++;
+    bytes += s->size;
+  }
+  DMEM_LOG_AT(DMEM_LOG_WARN,
+              "pool: no event can be recorded on stream %p (%s): %zu free range(s), %zu bytes, "
+              "quarantined",
+              t->stream, dmem_last_error_detail(), n, bytes);
+}
+
 /* Re-coalesce every segment of a slab (after tags settled). */
 static void pool_coalesce_slab(dmem__pool_t *p, pool_slab_t *sl) {
   for (pool_seg_t *s = sl->first; s; s = s->next) {
@@ -645,7 +787,7 @@ static void pool_coalesce_slab(dmem__pool_t *p, pool_slab_t *sl) {
  * free up. */
 static void pool_settle(dmem__pool_t *p) {
   for (pool_tag_t *t = p->tags; t; t = t->next)
-    if (!t->done && p->be->event_query(p->be, t->event) == DMEM_OK) t->done = true;
+    if (!t->done && !t->lazy && p->be->event_query(p->be, t->event) == DMEM_OK) t->done = true;
   for (pool_seg_t *s = p->pending; s; s = s->pnext)
     if (s->tag->done) s->slab->dirty = true;
   for (size_t i = 0; i < p->nslabs; i++)
@@ -694,17 +836,34 @@ static void pool_carve(dmem__pool_t *p, pool_seg_t *s, size_t need) {
   pool_map_put(&p->map, s);
 }
 
+/* Make `stream` wait for the pending work of the ranges tagged t, recording
+ * a lazy t on its stream first. When that record fails, t's ranges are
+ * quarantined and *dropped set (look for another range). */
+static dmem_status_t pool_wait_tag(dmem__pool_t *p, pool_tag_t *t, void *stream, bool *dropped) {
+  *dropped = false;
+  if (t->lazy && pool_tag_materialise(p, t) != DMEM_OK) {
+    pool_tag_quarantine(p, t);
+    *dropped = true;
+    return DMEM_OK;
+  }
+  return p->be->stream_wait_event(p->be, stream, t->event);
+}
+
 /* DMEM_OK with *ptr_out; DMEM_ERR_OUT_OF_MEMORY when nothing fits (no detail
  * recorded); other statuses recorded where detected. */
 static dmem_status_t pool_take(dmem__pool_t *p, size_t need, uintptr_t skey, void *stream,
                                void **ptr_out, bool *ordered) {
-  bool wait;
-  pool_seg_t *s = pool_find(p, need, skey, &wait);
-  if (!s) return DMEM_ERR_OUT_OF_MEMORY;
-  dmem_status_t st = pool_map_reserve(&p->map);
-  if (st == DMEM_OK) st = pool_desc_reserve(p, 1);
-  if (st == DMEM_OK && wait) st = p->be->stream_wait_event(p->be, stream, s->tag->event);
-  if (st != DMEM_OK) return st;
+  bool wait, dropped;
+  pool_seg_t *s;
+  do {
+    dropped = false;
+    s = pool_find(p, need, skey, &wait);
+    if (!s) return DMEM_ERR_OUT_OF_MEMORY;
+    dmem_status_t st = pool_map_reserve(&p->map);
+    if (st == DMEM_OK) st = pool_desc_reserve(p, 1);
+    if (st == DMEM_OK && wait) st = pool_wait_tag(p, s->tag, stream, &dropped);
+    if (st != DMEM_OK) return st;
+  } while (dropped);
   /* `stream` was made to wait, or the block's last use on this same stream
    * may still be pending: either way it is ordered in `stream` only */
   if (!pool_tag_settled(s->tag)) *ordered = true;
@@ -752,21 +911,26 @@ static size_t pool_largest(dmem__pool_t *p) {
  * takes, then they become one LIVE segment. Statuses as pool_take. */
 static dmem_status_t pool_take_run(dmem__pool_t *p, size_t need, uintptr_t skey, void *stream,
                                    void **ptr_out, bool *ordered) {
-  pool_run_ctx_t c = {need, NULL, SIZE_MAX, 0};
-  pool_visit_runs(p->root, &c);
-  if (!c.best) return DMEM_ERR_OUT_OF_MEMORY;
-  if (c.best->size >= need) return pool_take(p, need, skey, stream, ptr_out, ordered);
-  dmem_status_t st = pool_map_reserve(&p->map);
-  if (st != DMEM_OK) return st;
-  size_t covered = 0;
-  for (pool_seg_t *q = c.best; covered < need; q = q->next) {
-    if (!pool_tag_settled(q->tag)) *ordered = true;
-    if (!pool_usable(p, q->tag, skey)) {
-      st = p->be->stream_wait_event(p->be, stream, q->tag->event);
-      if (st != DMEM_OK) return st;
+  pool_run_ctx_t c;
+  bool dropped;
+  do {
+    c = (pool_run_ctx_t){need, NULL, SIZE_MAX, 0};
+    pool_visit_runs(p->root, &c);
+    if (!c.best) return DMEM_ERR_OUT_OF_MEMORY;
+    if (c.best->size >= need) return pool_take(p, need, skey, stream, ptr_out, ordered);
+    dmem_status_t st = pool_map_reserve(&p->map);
+    if (st != DMEM_OK) return st;
+    dropped = false;
+    size_t covered = 0;
+    for (pool_seg_t *q = c.best; covered < need && !dropped; q = q->next) {
+      if (!pool_tag_settled(q->tag)) *ordered = true;
+      covered += q->size;
+      if (!pool_usable(p, q->tag, skey)) {
+        st = pool_wait_tag(p, q->tag, stream, &dropped); /* dropped: the run changed */
+        if (st != DMEM_OK) return st;
+      }
     }
-    covered += q->size;
-  }
+  } while (dropped);
   pool_seg_t *s = c.best;
   pool_unindex(p, s);
   while (s->size < need) {
@@ -1060,6 +1224,32 @@ static void pool_give_back(dmem__pool_t *p, pool_stream_t *ps, void *stream, voi
                 dmem_last_error_detail());
 }
 
+/* A free that bypasses the caches, on a stream with a cache struct: the
+ * block joins the free ranges under the stream's open lazy tag, recording
+ * nothing (see the header comment). */
+static void pool_free_lazy(dmem__pool_t *p, pool_stream_t *ps, void *stream, void *ptr,
+                           size_t rsize) {
+  pool_tag_t *tag = NULL;
+  dmem_status_t st = DMEM_OK;
+  pthread_mutex_lock(&p->mu);
+  p->global_locks++;
+  p->in_use -= rsize;
+  pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptr);
+  if (!s) {
+    DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored", ptr);
+  } else {
+    st = pool_tag_lazy(p, ps, stream, &tag);
+    if (st == DMEM_OK)
+      pool_release(p, s, tag);
+    else
+      pool_quarantine(p, s);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (st != DMEM_OK)
+    DMEM_LOG_AT(DMEM_LOG_WARN, "pool: no event tag for freed block %p (%s): quarantined", ptr,
+                dmem_last_error_detail());
+}
+
 /* Empty one shard into the global structure (one event per batch). */
 static void pool_flush_shard(dmem__pool_t *p, pool_stream_t *ps, void *stream, pool_shard_t *sh) {
   void *batch[POOL_FLUSH_BATCH];
@@ -1101,6 +1291,12 @@ void dmem__pool_stream_forget(dmem__pool_t *p, void *stream) {
     if (!ps) break;
     if (ps == POOL_TOMB || dmem_atomic_load_relaxed(&ps->key) != key) continue;
     pool_flush_stream(p, ps);
+    /* Record the event of its lazily freed blocks while the stream exists. */
+    pthread_mutex_lock(&p->mu);
+    pool_tag_t *t = ps->lazy;
+    if (t && t->refs && pool_tag_materialise(p, t) != DMEM_OK) pool_tag_quarantine(p, t);
+    if (ps->lazy) pool_tag_close(p, ps->lazy); /* nothing carries it now */
+    pthread_mutex_unlock(&p->mu);
     /* release: pairs with the acquire in pool_stream_find (nothing else is
      * published by a tombstone; release keeps every slot store alike) */
     dmem_atomic_store_release(&p->slots[i], POOL_TOMB);
@@ -1279,9 +1475,12 @@ void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream) {
       return;
     }
   } else {
-    ps = pool_stream_get(p, stream); /* for the record order of its events */
+    ps = pool_stream_get(p, stream);
   }
-  pool_give_back(p, ps, stream, &ptr, 1, rsize);
+  if (ps)
+    pool_free_lazy(p, ps, stream, ptr, rsize); /* no event now */
+  else
+    pool_give_back(p, NULL, stream, &ptr, 1, rsize); /* uncached stream: an event now */
 }
 
 void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event) {
@@ -1422,6 +1621,8 @@ static size_t pool_trim_pending(dmem__pool_t *p, pool_tag_t **out) {
     if (s) continue; /* a live or quarantined block */
     for (s = p->slabs[i]->first; s; s = s->next) {
       if (pool_tag_settled(s->tag) || n == POOL_TRIM_WAIT_MAX) continue;
+      /* lazy: record it now (on failure the slab stays) */
+      if (s->tag->lazy && pool_tag_materialise(p, s->tag) != DMEM_OK) continue;
       size_t j = 0;
       while (j < n && out[j] != s->tag) j++;
       if (j < n) continue;
@@ -1549,6 +1750,12 @@ static void pool_tag_destroy(dmem__backend_t *be, pool_tag_t *t) {
 void dmem__pool_destroy(dmem__pool_t *p) {
   if (!p) return;
   dmem__backend_t *be = p->be;
+  /* Lazily freed blocks: record their events (their streams are alive:
+   * forgotten streams have none) so that the waits below cover them. */
+  for (pool_tag_t *t = p->tags, *n; t; t = n) {
+    n = t->next;
+    if (t->lazy && t->refs) (void)pool_tag_materialise(p, t);
+  }
   for (pool_tag_t *t = p->tags, *n; t; t = n) {
     n = t->next;
     pool_tag_destroy(be, t);

@@ -21,6 +21,12 @@
  *    alloc or free path.
  *  - A per-stream cache, sharded per thread, so that the common small
  *    alloc+free pair takes no pool-wide lock.
+ *  - Events are recorded late: a free records none. Cached blocks get one
+ *    event per batch when their cache is flushed; a block that bypasses the
+ *    caches (larger than DMEM__POOL_SMALL_MAX, or over the cache bound) goes
+ *    to the free ranges "lazily", and the event on S is recorded only when
+ *    another stream first takes such a block (that stream then waits on it).
+ *    So a same-stream large alloc+free pair records no event.
  *
  * Thread safety: every function is thread-safe except dmem__pool_destroy,
  * which must not run concurrently with any other call on the same pool.
@@ -33,9 +39,11 @@
  *  - Under CUDA, cudaStreamPerThread ((void *)2) is a different stream in
  *    every thread: the pool keys it per calling thread and never caches its
  *    blocks (each free records its own event).
- *  - Stream handles can be reused by the backend after a stream is
- *    destroyed: call dmem__pool_stream_forget before destroying a stream that
- *    was passed to the pool.
+ *  - Call dmem__pool_stream_forget before destroying a stream that was
+ *    passed to the pool: until then the pool may record events on it (cache
+ *    flushes, lazy frees), and stream handles can be reused by the backend
+ *    after a stream is destroyed. A record that fails on a stream destroyed
+ *    without it quarantines the blocks concerned.
  */
 #ifndef DMEM_MEMORY_POOL_H
 #define DMEM_MEMORY_POOL_H
@@ -78,8 +86,9 @@ dmem_status_t dmem__pool_create(dmem__backend_t *be, size_t limit, size_t min_sl
                                 dmem__pool_t **pool_out);
 
 /*
- * Destroy the pool: waits (event_synchronize) for every event the pool
- * recorded, destroys them and the pool's internal stream, then gives every
+ * Destroy the pool: records the events of lazily freed blocks on their
+ * streams (which must still exist: see dmem__pool_stream_forget), waits
+ * (event_synchronize) for every event the pool recorded, destroys them and the pool's internal stream, then gives every
  * slab back with be->device_free. Blocks still live are reclaimed with their
  * slabs (logged as a warning). Work the caller enqueued on device memory of
  * the pool and did not free must have finished. Not thread-safe with other
@@ -92,7 +101,10 @@ void dmem__pool_destroy(dmem__pool_t *p);
  * usable in stream order on `stream` (NULL: the default stream). When the
  * block was last freed on another stream and that free's event has not
  * completed, `stream` is made to wait on the event (be->stream_wait_event)
- * before the block is returned; nothing waits on the host.
+ * before the block is returned; a block freed lazily (see dmem__pool_free)
+ * has its event recorded on the freeing stream first, then. Nothing waits
+ * on the host. Among the few best-fitting free ranges, one usable without a
+ * wait is preferred.
  * Order of attempts: this thread's cache of `stream`; the free ranges; the
  * same after noting completed events; the same after flushing every cache
  * (events recorded on their streams) and joining adjacent free ranges
@@ -130,12 +142,25 @@ dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *strea
 /*
  * Free a block whose last use was enqueued on `stream` before this call.
  * It is reusable at once by `stream`; by any other stream only after an
- * event recorded on `stream` (at the free, or when the stream's cache is
- * flushed, which amortises one event over many frees) has completed or the
- * other stream was made to wait on it. No host synchronisation. p or ptr
- * NULL is a no-op. If no event can be recorded (backend failure), the block
- * is quarantined until dmem__pool_destroy: it is never handed out again,
- * since nothing would order its reuse.
+ * event recorded on `stream` after this call has completed or the other
+ * stream was made to wait on it. No host synchronisation, and no event
+ * recorded by the free itself:
+ *  - a small block goes to this thread's cache of `stream`; the event comes
+ *    when that cache is flushed (overflow, a slow-path allocation, flush,
+ *    trim, forget), one per batch;
+ *  - any other block (larger than DMEM__POOL_SMALL_MAX, or over the cache
+ *    bound) goes to the free ranges at once, exact size, under `stream`'s
+ *    lazy tag: allocations on `stream` take it with no event; the first
+ *    allocation on another stream that takes a block under the tag records
+ *    the event on `stream` then (so it covers this free and whatever
+ *    `stream` ran since) and waits on it; trim, stream_forget and destroy
+ *    record it too. Takes the pool-wide mutex.
+ *  - On a stream the pool keeps no cache struct for (cudaStreamPerThread,
+ *    or a full stream table) the free records an event at once.
+ * p or ptr NULL is a no-op. If no event can be recorded when one is needed
+ * (backend failure), the blocks it would cover are quarantined until
+ * dmem__pool_destroy: never handed out again, since nothing would order
+ * their reuse.
  */
 void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream);
 
@@ -161,7 +186,8 @@ void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event)
  * back. When more than `keep` is reserved, trim first waits
  * (be->event_synchronize, no pool lock held) for the pending free events of
  * slabs that hold nothing but free ranges - including the events its own
- * cache flush just recorded - since giving a slab back (cudaFree)
+ * cache flush just recorded, and the events of lazily freed blocks there,
+ * which it records first - since giving a slab back (cudaFree)
  * synchronises the device anyway. It never waits for anything else: a slab
  * with a live block stays. Not for the alloc/free path.
  * Returns DMEM_OK (*released_out, may be NULL, = bytes given back),
@@ -175,16 +201,20 @@ dmem_status_t dmem__pool_trim(dmem__pool_t *p, size_t keep, size_t *released_out
  * Move every cached free block of every stream to the free ranges (one event
  * per stream shard and batch). Victim selection calls this first so that
  * dmem__pool_range_if_freed and dmem__pool_largest_free see cached blocks as
- * free. Never waits.
+ * free. Blocks freed lazily are in the free ranges already (their events
+ * stay unrecorded). Never waits.
  */
 void dmem__pool_flush(dmem__pool_t *p);
 
 /*
  * Forget `stream` before it is destroyed: flushes its caches (an event on
- * it) and stops treating later blocks' events on it as "same stream", so a
- * new stream that reuses the handle is ordered after the old one's work.
- * stream NULL (the default stream) is never forgotten. Must not run
- * concurrently with calls that pass the same stream.
+ * it), records the event of the blocks freed lazily on it (so that they stay
+ * usable, by any stream, in order, once the stream is gone), and stops
+ * treating later blocks' events on it as "same stream", so a new stream that
+ * reuses the handle is ordered after the old one's work. The pool records
+ * nothing on `stream` afterwards unless it is passed again. stream NULL (the
+ * default stream) is never forgotten. Must not run concurrently with calls
+ * that pass the same stream.
  */
 void dmem__pool_stream_forget(dmem__pool_t *p, void *stream);
 
