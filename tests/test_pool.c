@@ -960,6 +960,263 @@ TEST_CASE(lazy_record_failure_quarantines) {
   be->destroy(be);
 }
 
+/* ---- per-stream caches of large blocks ------------------------------------------------ */
+
+/* A 16 MiB same-stream pair (on a stream and on the default stream) is
+ * served from this thread's large cache of the stream: the same block,
+ * no pool-wide lock, no event, no stream wait. Only the exact rounded size
+ * is handed out (the caller frees with the size it asked for). Overflow
+ * moves the oldest block to the free ranges with nothing recorded; fits
+ * sees the cache; forget empties it. Before large caches every such pair
+ * took the pool-wide mutex twice. */
+TEST_CASE(large_pair_cached_no_lock) {
+  dmem__backend_t *be = make_backend(1024 * MiB);
+  cbe_t *c = cbe_wrap(be);
+  dmem__pool_t *p = NULL;
+  /* large blocks up to limit/64 = 16 MiB are cached */
+  REQUIRE_OK(dmem__pool_create(&c->base, 1024 * MiB, 4 * MiB, &p));
+  void *s = NULL;
+  REQUIRE_OK(be->stream_create(be, &s));
+  for (int on_s = 0; on_s < 2; on_s++) {
+    void *stream = on_s ? s : NULL, *x = NULL, *y = NULL, *w = NULL;
+    /* c0: the default stream's block in the second round, which stays
+     * cached: s's first allocations get a new slab rather than flush
+     * another stream's large cache (the limit leaves room) */
+    size_t c0 = stats_of(p).cached;
+    /* w: 20 MiB, above the bound, freed to the free ranges (room for y) */
+    REQUIRE_OK(dmem__pool_alloc(p, 20 * MiB, stream, &w));
+    REQUIRE_OK(dmem__pool_alloc(p, 16 * MiB, stream, &x));
+    dmem__pool_free(p, x, 16 * MiB, stream);
+    dmem__pool_free(p, w, 20 * MiB, stream);
+    dmem__pool_stats_t s0 = stats_of(p);
+    CHECK_UEQ(s0.cached, c0 + 16 * MiB);
+    CHECK_UEQ(c0, on_s ? 16 * MiB : 0);
+    CHECK_TRUE(dmem__pool_fits(p, 16 * MiB, stream));
+    int r0 = nrec(c), w0 = nwait(c);
+    int same = 0;
+    for (int i = 0; i < 100; i++) {
+      bool ordered = false;
+      REQUIRE_OK(dmem__pool_alloc_ordered(p, 16 * MiB, stream, &y, &ordered));
+      same += y == x && ordered; /* its last use, on this stream, may be pending */
+      dmem__pool_free(p, y, 16 * MiB, stream);
+    }
+    CHECK_EQ(same, 100);
+    CHECK_EQ(nrec(c) - r0, 0);
+    CHECK_EQ(nwait(c) - w0, 0);
+    dmem__pool_stats_t s1 = stats_of(p);
+    CHECK_UEQ(s1.global_locks, s0.global_locks);
+    CHECK_UEQ(s1.hits, s0.hits + 100);
+    CHECK_UEQ(s1.misses, s0.misses);
+    CHECK_UEQ(s1.in_use, 0);
+    CHECK_UEQ(s1.cached, c0 + 16 * MiB);
+
+    /* 256 bytes less is another rounded size: not the cached block. */
+    REQUIRE_OK(dmem__pool_alloc(p, 16 * MiB - 256, stream, &y));
+    CHECK_TRUE(y != x);
+    CHECK_UEQ(stats_of(p).in_use, 16 * MiB - 256);
+    CHECK_UEQ(stats_of(p).cached, c0 + 16 * MiB);
+    /* Its free overflows the 16 MiB bound: x, the oldest, goes to the free
+     * ranges under the stream's lazy tag (nothing recorded) and comes back
+     * to this stream at once. */
+    int r1 = nrec(c), w1 = nwait(c);
+    dmem__pool_free(p, y, 16 * MiB - 256, stream);
+    CHECK_UEQ(stats_of(p).cached, c0 + 16 * MiB - 256);
+    CHECK_UEQ(stats_of(p).in_use, 0);
+    void *z = NULL;
+    REQUIRE_OK(dmem__pool_alloc(p, 16 * MiB, stream, &z));
+    CHECK_TRUE(z == x);
+    dmem__pool_free(p, z, 16 * MiB, stream); /* y's block goes, lazily */
+    CHECK_UEQ(stats_of(p).cached, c0 + 16 * MiB);
+    CHECK_EQ(nrec(c) - r1, 0);
+    CHECK_EQ(nwait(c) - w1, 0);
+    CHECK_UEQ(stats_of(p).in_use, 0);
+  }
+  /* forget empties s's caches (one event recorded on s for its large
+   * frees). */
+  size_t cached = stats_of(p).cached;
+  int r1 = nrec(c);
+  dmem__pool_stream_forget(p, s);
+  CHECK_UEQ(stats_of(p).cached, cached - 16 * MiB);
+  CHECK_EQ(nrec(c) - r1, 1);
+  dmem__pool_destroy(p);
+  CHECK_UEQ(backend_used(be), 0);
+  be->stream_destroy(be, s);
+  free(c);
+  be->destroy(be);
+}
+
+/* A 2 MiB block written on A behind a gate and freed on A sits in A's large
+ * cache (nothing recorded). The pool is full, so B's request can only be
+ * met by flushing A's cache: A's event is recorded then, B waits on it (B's
+ * probe runs after A's writer) and gets the block. */
+TEST_CASE(cross_stream_large_cached) {
+  dmem__backend_t *be = make_backend(256 * MiB);
+  cbe_t *c = cbe_wrap(be);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(&c->base, 128 * MiB, 128 * MiB, &p)); /* caches up to 2 MiB */
+  void *sa = NULL, *sb = NULL;
+  REQUIRE_OK(be->stream_create(be, &sa));
+  REQUIRE_OK(be->stream_create(be, &sb));
+  void *x = NULL, *rest = NULL, *y = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sa, &x));
+  REQUIRE_OK(dmem__pool_alloc(p, 126 * MiB, NULL, &rest));
+  CHECK_UEQ(stats_of(p).slabs, 1);
+  gate_t g = {0};
+  probe_t pr = {0};
+  pr.block = x;
+  pr.n = 2 * MiB;
+  REQUIRE_OK(be->launch_host_func(be, sa, gate_wait_fn, &g));
+  REQUIRE_OK(be->launch_host_func(be, sa, writer_a_fn, &pr));
+  int r0 = nrec(c), w0 = nwait(c);
+  dmem__pool_free(p, x, 2 * MiB, sa);
+  CHECK_UEQ(stats_of(p).cached, 2 * MiB);
+  CHECK_EQ(nrec(c), r0);
+  REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sb, &y));
+  CHECK_TRUE(y == x);
+  CHECK_EQ(nrec(c), r0 + 1); /* on A, when B needed the block */
+  CHECK_EQ(nwait(c), w0 + 1);
+  CHECK_UEQ(stats_of(p).cached, 0);
+  CHECK_UEQ(stats_of(p).reserved, 128 * MiB);
+  REQUIRE_OK(be->launch_host_func(be, sb, probe_b_fn, &pr));
+  usleep(50 * 1000);
+  CHECK_EQ(atomic_load(&pr.b_ran), 0);
+  CHECK_EQ(atomic_load(&pr.a_done), 0);
+  atomic_store(&g.open, 1);
+  REQUIRE_OK(be->stream_synchronize(be, sb));
+  CHECK_EQ(atomic_load(&pr.b_ran), 1);
+  CHECK_EQ(atomic_load(&pr.b_saw_a), 1);
+  REQUIRE_OK(be->stream_synchronize(be, sa));
+  CHECK_UEQ(count_not(x, 2 * MiB, 0xBB), 0);
+  dmem__pool_free(p, y, 2 * MiB, sb);
+  dmem__pool_free(p, rest, 126 * MiB, NULL);
+  dmem__pool_stream_forget(p, sa);
+  dmem__pool_stream_forget(p, sb);
+  dmem__pool_destroy(p);
+  CHECK_UEQ(backend_used(be), 0);
+  be->stream_destroy(be, sa);
+  be->stream_destroy(be, sb);
+  free(c);
+  be->destroy(be);
+}
+
+typedef struct lc_arg {
+  dmem__pool_t *p;
+  void *ptr;
+  size_t size;
+  void *stream;
+  int fits_same, fits_other; /* dmem__pool_fits from the freeing thread */
+} lc_arg_t;
+
+static void *lc_free_worker(void *arg) {
+  lc_arg_t *a = arg;
+  dmem__pool_free(a->p, a->ptr, a->size, a->stream);
+  a->fits_same = dmem__pool_fits(a->p, a->size, a->stream);
+  a->fits_other = dmem__pool_fits(a->p, a->size + 256, a->stream);
+  return NULL;
+}
+
+/* Memory in large caches is reclaimed before the pool fails or grows: two
+ * threads each free a 3 MiB block on their own stream into their caches
+ * while the rest of the (full) pool is live; a 6 MiB request on a third
+ * stream flushes both caches and takes the two blocks together, with no new
+ * slab. Also the bound: at an 8 MiB limit a 3 MiB block is not cached
+ * (large blocks are cached up to limit/64). */
+TEST_CASE(large_cache_reclaimed_before_oom) {
+  dmem__backend_t *be = make_backend(256 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 8 * MiB, 8 * MiB, &p));
+  void *x = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 3 * MiB, NULL, &x));
+  dmem__pool_free(p, x, 3 * MiB, NULL);
+  CHECK_UEQ(stats_of(p).cached, 0);
+  dmem__pool_destroy(p);
+
+  const size_t limit = 192 * MiB; /* caches up to 3 MiB */
+  REQUIRE_OK(dmem__pool_create(be, limit, limit, &p));
+  void *s[3];
+  for (int i = 0; i < 3; i++) REQUIRE_OK(be->stream_create(be, &s[i]));
+  void *a = NULL, *b = NULL, *rest = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 3 * MiB, s[0], &a));
+  REQUIRE_OK(dmem__pool_alloc(p, 3 * MiB, s[1], &b));
+  REQUIRE_OK(dmem__pool_alloc(p, limit - 6 * MiB, NULL, &rest));
+  dmem__pool_stats_t s0 = stats_of(p);
+  CHECK_UEQ(s0.reserved, limit);
+  CHECK_UEQ(s0.slabs, 1);
+  CHECK_UEQ(dmem__pool_largest_free(p), 0);
+  lc_arg_t args[2] = {{p, a, 3 * MiB, s[0], 0, 0}, {p, b, 3 * MiB, s[1], 0, 0}};
+  for (int i = 0; i < 2; i++) {
+    pthread_t th;
+    REQUIRE_EQ(pthread_create(&th, NULL, lc_free_worker, &args[i]), 0);
+    pthread_join(th, NULL);
+    CHECK_EQ(args[i].fits_same, 1);  /* from the thread's cache */
+    CHECK_EQ(args[i].fits_other, 0); /* exact sizes only; no free range */
+  }
+  CHECK_UEQ(stats_of(p).cached, 6 * MiB);
+  CHECK_UEQ(stats_of(p).in_use, limit - 6 * MiB);
+  CHECK_UEQ(dmem__pool_largest_free(p), 0); /* cached blocks count as live */
+  void *y = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 6 * MiB, s[2], &y));
+  CHECK_TRUE(y == (a < b ? a : b));
+  dmem__pool_stats_t s1 = stats_of(p);
+  CHECK_UEQ(s1.reserved, limit);
+  CHECK_UEQ(s1.slabs, 1);
+  CHECK_UEQ(s1.misses, s0.misses);
+  CHECK_UEQ(s1.cached, 0);
+  CHECK_UEQ(s1.in_use, limit);
+  CHECK_LE(backend_used(be), limit);
+  dmem__pool_free(p, y, 6 * MiB, s[2]);
+  dmem__pool_free(p, rest, limit - 6 * MiB, NULL);
+  CHECK_UEQ(stats_of(p).in_use, 0);
+  for (int i = 0; i < 3; i++) dmem__pool_stream_forget(p, s[i]);
+  dmem__pool_destroy(p);
+  CHECK_UEQ(backend_used(be), 0);
+  for (int i = 0; i < 3; i++) be->stream_destroy(be, s[i]);
+  be->destroy(be);
+}
+
+/* trim after every block is freed, the large ones sitting in caches (on a
+ * stream and on the default stream, behind a short host function): trim
+ * flushes them, records their events, waits, and gives every slab back. */
+static void sleep_fn(void *user) {
+  (void)user;
+  usleep(20 * 1000);
+}
+
+TEST_CASE(trim_large_cached) {
+  dmem__backend_t *be = make_backend(2048 * MiB);
+  cbe_t *c = cbe_wrap(be);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(&c->base, 2048 * MiB, 4 * MiB, &p)); /* caches up to 32 MiB */
+  void *s = NULL;
+  REQUIRE_OK(be->stream_create(be, &s));
+  const size_t sizes[3] = {16 * MiB, 3 * MiB, 5 * MiB + 256};
+  void *b[2][3];
+  for (int on_s = 0; on_s < 2; on_s++)
+    for (int k = 0; k < 3; k++) REQUIRE_OK(dmem__pool_alloc(p, sizes[k], on_s ? s : NULL, &b[on_s][k]));
+  REQUIRE_OK(be->launch_host_func(be, s, sleep_fn, NULL));
+  for (int on_s = 0; on_s < 2; on_s++)
+    for (int k = 0; k < 3; k++) dmem__pool_free(p, b[on_s][k], sizes[k], on_s ? s : NULL);
+  dmem__pool_stats_t s0 = stats_of(p);
+  CHECK_UEQ(s0.in_use, 0);
+  CHECK_UEQ(s0.cached, 2 * (16 * MiB + 3 * MiB + 5 * MiB + 256));
+  CHECK_GT(s0.reserved, 0);
+  int r0 = nrec(c);
+  size_t rel = 0;
+  REQUIRE_OK(dmem__pool_trim(p, 0, &rel));
+  CHECK_UEQ(rel, s0.reserved);
+  dmem__pool_stats_t s1 = stats_of(p);
+  CHECK_UEQ(s1.reserved, 0);
+  CHECK_UEQ(s1.slabs, 0);
+  CHECK_UEQ(s1.cached, 0);
+  CHECK_UEQ(backend_used(be), 0);
+  CHECK_EQ(nrec(c) - r0, 2); /* one lazy event per stream */
+  dmem__pool_stream_forget(p, s);
+  dmem__pool_destroy(p);
+  be->stream_destroy(be, s);
+  free(c);
+  be->destroy(be);
+}
+
 /* ---- victim-selection queries -------------------------------------------------------- */
 
 TEST_CASE(range_and_slab_of) {
@@ -1272,6 +1529,104 @@ TEST_CASE(threads_no_global_lock) {
   be->destroy(be);
 }
 
+/* The same with large blocks: 8 threads doing 16 MiB and 3 MiB pairs, each
+ * on its own stream and then all on the default stream. After a warm-up
+ * (the first allocation of each size and thread: the pool grows to the
+ * working set rather than flush other threads' large caches) every pair
+ * comes from the thread's large cache: no pool-wide lock at all (before
+ * large caches: two per pair). */
+#define NLL_THREADS 8
+#define NLL_PAIRS 5000
+#define NLL_WARM 8
+
+typedef struct nll_arg {
+  nl_arg_t base;
+  pthread_barrier_t *hold; /* the main thread reads the counters (after the warm-up,
+                              and after the timed pairs, before the forgets) */
+} nll_arg_t;
+
+static int nll_pairs(nl_arg_t *a, void *stream, int pairs) {
+  static const size_t sizes[2] = {16 * MiB, 3 * MiB};
+  for (int i = 0; i < pairs; i++) {
+    for (int k = 0; k < 2; k++) {
+      void *ptr = NULL;
+      if (dmem__pool_alloc(a->p, sizes[k], stream, &ptr) != DMEM_OK) return -1;
+      *(volatile char *)ptr = (char)i;
+      dmem__pool_free(a->p, ptr, sizes[k], stream);
+    }
+  }
+  return 0;
+}
+
+static void *nll_worker(void *arg) {
+  nll_arg_t *la = arg;
+  nl_arg_t *a = &la->base;
+  void *stream = NULL;
+  if (a->own_stream && a->be->stream_create(a->be, &stream) != DMEM_OK)
+    atomic_fetch_add(a->errors, 1);
+  if (nll_pairs(a, stream, NLL_WARM) != 0) atomic_fetch_add(a->errors, 1);
+  pthread_barrier_wait(la->hold);
+  pthread_barrier_wait(a->barrier);
+  if (nll_pairs(a, stream, NLL_PAIRS) != 0) atomic_fetch_add(a->errors, 1);
+  pthread_barrier_wait(a->barrier);
+  pthread_barrier_wait(la->hold);
+  if (stream) {
+    dmem__pool_stream_forget(a->p, stream);
+    a->be->stream_destroy(a->be, stream);
+  }
+  return NULL;
+}
+
+TEST_CASE(threads_no_global_lock_large) {
+  dmem__backend_t *be = make_backend(2048 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 2048 * MiB, 4 * MiB, &p)); /* caches up to 32 MiB */
+  for (int own = 1; own >= 0; own--) {
+    pthread_barrier_t barrier, hold;
+    pthread_barrier_init(&barrier, NULL, NLL_THREADS + 1);
+    pthread_barrier_init(&hold, NULL, NLL_THREADS + 1);
+    atomic_size_t errors = 0;
+    nll_arg_t args[NLL_THREADS];
+    pthread_t th[NLL_THREADS];
+    dmem__pool_stats_t s0 = stats_of(p);
+    for (int i = 0; i < NLL_THREADS; i++) {
+      args[i] = (nll_arg_t){{p, be, own, &barrier, &errors}, &hold};
+      REQUIRE_EQ(pthread_create(&th[i], NULL, nll_worker, &args[i]), 0);
+    }
+    pthread_barrier_wait(&hold);
+    dmem__pool_stats_t sw = stats_of(p);
+    pthread_barrier_wait(&barrier);
+    double t0 = now_s();
+    pthread_barrier_wait(&barrier);
+    double t1 = now_s();
+    dmem__pool_stats_t s1 = stats_of(p);
+    pthread_barrier_wait(&hold);
+    for (int i = 0; i < NLL_THREADS; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    pthread_barrier_destroy(&hold);
+    CHECK_UEQ(atomic_load(&errors), 0);
+    uint64_t warm_locks = sw.global_locks - s0.global_locks, locks = s1.global_locks - sw.global_locks;
+    fprintf(stderr,
+            "%d threads, %s: %.1f ns per 16 MiB + 3 MiB pair couple per thread, %" PRIu64
+            " pool-wide locks for %d pairs (%" PRIu64 " in the warm-up of %d pairs)\n",
+            NLL_THREADS, own ? "a stream each" : "all on the default stream",
+            (t1 - t0) * 1e9 / NLL_PAIRS, locks, 2 * NLL_THREADS * NLL_PAIRS, warm_locks,
+            2 * NLL_THREADS * NLL_WARM);
+    CHECK_UEQ(locks, 0);                      /* every pair from a cache */
+    CHECK_LE(warm_locks, 4 * NLL_THREADS);    /* first allocations (two per thread) */
+    CHECK_UEQ(s1.misses, sw.misses);
+    CHECK_UEQ(s1.in_use, 0);
+    CHECK_UEQ(s1.cached, NLL_THREADS * (16 * MiB + 3 * MiB));
+    CHECK_LE(s1.reserved, 2048 * MiB);
+  }
+  size_t rel = 0;
+  REQUIRE_OK(dmem__pool_trim(p, 0, &rel));
+  CHECK_UEQ(stats_of(p).reserved, 0);
+  CHECK_UEQ(backend_used(be), 0);
+  dmem__pool_destroy(p);
+  be->destroy(be);
+}
+
 static double pair_ns_of(dmem__pool_t *p, size_t size, void *stream, long pairs) {
   void *ptr = NULL;
   double t0 = now_s();
@@ -1288,9 +1643,10 @@ static double pair_ns(dmem__pool_t *p, void *stream, long pairs) {
 
 /* ns per 4 KiB alloc+free pair, one thread, with 0 and 1000 other live
  * blocks; checked against 150 ns only with DMEM_CHECK_TIMING=1. Also the
- * 16 MiB pair (the global path: pool-wide mutex, lazy tag, no event), on a
- * stream and on the default stream, with the 1000 blocks live (printed
- * only). */
+ * 16 MiB pair, on a stream and on the default stream, with the 1000 blocks
+ * live: under a 64 MiB limit (16 MiB is above limit/64, so the global path:
+ * pool-wide mutex, lazy tag, no event) and under a 1 GiB limit (from the
+ * thread's large cache) (printed only). */
 TEST_CASE(timing) {
   dmem__backend_t *be = make_backend(64 * MiB);
   dmem__pool_t *p = NULL;
@@ -1327,6 +1683,28 @@ TEST_CASE(timing) {
     REQUIRE_TRUE(v >= 0);
     if (v < best_big0) best_big0 = v;
   }
+  /* The same pair from the large caches: a pool whose limit/64 is 16 MiB. */
+  dmem__pool_t *q = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 1024 * MiB, 4 * MiB, &q));
+  static void *qlive[1000];
+  for (int i = 0; i < 1000; i++) REQUIRE_OK(dmem__pool_alloc(q, 4 * KiB, NULL, &qlive[i]));
+  double best_c = 1e9, best_c0 = 1e9;
+  REQUIRE_TRUE(pair_ns_of(q, 16 * MiB, stream, 1000) >= 0);
+  REQUIRE_TRUE(pair_ns_of(q, 16 * MiB, NULL, 1000) >= 0);
+  uint64_t locks0 = stats_of(q).global_locks;
+  for (int rep = 0; rep < 3; rep++) {
+    double v = pair_ns_of(q, 16 * MiB, stream, big_pairs);
+    REQUIRE_TRUE(v >= 0);
+    if (v < best_c) best_c = v;
+    v = pair_ns_of(q, 16 * MiB, NULL, big_pairs);
+    REQUIRE_TRUE(v >= 0);
+    if (v < best_c0) best_c0 = v;
+  }
+  CHECK_UEQ(stats_of(q).global_locks, locks0);
+  for (int i = 0; i < 1000; i++) dmem__pool_free(q, qlive[i], 4 * KiB, NULL);
+  dmem__pool_stream_forget(q, stream);
+  dmem__pool_destroy(q);
+
   fprintf(stderr,
           "pool timing: 4 KiB alloc+free pair: %.1f ns (0 live blocks), %.1f ns (1000 live), "
           "%.1f ns (1000 live, own stream); best of 3 x %ld pairs\n",
@@ -1335,8 +1713,13 @@ TEST_CASE(timing) {
           "pool timing: 16 MiB alloc+free pair: %.1f ns (own stream), %.1f ns (default "
           "stream); 1000 live, best of 3 x %ld pairs\n",
           best_big, best_big0, big_pairs);
+  fprintf(stderr,
+          "pool timing: 16 MiB alloc+free pair from the large cache (limit 1 GiB): %.1f ns "
+          "(own stream), %.1f ns (default stream); 1000 live, best of 3 x %ld pairs\n",
+          best_c, best_c0, big_pairs);
   printf("pool_pair_ns_0_live %.1f\npool_pair_ns_1000_live %.1f\n", best0, best1);
   printf("pool_pair_ns_16MiB %.1f\n", best_big);
+  printf("pool_pair_ns_16MiB_cached %.1f\n", best_c);
   const char *check = getenv("DMEM_CHECK_TIMING");
   if (check && strcmp(check, "1") == 0) {
     CHECK_LE(best0, 150);

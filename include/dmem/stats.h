@@ -27,9 +27,12 @@ typedef struct dmem_stats {
   uint64_t unspill_count;    /**< completed retrieves (any tier -> device) */
   uint64_t bytes_spilled;
   uint64_t bytes_unspilled;
-  /** Wall time of the spill calls, summed over threads: staging, the
-   *  device->host copy (a spill waits for it), and the disk write or the
-   *  controller's store. Tier changes (host -> disk) count too. */
+  /** Wall time of the spill calls, summed over threads. To the host tier a
+   *  spill is stream-ordered: staging and enqueueing the device->host copy
+   *  (the copy completes asynchronously, before any retrieve of the buffer),
+   *  so this measures the same thing as seconds_unspilling. To disk or the
+   *  controller a spill also waits for the copy and the write or store.
+   *  Tier changes (host -> disk) count too. */
   double seconds_spilling;
   /** Wall time of the retrieves, summed over threads, up to the moment the
    *  host->device copy is enqueued on the locker's stream: device memory

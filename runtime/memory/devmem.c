@@ -60,13 +60,15 @@ static bool charge(dmem_runtime_t *rt, size_t size, size_t *short_by) {
   return dmem__reserve(&rt->device_charged, rt->limit, size, short_by);
 }
 
-/* Uncharge size bytes into this thread's shard; a shard holding more than
- * two chunks gives the excess back. */
+/* Uncharge size bytes into this thread's shard. The shard keeps budget for
+ * the block it just freed (the next allocation of that size charges no
+ * shared counter) plus a chunk, and gives the excess back; near the limit a
+ * failing charge drains every shard anyway. */
 static void uncharge(dmem_runtime_t *rt, size_t size) {
   dmem__charge_shard_t *sh = my_shard(rt);
   size_t cur = dmem_atomic_add_relaxed(&sh->slack, size) + size;
-  const size_t keep = rt->charge_chunk;
-  if (cur <= 2 * keep) return;
+  const size_t keep = (size > rt->charge_chunk ? size : rt->charge_chunk);
+  if (cur <= keep + rt->charge_chunk) return;
   cur = dmem_atomic_load_relaxed(&sh->slack);
   while (cur > keep) {
     if (dmem_atomic_cas_relaxed(&sh->slack, &cur, keep)) {

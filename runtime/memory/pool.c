@@ -11,7 +11,8 @@
  *    lower bound of the request, O(log n) with thousands of free ranges.
  *    LIVE segments sit in a hash map keyed by address (free finds them).
  *  - Sizes up to 1 MiB are rounded to one of 44 classes (256 B steps up to
- *    1 KiB, then four per power of two), larger ones to 256 B.
+ *    1 KiB, then four per power of two), larger ones to 256 B (exact: no
+ *    coarser rounding, device bytes matter).
  *
  * Fast path without the pool-wide lock
  *  - Each stream the pool sees gets a pool_stream_t, found lock-free from
@@ -24,26 +25,46 @@
  *    shard of its stream, a small free pushes there: no pool-wide lock, no
  *    event. Caches are bounded per class (POOL_CLASS_CAP) and in bytes per
  *    shard (cache_bytes); overflow moves the oldest entries out.
+ *  - Large blocks (above POOL_SMALL_MAX, up to large_cache_bytes = limit/64)
+ *    have a cache of their own in the same shard: up to POOL_LARGE_CAP
+ *    blocks with their exact rounded sizes, oldest first, at most
+ *    large_cache_bytes in all. A large alloc takes a cached block of exactly
+ *    its rounded size (so the size the caller frees with is the block's), a
+ *    large free pushes there: the same-stream large pair takes no pool-wide
+ *    lock and records no event either. Overflow moves the oldest out.
+ *    Bounds: a stream's caches hold at most POOL_SHARDS * limit/64 = limit/4
+ *    of large blocks, and no allocation fails while bytes sit in a cache:
+ *    the slow path flushes every cache, large ones included, before it
+ *    fails. Small caches are also flushed before a slab is added; large
+ *    ones are not, so that the pool grows once to a multi-threaded working
+ *    set of large blocks rather than have threads take each other's cached
+ *    blocks over and over, each time flushing every cache (and recording
+ *    and waiting on events).
  *
  * Stream ordering
- *  - Blocks leave a cache only by a flush (overflow, a slow-path
- *    allocation, trim, flush, forget): the flusher records ONE event on the
- *    cache's stream after taking the entries out and tags every flushed
- *    segment with it (pool_tag_t). free_after uses the pool's internal
- *    stream (see pool.h). Frees on streams without a cache struct
+ *  - Cached blocks are only ever handed to their own stream key (same
+ *    stream: ordered by construction). They leave a cache only by a flush
+ *    (overflow, a slow-path allocation, trim, flush, forget; destroy for
+ *    large ones). Small ones: the flusher records ONE event on the cache's
+ *    stream after taking the entries out and tags every flushed segment
+ *    with it (pool_tag_t). Large ones go to the free ranges under the
+ *    stream's lazy tag (below), as if they had been freed uncached then:
+ *    no event unless another stream wants them. free_after uses the pool's
+ *    internal stream (see pool.h). Frees on streams without a cache struct
  *    (cudaStreamPerThread, a full stream table) record an event each.
- *  - Lazy tags: a free that bypasses the caches (large blocks, and small
- *    ones over the cache bound) on a stream S with a cache struct records
+ *  - Lazy tags: a free that bypasses the caches (large blocks above
+ *    large_cache_bytes, small ones over the cache bound) or a large block
+ *    leaving its cache, on a stream S with a cache struct, records
  *    nothing. The block goes to the free ranges under S's open lazy tag
  *    (ps->lazy, one per stream, under mu): a tag whose event is NOT recorded
- *    yet. S reuses it at once (same stream), so the common same-stream
- *    large alloc+free pair costs two passes under mu and no event. The
- *    first time another stream T needs a range under that tag (pool_take,
- *    pool_take_run), the event is recorded on S then, under mu (with S's
- *    rec_mu and next rec_seq), and T waits on it: every block under the tag
- *    was freed before that record, so it covers their last uses (and
- *    whatever S ran since: conservative, never a host wait). The tag is then
- *    an ordinary one and S's next bypassing free opens a new lazy tag. Lazy
+ *    yet. S reuses it at once (same stream), so a same-stream large
+ *    alloc+free pair that misses the caches costs two passes under mu and no
+ *    event. The first time another stream T needs a range under that tag
+ *    (pool_take, pool_take_run), the event is recorded on S then, under mu
+ *    (with S's rec_mu and next rec_seq), and T waits on it: every block
+ *    under the tag was freed before that record, so it covers their last
+ *    uses (and whatever S ran since: conservative, never a host wait). The
+ *    tag is then an ordinary one and S's next lazy free opens a new one. Lazy
  *    tags are never queried (no record yet, so never "done"); trim records
  *    them before waiting, stream_forget records its stream's before the
  *    stream can go away, destroy records all before its waits. If a record
@@ -104,6 +125,8 @@
 #define POOL_SMALL_MAX DMEM__POOL_SMALL_MAX
 #define POOL_NCLASSES 44u          /* classes for sizes up to POOL_SMALL_MAX */
 #define POOL_CLASS_CAP 32u         /* cached blocks per class and shard */
+#define POOL_LARGE_CAP 8u          /* cached large blocks per shard */
+#define POOL_LARGE_DIV 64u         /* large_cache_bytes = limit / POOL_LARGE_DIV */
 #define POOL_SHARDS 16u            /* shards per stream cache */
 #define POOL_STREAM_SLOTS 512u     /* stream table slots (power of two) */
 #define POOL_STREAM_SLOT_BITS 9u   /* log2(POOL_STREAM_SLOTS) */
@@ -170,9 +193,13 @@ struct pool_slab {
  * whose shard index it is. Everything under `mu`. */
 struct pool_shard {
   pthread_mutex_t mu;
-  size_t bytes;    /* cached bytes */
+  size_t bytes;    /* cached bytes of small blocks (the class stacks) */
   size_t in_use;   /* live-byte delta of this shard (wraps; summed by stats) */
   uint64_t hits;   /* allocations served here */
+  size_t lbytes;   /* cached bytes of large blocks */
+  unsigned ln;     /* cached large blocks */
+  size_t lsize[POOL_LARGE_CAP]; /* their exact (rounded) sizes; [0] oldest */
+  void *lptr[POOL_LARGE_CAP];
   uint16_t n[POOL_NCLASSES];
   void *stack[POOL_NCLASSES][POOL_CLASS_CAP]; /* [0] oldest, [n-1] newest */
 };
@@ -206,7 +233,9 @@ struct dmem__pool {
   dmem__backend_t *be;
   size_t limit;
   size_t min_slab;
-  size_t cache_bytes; /* per-shard cache bound */
+  size_t cache_bytes;       /* per-shard bound of the small caches */
+  size_t large_cache_bytes; /* per-shard bound of the large caches, and the
+                               largest block cached (limit / POOL_LARGE_DIV) */
   bool cuda;
 
   /* Stream table. Slots hold NULL (never used), POOL_TOMB (forgotten) or a
@@ -1194,6 +1223,52 @@ static size_t pool_shard_evict(const dmem__pool_t *p, pool_shard_t *sh, unsigned
   return n;
 }
 
+/* Large cache of sh (sh->mu held). The newest cached block of exactly
+ * `rsize` bytes, taken out; NULL if none. */
+static void *pool_shard_pop_large(pool_shard_t *sh, size_t rsize) {
+  for (unsigned i = sh->ln; i-- > 0;) {
+    if (sh->lsize[i] != rsize) continue;
+    void *ptr = sh->lptr[i];
+    unsigned n = --sh->ln;
+    memmove(&sh->lsize[i], &sh->lsize[i + 1], (n - i) * sizeof *sh->lsize);
+    memmove(&sh->lptr[i], &sh->lptr[i + 1], (n - i) * sizeof *sh->lptr);
+    sh->lbytes -= rsize;
+    return ptr;
+  }
+  return NULL;
+}
+
+/* Move the oldest k large entries of sh out into out (sh->mu held). */
+static size_t pool_shard_take_large(pool_shard_t *sh, size_t k, void **out) {
+  unsigned n = sh->ln;
+  if (k > n) k = n;
+  for (size_t i = 0; i < k; i++) {
+    out[i] = sh->lptr[i];
+    sh->lbytes -= sh->lsize[i];
+  }
+  memmove(sh->lsize, sh->lsize + k, (n - k) * sizeof *sh->lsize);
+  memmove(sh->lptr, sh->lptr + k, (n - k) * sizeof *sh->lptr);
+  sh->ln = n - (unsigned)k;
+  return k;
+}
+
+/* Push a large block of rsize (<= large_cache_bytes) bytes on sh (sh->mu
+ * held), after moving the oldest entries to out while the count or the byte
+ * bound would be passed. Returns how many went to out (<= POOL_LARGE_CAP). */
+static size_t pool_shard_push_large(const dmem__pool_t *p, pool_shard_t *sh, void *ptr,
+                                    size_t rsize, void **out) {
+  size_t k = 0, gone = 0;
+  while (k < sh->ln &&
+         (sh->ln - k >= POOL_LARGE_CAP || sh->lbytes - gone + rsize > p->large_cache_bytes))
+    gone += sh->lsize[k++];
+  size_t n = pool_shard_take_large(sh, k, out);
+  sh->lsize[sh->ln] = rsize;
+  sh->lptr[sh->ln] = ptr;
+  sh->ln++;
+  sh->lbytes += rsize;
+  return n;
+}
+
 /* Hand blocks freed on `stream` (ps: its cache struct, or NULL) to the
  * global structure under one event recorded now. in_use_dec: bytes to take
  * off the global in_use (frees that bypass the caches). No lock held except
@@ -1224,61 +1299,76 @@ static void pool_give_back(dmem__pool_t *p, pool_stream_t *ps, void *stream, voi
                 dmem_last_error_detail());
 }
 
-/* A free that bypasses the caches, on a stream with a cache struct: the
- * block joins the free ranges under the stream's open lazy tag, recording
- * nothing (see the header comment). */
-static void pool_free_lazy(dmem__pool_t *p, pool_stream_t *ps, void *stream, void *ptr,
-                           size_t rsize) {
+/* Blocks freed on a stream with a cache struct that do not go to (or leave)
+ * a cache: they join the free ranges under the stream's open lazy tag,
+ * recording nothing (see the header comment). in_use_dec as in
+ * pool_give_back. No lock held except possibly table_mu. */
+static void pool_free_lazy(dmem__pool_t *p, pool_stream_t *ps, void *stream, void *const *ptrs,
+                           size_t n, size_t in_use_dec) {
   pool_tag_t *tag = NULL;
   dmem_status_t st = DMEM_OK;
+  size_t lost = 0;
   pthread_mutex_lock(&p->mu);
   p->global_locks++;
-  p->in_use -= rsize;
-  pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptr);
-  if (!s) {
-    DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored", ptr);
-  } else {
-    st = pool_tag_lazy(p, ps, stream, &tag);
-    if (st == DMEM_OK)
+  p->in_use -= in_use_dec;
+  for (size_t i = 0; i < n; i++) {
+    pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptrs[i]);
+    if (!s) {
+      DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored", ptrs[i]);
+      continue;
+    }
+    if (st == DMEM_OK) st = pool_tag_lazy(p, ps, stream, &tag);
+    if (st == DMEM_OK) {
       pool_release(p, s, tag);
-    else
+    } else {
       pool_quarantine(p, s);
+      lost++;
+    }
   }
   pthread_mutex_unlock(&p->mu);
-  if (st != DMEM_OK)
-    DMEM_LOG_AT(DMEM_LOG_WARN, "pool: no event tag for freed block %p (%s): quarantined", ptr,
-                dmem_last_error_detail());
+  if (lost)
+    DMEM_LOG_AT(DMEM_LOG_WARN, "pool: no event tag for %zu freed block(s) (%s): quarantined",
+                lost, dmem_last_error_detail());
 }
 
-/* Empty one shard into the global structure (one event per batch). */
-static void pool_flush_shard(dmem__pool_t *p, pool_stream_t *ps, void *stream, pool_shard_t *sh) {
-  void *batch[POOL_FLUSH_BATCH];
+/* Empty one shard into the global structure: small blocks under one event
+ * per batch, and (if `large`) large ones under the stream's lazy tag. */
+static void pool_flush_shard(dmem__pool_t *p, pool_stream_t *ps, void *stream, pool_shard_t *sh,
+                             bool large) {
+  void *batch[POOL_FLUSH_BATCH], *lbatch[POOL_LARGE_CAP];
   for (;;) {
-    size_t n = 0;
+    size_t n = 0, nl = 0;
     pthread_mutex_lock(&sh->mu);
     for (unsigned c = 0; c < POOL_NCLASSES && n < POOL_FLUSH_BATCH; c++)
       n += pool_shard_take_oldest(sh, c, POOL_FLUSH_BATCH - n, batch + n);
+    if (large) nl = pool_shard_take_large(sh, POOL_LARGE_CAP, lbatch);
     pthread_mutex_unlock(&sh->mu);
-    if (!n) return;
-    pool_give_back(p, ps, stream, batch, n, 0);
+    if (nl) pool_free_lazy(p, ps, stream, lbatch, nl, 0);
+    if (n) pool_give_back(p, ps, stream, batch, n, 0);
+    if (!n && !nl) return;
   }
 }
 
 /* table_mu held. */
-static void pool_flush_stream(dmem__pool_t *p, pool_stream_t *ps) {
+static void pool_flush_stream(dmem__pool_t *p, pool_stream_t *ps, bool large) {
   for (unsigned i = 0; i < POOL_SHARDS; i++) {
     /* acquire: partner is the releasing CAS in pool_shard_install */
     pool_shard_t *sh = dmem_atomic_load_acquire(&ps->shards[i]);
-    if (sh) pool_flush_shard(p, ps, ps->stream, sh);
+    if (sh) pool_flush_shard(p, ps, ps->stream, sh, large);
   }
 }
 
-void dmem__pool_flush(dmem__pool_t *p) {
-  if (!p) return;
+/* Every stream's caches: the small ones, and the large ones if `large`. */
+static void pool_flush_all(dmem__pool_t *p, bool large) {
   pthread_mutex_lock(&p->table_mu);
   for (pool_stream_t *ps = p->streams; ps; ps = ps->next_all)
-    if (dmem_atomic_load_relaxed(&ps->key)) pool_flush_stream(p, ps); /* key: table_mu held */
+    if (dmem_atomic_load_relaxed(&ps->key)) /* key: table_mu held */
+      pool_flush_stream(p, ps, large);
   pthread_mutex_unlock(&p->table_mu);
+}
+
+void dmem__pool_flush(dmem__pool_t *p) {
+  if (p) pool_flush_all(p, true);
 }
 
 void dmem__pool_stream_forget(dmem__pool_t *p, void *stream) {
@@ -1290,8 +1380,9 @@ void dmem__pool_stream_forget(dmem__pool_t *p, void *stream) {
     pool_stream_t *ps = dmem_atomic_load_relaxed(&p->slots[i]); /* writers hold table_mu */
     if (!ps) break;
     if (ps == POOL_TOMB || dmem_atomic_load_relaxed(&ps->key) != key) continue;
-    pool_flush_stream(p, ps);
-    /* Record the event of its lazily freed blocks while the stream exists. */
+    pool_flush_stream(p, ps, true);
+    /* Record the event of its lazily freed blocks (cached large ones
+     * included, just flushed) while the stream exists. */
     pthread_mutex_lock(&p->mu);
     pool_tag_t *t = ps->lazy;
     if (t && t->refs && pool_tag_materialise(p, t) != DMEM_OK) pool_tag_quarantine(p, t);
@@ -1337,7 +1428,11 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
   pthread_mutex_unlock(&p->mu);
 
   if (st == DMEM_ERR_OUT_OF_MEMORY) {
-    dmem__pool_flush(p);
+    /* Small caches before a new slab; large ones only before failing (below):
+     * flushing them whenever a slab could be added would let a few blocks
+     * pass from thread to thread, each theft flushing every cache, instead
+     * of the pool growing once to the working set. */
+    pool_flush_all(p, false);
     pthread_mutex_lock(&p->mu);
     pool_settle(p);
     st = pool_take(p, need, skey, stream, &ptr, ordered);
@@ -1372,7 +1467,9 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
   }
 
   if (st == DMEM_ERR_OUT_OF_MEMORY) {
-    /* Frees that landed while the slab allocation failed. */
+    /* Every cache, large blocks included, and frees that landed while the
+     * slab allocation failed: no failure while the bytes sit in a cache. */
+    pool_flush_all(p, true);
     pthread_mutex_lock(&p->mu);
     pool_settle(p);
     st = pool_take(p, need, skey, stream, &ptr, ordered);
@@ -1408,24 +1505,28 @@ static dmem_status_t pool_alloc(dmem__pool_t *p, size_t size, void *stream, void
   }
   unsigned cls;
   size_t rsize = pool_round(size, &cls);
-  if (cls < POOL_NCLASSES) {
+  if (cls < POOL_NCLASSES || rsize <= p->large_cache_bytes) {
     pool_stream_t *ps = NULL;
     pool_shard_t *sh = pool_shard_get(p, stream, &ps);
     if (sh) {
+      void *ptr = NULL;
       pthread_mutex_lock(&sh->mu);
-      unsigned n = sh->n[cls];
-      if (n) {
-        void *ptr = sh->stack[cls][n - 1];
-        sh->n[cls] = (uint16_t)(n - 1);
+      if (cls == POOL_NCLASSES) {
+        ptr = pool_shard_pop_large(sh, rsize);
+      } else if (sh->n[cls]) {
+        ptr = sh->stack[cls][--sh->n[cls]];
         sh->bytes -= rsize;
+      }
+      if (ptr) {
         sh->hits++;
         sh->in_use += rsize;
-        pthread_mutex_unlock(&sh->mu);
+      }
+      pthread_mutex_unlock(&sh->mu);
+      if (ptr) {
         *ptr_out = ptr;
         *ordered = true; /* freed on this stream: its last use may be pending */
         return DMEM_OK;
       }
-      pthread_mutex_unlock(&sh->mu);
     }
   }
   return pool_alloc_slow(p, rsize, stream, ptr_out, largest_free_out, ordered);
@@ -1455,30 +1556,37 @@ void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream) {
   unsigned cls = POOL_NCLASSES;
   size_t rsize = size > POOL_MAX_REQUEST ? size : pool_round(size, &cls);
   pool_stream_t *ps = NULL;
-  if (cls < POOL_NCLASSES && rsize <= p->cache_bytes) {
+  if (cls < POOL_NCLASSES ? rsize <= p->cache_bytes : rsize <= p->large_cache_bytes) {
     pool_shard_t *sh = pool_shard_get(p, stream, &ps);
     if (sh) {
       void *out[POOL_FLUSH_BATCH + 1];
       size_t nout = 0;
       pthread_mutex_lock(&sh->mu);
       sh->in_use -= rsize;
-      if (sh->n[cls] >= POOL_CLASS_CAP || sh->bytes + rsize > p->cache_bytes)
-        nout = pool_shard_evict(p, sh, cls, rsize, out);
-      if (sh->n[cls] < POOL_CLASS_CAP && sh->bytes + rsize <= p->cache_bytes) {
-        sh->stack[cls][sh->n[cls]++] = ptr;
-        sh->bytes += rsize;
+      if (cls == POOL_NCLASSES) {
+        nout = pool_shard_push_large(p, sh, ptr, rsize, out);
       } else {
-        out[nout++] = ptr; /* the bound could not be met: this one goes too */
+        if (sh->n[cls] >= POOL_CLASS_CAP || sh->bytes + rsize > p->cache_bytes)
+          nout = pool_shard_evict(p, sh, cls, rsize, out);
+        if (sh->n[cls] < POOL_CLASS_CAP && sh->bytes + rsize <= p->cache_bytes) {
+          sh->stack[cls][sh->n[cls]++] = ptr;
+          sh->bytes += rsize;
+        } else {
+          out[nout++] = ptr; /* the bound could not be met: this one goes too */
+        }
       }
       pthread_mutex_unlock(&sh->mu);
-      if (nout) pool_give_back(p, ps, stream, out, nout, 0);
+      if (nout && cls == POOL_NCLASSES)
+        pool_free_lazy(p, ps, stream, out, nout, 0); /* large overflow: no event now */
+      else if (nout)
+        pool_give_back(p, ps, stream, out, nout, 0);
       return;
     }
   } else {
     ps = pool_stream_get(p, stream);
   }
   if (ps)
-    pool_free_lazy(p, ps, stream, ptr, rsize); /* no event now */
+    pool_free_lazy(p, ps, stream, &ptr, 1, rsize); /* no event now */
   else
     pool_give_back(p, NULL, stream, &ptr, 1, rsize); /* uncached stream: an event now */
 }
@@ -1547,12 +1655,17 @@ int dmem__pool_fits(dmem__pool_t *p, size_t size, void *stream) {
   if (!p || size > POOL_MAX_REQUEST) return 0;
   unsigned cls;
   size_t rsize = pool_round(size, &cls);
-  if (cls < POOL_NCLASSES) {
+  if (cls < POOL_NCLASSES || rsize <= p->large_cache_bytes) {
     pool_stream_t *ps = NULL;
     pool_shard_t *sh = pool_shard_get(p, stream, &ps);
     if (sh) {
+      bool hit = false;
       pthread_mutex_lock(&sh->mu);
-      bool hit = sh->n[cls] != 0;
+      if (cls < POOL_NCLASSES) {
+        hit = sh->n[cls] != 0;
+      } else {
+        for (unsigned i = 0; i < sh->ln && !hit; i++) hit = sh->lsize[i] == rsize;
+      }
       pthread_mutex_unlock(&sh->mu);
       if (hit) return 1;
     }
@@ -1599,7 +1712,7 @@ void dmem__pool_stats(dmem__pool_t *p, dmem__pool_stats_t *out) {
       pthread_mutex_lock(&sh->mu);
       s.in_use += sh->in_use;
       s.hits += sh->hits;
-      s.cached += sh->bytes;
+      s.cached += sh->bytes + sh->lbytes;
       pthread_mutex_unlock(&sh->mu);
     }
   }
@@ -1722,6 +1835,7 @@ dmem_status_t dmem__pool_create(dmem__backend_t *be, size_t limit, size_t min_sl
   p->next_geo = p->min_slab;
   size_t cb = p->limit / 64;
   p->cache_bytes = cb < POOL_CACHE_MIN ? POOL_CACHE_MIN : cb > POOL_CACHE_MAX ? POOL_CACHE_MAX : cb;
+  p->large_cache_bytes = p->limit / POOL_LARGE_DIV; /* <= POOL_SMALL_MAX: no large caching */
   p->rng = 0x9E3779B9u;
   for (unsigned i = 0; i < POOL_STREAM_SLOTS; i++) atomic_init(&p->slots[i], NULL);
   *pool_out = p;
@@ -1750,6 +1864,18 @@ static void pool_tag_destroy(dmem__backend_t *be, pool_tag_t *t) {
 void dmem__pool_destroy(dmem__pool_t *p) {
   if (!p) return;
   dmem__backend_t *be = p->be;
+  /* Cached large blocks join the free ranges under their streams' lazy
+   * tags (as uncached large frees would have), so that their last uses are
+   * waited for too. Forgotten streams have empty caches. */
+  for (pool_stream_t *ps = p->streams; ps; ps = ps->next_all) {
+    if (!dmem_atomic_load_relaxed(&ps->key)) continue; /* no other thread now */
+    for (unsigned i = 0; i < POOL_SHARDS; i++) {
+      pool_shard_t *sh = dmem_atomic_load_relaxed(&ps->shards[i]);
+      void *large[POOL_LARGE_CAP];
+      size_t n = sh ? pool_shard_take_large(sh, POOL_LARGE_CAP, large) : 0;
+      if (n) pool_free_lazy(p, ps, ps->stream, large, n, 0);
+    }
+  }
   /* Lazily freed blocks: record their events (their streams are alive:
    * forgotten streams have none) so that the waits below cover them. */
   for (pool_tag_t *t = p->tags, *n; t; t = n) {

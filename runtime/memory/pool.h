@@ -19,14 +19,21 @@
  *    has completed (event_query) or after that stream was made to wait on it
  *    (be->stream_wait_event). The pool never synchronises the host on the
  *    alloc or free path.
- *  - A per-stream cache, sharded per thread, so that the common small
- *    alloc+free pair takes no pool-wide lock.
- *  - Events are recorded late: a free records none. Cached blocks get one
- *    event per batch when their cache is flushed; a block that bypasses the
- *    caches (larger than DMEM__POOL_SMALL_MAX, or over the cache bound) goes
- *    to the free ranges "lazily", and the event on S is recorded only when
- *    another stream first takes such a block (that stream then waits on it).
- *    So a same-stream large alloc+free pair records no event.
+ *  - A per-stream cache, sharded per thread, so that the common alloc+free
+ *    pair takes no pool-wide lock: small blocks by size class; large ones
+ *    (above DMEM__POOL_SMALL_MAX, up to limit/64) with their exact rounded
+ *    size, a few per shard (at most limit/64 bytes of them), handed out only
+ *    for a request of exactly that rounded size. A cached block is only
+ *    ever handed to the stream it was freed on. Every cache is flushed
+ *    before an allocation fails: never an OUT_OF_MEMORY while the bytes it
+ *    needs sit in a cache.
+ *  - Events are recorded late: a free records none. Cached small blocks get
+ *    one event per batch when their cache is flushed; a large block leaving
+ *    its cache, or a block that bypasses the caches (larger than limit/64,
+ *    or a small one over the cache bound), goes to the free ranges
+ *    "lazily", and the event on S is recorded only when another stream
+ *    first takes such a block (that stream then waits on it). So a
+ *    same-stream large alloc+free pair records no event.
  *
  * Thread safety: every function is thread-safe except dmem__pool_destroy,
  * which must not run concurrently with any other call on the same pool.
@@ -34,8 +41,9 @@
  * Rules for callers:
  *  - The caller is trusted: dmem__pool_free / _free_after get a pointer that
  *    dmem__pool_alloc returned and the size that was asked for then, exactly
- *    once. The pool checks global-path frees against its records (an unknown
- *    pointer is logged and ignored) but never checks cache frees.
+ *    once (caches file a block under that size and hand it out for it
+ *    again). The pool checks global-path frees against its records (an
+ *    unknown pointer is logged and ignored) but never checks cache frees.
  *  - Under CUDA, cudaStreamPerThread ((void *)2) is a different stream in
  *    every thread: the pool keys it per calling thread and never caches its
  *    blocks (each free records its own event).
@@ -56,7 +64,8 @@
 
 /* Block alignment; every block size is a multiple of it. */
 #define DMEM__POOL_ALIGN ((size_t)256)
-/* Largest size served from size classes (and cached per stream). */
+/* Largest size served from size classes (larger blocks are rounded to
+ * DMEM__POOL_ALIGN and cached per stream by exact size up to limit/64). */
 #define DMEM__POOL_SMALL_MAX ((size_t)1 << 20)
 
 typedef struct dmem__pool dmem__pool_t;
@@ -68,7 +77,8 @@ typedef struct dmem__pool_stats {
   uint64_t hits;         /* allocations served from a cache or the free ranges */
   uint64_t misses;       /* allocations that needed a new slab */
   size_t slabs;          /* slabs held */
-  size_t cached;         /* bytes of freed blocks waiting in per-stream caches */
+  size_t cached;         /* bytes of freed blocks waiting in per-stream caches
+                            (small and large) */
   uint64_t global_locks; /* alloc/free/flush operations that took the pool-wide mutex */
 } dmem__pool_stats_t;
 
@@ -86,13 +96,14 @@ dmem_status_t dmem__pool_create(dmem__backend_t *be, size_t limit, size_t min_sl
                                 dmem__pool_t **pool_out);
 
 /*
- * Destroy the pool: records the events of lazily freed blocks on their
- * streams (which must still exist: see dmem__pool_stream_forget), waits
- * (event_synchronize) for every event the pool recorded, destroys them and the pool's internal stream, then gives every
- * slab back with be->device_free. Blocks still live are reclaimed with their
- * slabs (logged as a warning). Work the caller enqueued on device memory of
- * the pool and did not free must have finished. Not thread-safe with other
- * calls on `p`; p NULL is a no-op.
+ * Destroy the pool: records the events of lazily freed blocks and of cached
+ * large blocks on their streams (which must still exist: see
+ * dmem__pool_stream_forget), waits (event_synchronize) for every event the
+ * pool recorded, destroys them and the pool's internal stream, then gives
+ * every slab back with be->device_free. Blocks still live are reclaimed
+ * with their slabs (logged as a warning). Work the caller enqueued on
+ * device memory of the pool and did not free must have finished. Not
+ * thread-safe with other calls on `p`; p NULL is a no-op.
  */
 void dmem__pool_destroy(dmem__pool_t *p);
 
@@ -105,10 +116,16 @@ void dmem__pool_destroy(dmem__pool_t *p);
  * has its event recorded on the freeing stream first, then. Nothing waits
  * on the host. Among the few best-fitting free ranges, one usable without a
  * wait is preferred.
- * Order of attempts: this thread's cache of `stream`; the free ranges; the
- * same after noting completed events; the same after flushing every cache
- * (events recorded on their streams) and joining adjacent free ranges
- * (waiting on their events); a new slab. The pool never evicts anything.
+ * Order of attempts: this thread's cache of `stream` (a large request: a
+ * cached block of exactly its rounded size); the free ranges; the same
+ * after noting completed events; the same after flushing every small-block
+ * cache (events recorded on their streams) and joining adjacent free ranges
+ * (waiting on their events); a new slab; when no slab can be added, the
+ * same after flushing every cache, large blocks included (their streams'
+ * lazy events recorded if another stream takes them). Large caches are not
+ * flushed to spare a new slab: the pool grows once to the working set
+ * rather than pass blocks from thread to thread. The pool never evicts
+ * anything.
  * Returns DMEM_OK (*ptr_out written); DMEM_ERR_OUT_OF_MEMORY (detail
  * recorded) when nothing fits and no slab can be added (limit reached or
  * backend device_alloc out of memory) - the caller spills and retries;
@@ -148,13 +165,18 @@ dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *strea
  *  - a small block goes to this thread's cache of `stream`; the event comes
  *    when that cache is flushed (overflow, a slow-path allocation, flush,
  *    trim, forget), one per batch;
- *  - any other block (larger than DMEM__POOL_SMALL_MAX, or over the cache
+ *  - a large block up to limit/64 goes to this thread's large cache of
+ *    `stream` (no lock but the shard's); the cache's oldest blocks when it
+ *    holds too many (8) or too many bytes (limit/64), and all of them on a
+ *    flush (failing allocation, flush, trim, forget, destroy), leave as
+ *    below, under the lazy tag;
+ *  - any other block (larger than limit/64, or a small one over the cache
  *    bound) goes to the free ranges at once, exact size, under `stream`'s
  *    lazy tag: allocations on `stream` take it with no event; the first
  *    allocation on another stream that takes a block under the tag records
  *    the event on `stream` then (so it covers this free and whatever
  *    `stream` ran since) and waits on it; trim, stream_forget and destroy
- *    record it too. Takes the pool-wide mutex.
+ *    record it too. Takes the pool-wide mutex (as a cache overflow does).
  *  - On a stream the pool keeps no cache struct for (cudaStreamPerThread,
  *    or a full stream table) the free records an event at once.
  * p or ptr NULL is a no-op. If no event can be recorded when one is needed
@@ -181,9 +203,9 @@ void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event)
 
 /*
  * Give back empty slabs with be->device_free until at most `keep` slab bytes
- * remain reserved (largest first), after flushing every cache. Only slabs
- * whose every block is free and whose free events have completed are given
- * back. When more than `keep` is reserved, trim first waits
+ * remain reserved (largest first), after flushing every cache (large ones
+ * included). Only slabs whose every block is free and whose free events
+ * have completed are given back. When more than `keep` is reserved, trim first waits
  * (be->event_synchronize, no pool lock held) for the pending free events of
  * slabs that hold nothing but free ranges - including the events its own
  * cache flush just recorded, and the events of lazily freed blocks there,
@@ -198,17 +220,20 @@ void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event)
 dmem_status_t dmem__pool_trim(dmem__pool_t *p, size_t keep, size_t *released_out);
 
 /*
- * Move every cached free block of every stream to the free ranges (one event
- * per stream shard and batch). Victim selection calls this first so that
- * dmem__pool_range_if_freed and dmem__pool_largest_free see cached blocks as
- * free. Blocks freed lazily are in the free ranges already (their events
- * stay unrecorded). Never waits.
+ * Move every cached free block of every stream to the free ranges: small
+ * ones under one event per stream shard and batch, large ones under their
+ * stream's lazy tag (no event until another stream takes them). Victim
+ * selection calls this first so that dmem__pool_range_if_freed and
+ * dmem__pool_largest_free see cached blocks as free. Blocks freed lazily
+ * are in the free ranges already (their events stay unrecorded). Never
+ * waits.
  */
 void dmem__pool_flush(dmem__pool_t *p);
 
 /*
  * Forget `stream` before it is destroyed: flushes its caches (an event on
- * it), records the event of the blocks freed lazily on it (so that they stay
+ * it), records the event of the blocks freed lazily on it, its cached large
+ * blocks included (so that they stay
  * usable, by any stream, in order, once the stream is gone), and stops
  * treating later blocks' events on it as "same stream", so a new stream that
  * reuses the handle is ordered after the old one's work. The pool records
