@@ -224,8 +224,8 @@ TEST_CASE(trim_gives_empty_slabs_back) {
   REQUIRE_OK(rt->be->mem_info(rt->be, &dev_free1, NULL));
   if (dmem_runtime_backend(rt) == DMEM_BACKEND_HOST)
     CHECK_UEQ(dev_free1, dev_free0 + released); /* the backend has it back */
-  else
-    CHECK_GE(dev_free1, dev_free0 + released / 2); /* others share the device */
+  /* on a GPU other processes (tests running beside this one) move the
+   * device's free memory: device_reserved == 0 above is the check there */
   CHECK_STATUS(dmem_device_trim(NULL, 0, NULL), DMEM_ERR_INVALID_ARGUMENT);
   dmem_runtime_destroy(rt);
 }
