@@ -1409,6 +1409,20 @@ void dmem__pool_stream_forget(dmem__pool_t *p, void *stream) {
 /* ---- alloc and free ------------------------------------------------------------ */
 
 /* Everything after a cache miss. */
+/* Under mu: take `need` bytes (after noting completed events when `settle`;
+ * from runs of neighbours too when `runs`), counting a hit. */
+static dmem_status_t pool_take_counted(dmem__pool_t *p, size_t need, uintptr_t skey, void *stream,
+                                      void **ptr, bool *ordered, bool settle, bool runs) {
+  if (settle) pool_settle(p);
+  dmem_status_t st = pool_take(p, need, skey, stream, ptr, ordered);
+  if (st == DMEM_ERR_OUT_OF_MEMORY && runs) st = pool_take_run(p, need, skey, stream, ptr, ordered);
+  if (st == DMEM_OK) {
+    p->hits++;
+    p->in_use += need;
+  }
+  return st;
+}
+
 static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream, void **ptr_out,
                                      size_t *largest_out, bool *ordered) {
   uintptr_t skey = pool_stream_key(p, stream);
@@ -1416,15 +1430,9 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
 
   pthread_mutex_lock(&p->mu);
   p->global_locks++;
-  dmem_status_t st = pool_take(p, need, skey, stream, &ptr, ordered);
-  if (st == DMEM_ERR_OUT_OF_MEMORY) {
-    pool_settle(p);
-    st = pool_take(p, need, skey, stream, &ptr, ordered);
-  }
-  if (st == DMEM_OK) {
-    p->hits++;
-    p->in_use += need;
-  }
+  dmem_status_t st = pool_take_counted(p, need, skey, stream, &ptr, ordered, false, false);
+  if (st == DMEM_ERR_OUT_OF_MEMORY)
+    st = pool_take_counted(p, need, skey, stream, &ptr, ordered, true, false);
   pthread_mutex_unlock(&p->mu);
 
   if (st == DMEM_ERR_OUT_OF_MEMORY) {
@@ -1434,13 +1442,7 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
      * of the pool growing once to the working set. */
     pool_flush_all(p, false);
     pthread_mutex_lock(&p->mu);
-    pool_settle(p);
-    st = pool_take(p, need, skey, stream, &ptr, ordered);
-    if (st == DMEM_ERR_OUT_OF_MEMORY) st = pool_take_run(p, need, skey, stream, &ptr, ordered);
-    if (st == DMEM_OK) {
-      p->hits++;
-      p->in_use += need;
-    }
+    st = pool_take_counted(p, need, skey, stream, &ptr, ordered, true, true);
     pthread_mutex_unlock(&p->mu);
   }
 
@@ -1449,11 +1451,7 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
     pthread_mutex_lock(&p->grow_mu);
     /* Another thread may have grown the pool or freed blocks meanwhile. */
     pthread_mutex_lock(&p->mu);
-    st = pool_take(p, need, skey, stream, &ptr, ordered);
-    if (st == DMEM_OK) {
-      p->hits++;
-      p->in_use += need;
-    }
+    st = pool_take_counted(p, need, skey, stream, &ptr, ordered, false, false);
     pthread_mutex_unlock(&p->mu);
     if (st == DMEM_ERR_OUT_OF_MEMORY) {
       st = pool_grow(p, need, &ptr, why, sizeof why);
@@ -1471,14 +1469,8 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
      * slab allocation failed: no failure while the bytes sit in a cache. */
     pool_flush_all(p, true);
     pthread_mutex_lock(&p->mu);
-    pool_settle(p);
-    st = pool_take(p, need, skey, stream, &ptr, ordered);
-    if (st == DMEM_ERR_OUT_OF_MEMORY) st = pool_take_run(p, need, skey, stream, &ptr, ordered);
+    st = pool_take_counted(p, need, skey, stream, &ptr, ordered, true, true);
     size_t largest = pool_largest(p), reserved = p->reserved;
-    if (st == DMEM_OK) {
-      p->hits++;
-      p->in_use += need;
-    }
     pthread_mutex_unlock(&p->mu);
     if (st == DMEM_ERR_OUT_OF_MEMORY) {
       if (largest_out) *largest_out = largest;
