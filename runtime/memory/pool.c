@@ -1715,9 +1715,14 @@ void dmem__pool_stats(dmem__pool_t *p, dmem__pool_stats_t *out) {
 /* ---- trim, create, destroy -------------------------------------------------- */
 
 #define POOL_TRIM_WAIT_MAX 64
+/* Rounds of waiting when more tags are pending than one round holds (other
+ * threads may keep freeing meanwhile: trim does not chase them forever). */
+#define POOL_TRIM_PASSES 16
 
 /* Take a reference on each distinct pending tag of the slabs that hold
- * nothing but free ranges (at most POOL_TRIM_WAIT_MAX). */
+ * nothing but free ranges (at most POOL_TRIM_WAIT_MAX; the caller comes back
+ * for the rest). Lazy tags there are recorded first, all of them: a lazy tag
+ * never settles on its own, so one left unrecorded would keep its slab. */
 static size_t pool_trim_pending(dmem__pool_t *p, pool_tag_t **out) {
   size_t n = 0;
   for (size_t i = 0; i < p->nslabs; i++) {
@@ -1725,9 +1730,10 @@ static size_t pool_trim_pending(dmem__pool_t *p, pool_tag_t **out) {
     while (s && s->state == SEG_FREE) s = s->next;
     if (s) continue; /* a live or quarantined block */
     for (s = p->slabs[i]->first; s; s = s->next) {
-      if (pool_tag_settled(s->tag) || n == POOL_TRIM_WAIT_MAX) continue;
-      /* lazy: record it now (on failure the slab stays) */
+      if (pool_tag_settled(s->tag)) continue;
+      /* on failure the slab stays */
       if (s->tag->lazy && pool_tag_materialise(p, s->tag) != DMEM_OK) continue;
+      if (n == POOL_TRIM_WAIT_MAX) continue;
       size_t j = 0;
       while (j < n && out[j] != s->tag) j++;
       if (j < n) continue;
@@ -1746,14 +1752,17 @@ dmem_status_t dmem__pool_trim(dmem__pool_t *p, size_t keep, size_t *released_out
    * pool lock held; giving a slab back, cudaFree, synchronises the device
    * anyway). The tags' references keep their events from being recycled. */
   pool_tag_t *wait[POOL_TRIM_WAIT_MAX];
-  pthread_mutex_lock(&p->mu);
-  size_t nwait = p->reserved > keep ? pool_trim_pending(p, wait) : 0;
-  pthread_mutex_unlock(&p->mu);
-  if (nwait) {
+  for (int pass = 0; pass < POOL_TRIM_PASSES; pass++) {
+    pthread_mutex_lock(&p->mu);
+    pool_settle(p); /* completed tags do not take a place in `wait` */
+    size_t nwait = p->reserved > keep ? pool_trim_pending(p, wait) : 0;
+    pthread_mutex_unlock(&p->mu);
+    if (!nwait) break;
     for (size_t i = 0; i < nwait; i++) (void)p->be->event_synchronize(p->be, wait[i]->event);
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < nwait; i++) pool_tag_unref(p, wait[i]);
     pthread_mutex_unlock(&p->mu);
+    if (nwait < POOL_TRIM_WAIT_MAX) break; /* every pending tag was waited for */
   }
 
   size_t released = 0;
