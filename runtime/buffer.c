@@ -64,6 +64,7 @@ dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_free: rt is NULL");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
+  dmem__pending_poll(rt, false); /* finished releases first: reclaim at once */
   /* acquire: partner is the release in dmem_alloc / dmem__transit_end */
   uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
   do {
@@ -81,6 +82,7 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_info: NULL argument");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
+  dmem__pending_poll(rt, false); /* lock counts as of now, finished releases done */
   uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
   if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_buffer_info_t info;

@@ -115,13 +115,13 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
 dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_sync_and_unlock: rt is NULL");
   dmem_status_t st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
+  dmem__pending_poll(rt, false); /* releases of this stream finished too */
   if (st != DMEM_OK) return st;
   dmem__reg_entry_t *v;
   size_t n;
   (void)dmem__registry_take(rt, stream, &v, &n);
   unlock_n(rt, v, n);
   free(v);
-  dmem__pending_poll(rt, false);
   return DMEM_OK;
 }
 

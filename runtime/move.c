@@ -12,6 +12,7 @@ dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier) 
   if (dmem__tl_transit == b)
     return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved by this thread",
                        (unsigned long long)h);
+  dmem__pending_poll(rt, false); /* a finished stream release no longer holds it */
   return dmem__spill_buffer(rt, b, h, tier, false);
 }
 

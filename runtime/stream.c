@@ -27,7 +27,10 @@ dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
 
 dmem_status_t dmem_stream_synchronize(dmem_runtime_t *rt, dmem_stream_t s) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_synchronize: rt is NULL");
-  return dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
+  dmem_status_t st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
+  /* the releases of s (and any other finished ones) unlock now */
+  dmem__pending_poll(rt, false);
+  return st;
 }
 
 dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_t s, void (*fn)(void *),

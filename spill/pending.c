@@ -2,8 +2,11 @@
  * spill/pending.c - stream releases waiting for their event
  * (dmem_stream_release): the buffers they hold unlock once the stream's work
  * has finished. Nothing waits for that in the background; the list is polled
- * whenever the runtime looks for spill victims (spill/pressure.c), by
- * dmem_runtime_poll, dmem_stats, dmem_sync_and_unlock and at destroy.
+ * (one relaxed load when it is empty) by every call that could otherwise see
+ * a finished release's buffers still locked: dmem_stream_synchronize,
+ * dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,
+ * dmem_stats, dmem_free, the search for spill victims (spill/pressure.c),
+ * dmem_runtime_poll, and at destroy.
  */
 #include "runtime/internal.h"
 

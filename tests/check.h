@@ -89,6 +89,7 @@ static inline void check_register_(const char *name, check_fn fn) {
   } while (0)
 
 #define REQUIRE_EQ(a, b) CHECK_CMP_(1, a, ==, b)
+#define REQUIRE_UEQ(a, b) CHECK_UCMP_(1, a, ==, b)
 #define REQUIRE_TRUE(x) CHECK_CMP_(1, !!(x), ==, 1)
 #define REQUIRE_OK(expr) CHECK_ST_(1, expr, DMEM_OK)
 #define REQUIRE_STATUS(expr, want) CHECK_ST_(1, expr, want)

@@ -1,10 +1,12 @@
 /* RMMEP-1 entry points: dmem_lock_and_launch, dmem_launch_async,
  * dmem_sync_and_unlock, dmem_stream_release; the per-stream registry;
  * all-or-nothing locking. */
+#include <stdatomic.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "internal.h" /* rt->npending: what a call left unpolled */
 
 #define MiB ((size_t)1 << 20)
 
@@ -244,6 +246,89 @@ TEST_CASE(stream_release_found_by_allocation) {
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
+
+/* ---- a finished stream release unlocks when anyone can tell ------------------ */
+
+typedef enum { TELL_SYNC, TELL_SYNC_UNLOCK, TELL_SPILL, TELL_EVICT, TELL_INFO, TELL_STATS,
+               TELL_FREE } tell_t;
+
+static void set_flag(void *user) { atomic_store((atomic_int *)user, 1); }
+
+/* Buffer a, launched on s behind a gate and released while the gate is shut
+ * (so the release cannot have finished when dmem_stream_release polled). The
+ * gate opens; once the stream has run past the release's event (a host
+ * function queued behind it says so) the call under test alone must find
+ * the release finished, with no dmem_runtime_poll in between. */
+static void finished_release_seen_by(tell_t how) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  dmem_stream_t s, s2;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  REQUIRE_OK(dmem_stream_create(rt, &s2));
+  dmem_handle_t a;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
+  REQUIRE_OK(dmem_stream_release(rt, s));
+  REQUIRE_UEQ(dmem_atomic_load_relaxed(&rt->npending), 1); /* still running */
+  atomic_int ran = 0;
+  REQUIRE_OK(dmem_stream_enqueue_host(rt, s, set_flag, &ran));
+  gate_open(&g);
+  while (!atomic_load(&ran)) usleep(100);
+  REQUIRE_UEQ(dmem_atomic_load_relaxed(&rt->npending), 1); /* nobody looked yet */
+  dmem_buffer_info_t info;
+  dmem_stats_t st;
+  size_t freed = 0;
+  switch (how) {
+    case TELL_SYNC: /* another stream's synchronisation is enough */
+      CHECK_OK(dmem_stream_synchronize(rt, s2));
+      CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+      break;
+    case TELL_SYNC_UNLOCK:
+      CHECK_OK(dmem_sync_and_unlock(rt, s2));
+      CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+      break;
+    case TELL_SPILL:
+      CHECK_OK(dmem_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
+      break;
+    case TELL_EVICT:
+      CHECK_OK(dmem_evict(rt, MiB, &freed));
+      CHECK_UEQ(freed, MiB);
+      break;
+    case TELL_INFO:
+      CHECK_OK(dmem_buffer_info(rt, a, &info));
+      CHECK_EQ(info.lock_count, 0);
+      break;
+    case TELL_STATS:
+      CHECK_OK(dmem_stats(rt, &st));
+      CHECK_UEQ(st.device_locked, 0);
+      break;
+    case TELL_FREE: /* reclaimed at once, not at some later poll */
+      CHECK_OK(dmem_free(rt, a));
+      CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+      CHECK_OK(dmem_stats(rt, &st));
+      CHECK_UEQ(st.buffer_count, 0);
+      break;
+  }
+  CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+  if (how != TELL_FREE) {
+    CHECK_EQ(lock_count(rt, a), 0);
+    CHECK_OK(dmem_free(rt, a));
+  }
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  CHECK_OK(dmem_stream_destroy(rt, s2));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(finished_release_seen_by_stream_synchronize) { finished_release_seen_by(TELL_SYNC); }
+TEST_CASE(finished_release_seen_by_sync_and_unlock) { finished_release_seen_by(TELL_SYNC_UNLOCK); }
+TEST_CASE(finished_release_seen_by_spill) { finished_release_seen_by(TELL_SPILL); }
+TEST_CASE(finished_release_seen_by_evict) { finished_release_seen_by(TELL_EVICT); }
+TEST_CASE(finished_release_seen_by_buffer_info) { finished_release_seen_by(TELL_INFO); }
+TEST_CASE(finished_release_seen_by_stats) { finished_release_seen_by(TELL_STATS); }
+TEST_CASE(finished_release_seen_by_free) { finished_release_seen_by(TELL_FREE); }
 
 TEST_CASE(allocation_waits_for_pending_release) {
   /* Memory is full of buffers locked by a running "kernel" whose stream was

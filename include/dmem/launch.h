@@ -59,9 +59,13 @@ DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t st
 
 /**
  * Record an event on `stream` and return at once; the buffers registered on
- * `stream` so far are unlocked once the event completes. Completion is found
- * by the runtime whenever it looks for spill victims, reports state or is
- * polled (dmem_runtime_poll). No host stall.
+ * `stream` so far are unlocked once the event completes. No host stall, and
+ * no background thread: a completed release unlocks its buffers as soon as
+ * anyone can tell that it completed: dmem_stream_synchronize (of any
+ * stream), dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,
+ * dmem_stats, dmem_free, an allocation that needs room, dmem_runtime_poll.
+ * Each of these looks at finished releases before it looks at lock counts;
+ * when none is pending that costs one relaxed load.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL
