@@ -58,6 +58,52 @@ TEST_CASE(bad_arguments) {
   dmem_runtime_destroy(rt);
 }
 
+/* A handle belongs to the runtime that made it: another runtime's handle,
+ * with the same slot number, is stale in this one (generations start at a
+ * random value per runtime), and changes nothing there. */
+TEST_CASE(handles_of_another_runtime_are_stale) {
+  enum { N = 64 };
+  dmem_runtime_t *ra = check_runtime(16 * MiB), *rb = check_runtime(16 * MiB);
+  dmem_handle_t ha[N], hb[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE_OK(dmem_alloc(ra, 256, 0, &ha[i]));
+    REQUIRE_OK(dmem_alloc(rb, 256, 0, &hb[i]));
+    void *p;
+    REQUIRE_OK(dmem_lock(rb, hb[i], NULL, &p));
+    memset(p, 0x5B, 256);
+    REQUIRE_OK(dmem_unlock(rb, hb[i]));
+  }
+  size_t same = 0;
+  for (int i = 0; i < N; i++) {
+    same += ha[i] == hb[i];
+    CHECK_EQ(ha[i] & 0xFFFFFFFFu, hb[i] & 0xFFFFFFFFu); /* same slots, so only */
+    void *p = NULL;                                     /* the generation tells */
+    dmem_buffer_info_t info;
+    CHECK_STATUS(dmem_buffer_info(rb, ha[i], &info), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_lock(rb, ha[i], NULL, &p), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_spill(rb, ha[i], DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_set_priority(rb, ha[i], 5), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_free(rb, ha[i]), DMEM_ERR_STALE_HANDLE);
+  }
+  CHECK_UEQ(same, 0);
+  for (int i = 0; i < N; i++) { /* b's buffers untouched */
+    dmem_buffer_info_t info;
+    REQUIRE_OK(dmem_buffer_info(rb, hb[i], &info));
+    CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
+    CHECK_EQ(info.priority, 0);
+    void *p;
+    REQUIRE_OK(dmem_lock(rb, hb[i], NULL, &p));
+    size_t bad = 0;
+    for (int k = 0; k < 256; k++) bad += ((unsigned char *)p)[k] != 0x5B;
+    CHECK_UEQ(bad, 0);
+    CHECK_OK(dmem_unlock(rb, hb[i]));
+    CHECK_OK(dmem_free(ra, ha[i]));
+    CHECK_OK(dmem_free(rb, hb[i]));
+  }
+  dmem_runtime_destroy(ra);
+  dmem_runtime_destroy(rb);
+}
+
 TEST_CASE(stale_forged_and_zero_handles) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h, h2;

@@ -213,10 +213,17 @@ typedef struct dmem__table {
   pthread_mutex_t mu;   /* free list and high-water mark */
   uint32_t free_head;
   _Atomic uint32_t high_water; /* slots ever handed out; written under mu */
+  /* Seed of the slots' first generations, random per table: a handle of
+   * another runtime (or a forged one) names a live buffer here only if its
+   * 32 generation bits happen to match, so it is stale with probability
+   * 1 - 2^-32. Written once by dmem__table_init. */
+  uint64_t gen_seed;
 } dmem__table_t;
 
 dmem_status_t dmem__table_init(dmem__table_t *t);
 void dmem__table_fini(dmem__table_t *t);
+/* The first generation of a slot of t (never 0). */
+uint32_t dmem__table_first_gen(const dmem__table_t *t, uint32_t slot);
 /* Take a slot; its word holds the next generation with state FREE. */
 dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffer_t **b_out);
 /* Give back a slot: bump its generation (skipping 0), mark FREE, recycle. */

@@ -2,14 +2,46 @@
  * runtime/core/table.c - the handle table: chunks of buffer slots that never move,
  * so that a handle is looked up without a lock; a free list of slots; a
  * generation per slot so that a freed or forged handle is stale, never
- * another buffer.
+ * another buffer. Generations start at a random value per table, so that a
+ * handle of another runtime is stale here too (but with probability 2^-32).
  */
 #include "internal.h"
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
+
+/* splitmix64's finaliser: a bijection that scatters nearby inputs. */
+static uint64_t table_mix(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* A seed no other table of this or another process is likely to share:
+ * getrandom when the kernel gives it, else the clock, the table's address,
+ * the pid and a process-wide count. */
+static uint64_t table_seed(const dmem__table_t *t) {
+  static _Atomic uint64_t tables;
+  uint64_t r = 0;
+  if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t n = dmem_atomic_add_relaxed(&tables, 1);
+  r ^= table_mix((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec);
+  r ^= table_mix((uint64_t)(uintptr_t)t ^ ((uint64_t)getpid() << 40) ^ (n << 20));
+  return r;
+}
+
+uint32_t dmem__table_first_gen(const dmem__table_t *t, uint32_t slot) {
+  uint32_t g = (uint32_t)(table_mix(t->gen_seed ^ slot) >> 32);
+  return g ? g : 1;
+}
 
 dmem_status_t dmem__table_init(dmem__table_t *t) {
+  t->gen_seed = table_seed(t);
   for (uint32_t i = 0; i < DMEM__MAX_CHUNKS; i++) atomic_init(&t->chunks[i], NULL);
   atomic_init(&t->high_water, 0);
   t->free_head = DMEM__NO_SLOT;
@@ -42,13 +74,14 @@ static dmem_status_t table_grow(dmem__table_t *t, uint32_t chunk) {
   if (!c) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "handle table chunk allocation failed");
   memset(c, 0, DMEM__CHUNK_SLOTS * sizeof *c);
   for (uint32_t i = 0; i < DMEM__CHUNK_SLOTS; i++) {
-    /* generation 1, empty slot */
-    atomic_init(&c[i].word, ((uint64_t)1 << DMEM__GEN_SHIFT) |
+    /* the slot's first generation (random per table), empty slot */
+    uint32_t slot = (chunk << DMEM__CHUNK_BITS) | i;
+    atomic_init(&c[i].word, ((uint64_t)dmem__table_first_gen(t, slot) << DMEM__GEN_SHIFT) |
                                 ((uint64_t)DMEM__STATE_FREE << DMEM__STATE_SHIFT) | DMEM__F_FREED);
     atomic_init(&c[i].last_use, 0);
     atomic_init(&c[i].priority, 0);
     atomic_init(&c[i].spill_count, 0);
-    c[i].slot = (chunk << DMEM__CHUNK_BITS) | i;
+    c[i].slot = slot;
   }
   /* release: partner is the acquire load in dmem__table_lookup */
   dmem_atomic_store_release(&t->chunks[chunk], c);
