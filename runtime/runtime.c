@@ -24,6 +24,9 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
                        cfg->device_limit_fraction);
   if ((int)cfg->log_level < DMEM_LOG_OFF || (int)cfg->log_level > DMEM_LOG_DEBUG)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "log level %d not in 0..4", (int)cfg->log_level);
+  if (cfg->oom_wait_ms > DMEM__OOM_WAIT_MAX_MS)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "oom_wait_ms %u is more than %d (an hour)",
+                       cfg->oom_wait_ms, DMEM__OOM_WAIT_MAX_MS);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;

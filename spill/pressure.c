@@ -8,9 +8,6 @@
  */
 #include "runtime/internal.h"
 
-/* How long an allocation keeps waiting for in-flight moves and stream
- * releases to free memory before it reports DMEM_ERR_OUT_OF_MEMORY. */
-#define DMEM__OOM_PATIENCE_NS (5ull * 1000 * 1000 * 1000)
 
 void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__pending_poll(rt, false);
@@ -66,7 +63,8 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
                 dmem_atomic_load_relaxed(&rt->npending) > 0;
     uint64_t now = dmem__now_ns();
     if (hope) {
-      if (deadline == 0) deadline = now + DMEM__OOM_PATIENCE_NS;
+      /* dmem_config_t.oom_wait_ms / DMEM_OOM_WAIT */
+      if (deadline == 0) deadline = now + (uint64_t)rt->cfg.oom_wait_ms * 1000000u;
       if (now < deadline) {
         dmem__transit_wait_any(rt, 1000u * 1000);
         trimmed = false;

@@ -6,7 +6,7 @@
 
 static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIMIT",
                              "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
-                             "DMEM_STATS",    "DMEM_HOST_CAPACITY"};
+                             "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -34,6 +34,7 @@ TEST_CASE(defaults) {
   CHECK_TRUE(cfg.spill_dir == NULL);
   CHECK_EQ(cfg.log_level, DMEM_LOG_WARN);
   CHECK_UEQ(cfg.host_backend_capacity, (size_t)1 << 30);
+  CHECK_UEQ(cfg.oom_wait_ms, 5000);
   dmem_config_init(NULL); /* ignored */
 }
 
@@ -206,4 +207,29 @@ TEST_CASE(size_parse_matches_env) {
   CHECK_TRUE(dmem_size_parse("1.5M", &b, NULL) == DMEM_OK && s.device_limit == b);
   dmem_runtime_destroy(rt);
   clear_env();
+}
+
+TEST_CASE(oom_wait_from_env_and_struct) {
+  clear_env();
+  setenv("DMEM_OOM_WAIT", "250", 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.oom_wait_ms, 250);
+  setenv("DMEM_OOM_WAIT", "0", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.oom_wait_ms, 0);
+  const char *bad[] = {"-1", "5s", "abc", "3600001", "1.5"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+    CHECK_STATUS(create_with_env("DMEM_OOM_WAIT", bad[i], &rt), DMEM_ERR_CONFIG);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_OOM_WAIT") != NULL);
+  }
+  clear_env();
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.oom_wait_ms = 3600001;
+  dmem_runtime_t *rt = NULL;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(rt == NULL);
 }

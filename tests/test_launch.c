@@ -356,6 +356,73 @@ TEST_CASE(allocation_waits_for_pending_release) {
   dmem_runtime_destroy(rt);
 }
 
+/* dmem_config_t.oom_wait_ms: an allocation waiting on a stream release
+ * succeeds as soon as the stream finishes (not at the end of the wait);
+ * with nothing finishing it gives up after the wait; with 0 at once. */
+static dmem_runtime_t *runtime_waiting(size_t limit, unsigned wait_ms) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = limit;
+  cfg.oom_wait_ms = wait_ms;
+  dmem_runtime_t *rt = NULL;
+  if (dmem_runtime_create(&cfg, &rt) != DMEM_OK) {
+    fprintf(stderr, "dmem_runtime_create: %s\n", dmem_last_error_detail());
+    exit(1);
+  }
+  return rt;
+}
+
+static double secs(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void oom_wait_case(unsigned wait_ms, int open_after_ms, dmem_status_t want,
+                          double min_s, double max_s) {
+  dmem_runtime_t *rt = runtime_waiting(2 * MiB, wait_ms);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a, b = DMEM_HANDLE_NULL;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
+  REQUIRE_OK(dmem_stream_release(rt, s));
+  pthread_t opener;
+  struct timespec ts = {open_after_ms / 1000, (long)(open_after_ms % 1000) * 1000000L};
+  double t0 = secs();
+  if (open_after_ms >= 0) {
+    nanosleep(&ts, NULL);
+    pthread_create(&opener, NULL, gate_open_thread, &g);
+  }
+  dmem_status_t st = dmem_alloc(rt, 2 * MiB, 0, &b);
+  double dt = secs() - t0;
+  CHECK_STATUS(st, want);
+  fprintf(stderr, "oom_wait_ms %u, stream done after %d ms: %s after %.3f s\n", wait_ms,
+          open_after_ms, dmem_status_name(st), dt);
+  CHECK_TRUE(dt >= min_s);
+  CHECK_TRUE(dt < max_s);
+  if (open_after_ms >= 0) pthread_join(opener, NULL);
+  else gate_open(&g);
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  if (st == DMEM_OK) CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(oom_wait_ends_when_stream_finishes) { oom_wait_case(20000, 100, DMEM_OK, 0.0, 5.0); }
+TEST_CASE(oom_wait_gives_up_after_its_time) {
+  oom_wait_case(300, -1, DMEM_ERR_OUT_OF_MEMORY, 0.29, 5.0);
+}
+TEST_CASE(oom_wait_zero_does_not_wait) {
+  oom_wait_case(0, -1, DMEM_ERR_OUT_OF_MEMORY, 0.0, 0.25);
+}
+
 /* The launch fn runs with no internal mutex held: it may alloc, free, spill,
  * launch nested work. */
 static dmem_status_t reentrant_fn(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {

@@ -47,6 +47,11 @@ typedef struct dmem_config {
   dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
   bool print_stats;              /**< print statistics to stderr at destroy */
   size_t host_backend_capacity;  /**< simulated device memory of the host backend; default 1 GiB */
+  /** How long an allocation that finds no room waits for moves and stream
+   *  releases already in flight to free some, in milliseconds, before it
+   *  gives DMEM_ERR_OUT_OF_MEMORY; default 5000. 0: it does not wait. It
+   *  returns as soon as room appears, not at the end of the wait. */
+  unsigned oom_wait_ms;
 } dmem_config_t;
 
 /**

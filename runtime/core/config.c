@@ -162,6 +162,14 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
                          "DMEM_LOG=\"%s\": expected off, error, warn, info, debug or 0..4", v));
     else if (cfg) cfg->log_level = l;
   }
+  if ((v = getenv("DMEM_OOM_WAIT")) && *v) {
+    long ms;
+    if (parse_int(v, 0, DMEM__OOM_WAIT_MAX_MS, &ms) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                           "DMEM_OOM_WAIT=\"%s\": expected milliseconds, 0..%d", v,
+                           DMEM__OOM_WAIT_MAX_MS));
+    else if (cfg) cfg->oom_wait_ms = (unsigned)ms;
+  }
   if ((v = getenv("DMEM_STATS")) && *v) {
     long s;
     if (parse_int(v, 0, 1, &s) != 0)
@@ -180,6 +188,7 @@ void dmem_config_init(dmem_config_t *cfg) {
   cfg->device = 0;
   cfg->log_level = DMEM_LOG_WARN;
   cfg->host_backend_capacity = (size_t)1 << 30;
+  cfg->oom_wait_ms = DMEM__OOM_WAIT_DEFAULT_MS;
   /* A malformed variable leaves only itself at the default;
    * dmem_runtime_create reports it. */
   (void)apply_env(cfg);

@@ -295,6 +295,9 @@ void dmem__emit(dmem_runtime_t *rt, dmem_event_kind_t kind, dmem_handle_t h, siz
 
 /* ---- configuration (core/config.c) -------------------------------------------- */
 
+/* dmem_config_t.oom_wait_ms: default and largest value (an hour). */
+#define DMEM__OOM_WAIT_DEFAULT_MS 5000
+#define DMEM__OOM_WAIT_MAX_MS 3600000
 dmem_status_t dmem__config_validate_env(void);
 
 /* ---- time (core/transit.c) ----------------------------------------------------- */
