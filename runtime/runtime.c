@@ -24,6 +24,15 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
                        cfg->device_limit_fraction);
   if ((int)cfg->log_level < DMEM_LOG_OFF || (int)cfg->log_level > DMEM_LOG_DEBUG)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "log level %d not in 0..4", (int)cfg->log_level);
+  if (!(cfg->spill_ahead == DMEM_SPILL_AHEAD_DEFAULT ||
+        (cfg->spill_ahead >= 0 && cfg->spill_ahead <= 1)))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill_ahead %g not in [0, 1]",
+                       cfg->spill_ahead);
+  if (!(cfg->spill_ahead_low >= 0 && cfg->spill_ahead_low < 1) ||
+      (cfg->spill_ahead > 0 && cfg->spill_ahead_low >= cfg->spill_ahead))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "spill_ahead_low %g not in [0, spill_ahead %g)", cfg->spill_ahead_low,
+                       cfg->spill_ahead);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;
@@ -37,7 +46,23 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->pending_mu);
   pthread_mutex_destroy(&rt->evpool_mu);
   pthread_mutex_destroy(&rt->disk_mu);
+  pthread_cond_destroy(&rt->ahead_cv);
+  pthread_mutex_destroy(&rt->ahead_mu);
 }
+
+/* The spill-ahead marks in bytes (0: off). */
+static void ahead_marks(dmem_runtime_t *rt) {
+  double high = rt->cfg.spill_ahead, low = rt->cfg.spill_ahead_low;
+  if (high == DMEM_SPILL_AHEAD_DEFAULT) high = rt->be->kind == DMEM_BACKEND_CUDA ? 0.95 : 0;
+  if (high <= 0) return;
+  if (low <= 0 || low >= high) low = high > 0.05 ? high - 0.05 : high / 2;
+  rt->ahead_high = (size_t)((double)rt->limit * high);
+  rt->ahead_low = (size_t)((double)rt->limit * low);
+  if (rt->ahead_high >= rt->limit) rt->ahead_high = rt->limit - 1;
+}
+
+/* Copies larger than this are enqueued in pieces of this size. */
+#define DMEM__COPY_CHUNK ((size_t)64 << 20)
 
 /* The pool's first slab: a sixteenth of the limit, between 2 MiB and 1 GiB
  * (later slabs double). Large enough that the first allocations do not pay
@@ -107,6 +132,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   pthread_mutex_init(&rt->tmu, NULL);
   pthread_cond_init(&rt->tcv, NULL);
   pthread_mutex_init(&rt->ctl_mu, NULL);
+  pthread_mutex_init(&rt->ahead_mu, NULL);
+  pthread_cond_init(&rt->ahead_cv, NULL);
 
   st = make_backend(&cfg, &rt->be);
   if (st != DMEM_OK) goto fail_mutexes;
@@ -127,11 +154,21 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_raw;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->order_stream));
   if (st != DMEM_OK) goto fail_spill_stream;
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->unspill_stream));
+  if (st != DMEM_OK) goto fail_order_stream;
+  rt->copy_chunk = DMEM__COPY_CHUNK;
+  ahead_marks(rt);
+  st = dmem__ahead_start(rt);
+  if (st != DMEM_OK) goto fail_unspill_stream;
   DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
               rt->be->name, rt->capacity, rt->limit, rt->host_limit);
   *rt_out = rt;
   return DMEM_OK;
 
+fail_unspill_stream:
+  (void)rt->be->stream_destroy(rt->be, rt->unspill_stream);
+fail_order_stream:
+  (void)rt->be->stream_destroy(rt->be, rt->order_stream);
 fail_spill_stream:
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
 fail_raw:
@@ -170,9 +207,11 @@ static void print_stats(dmem_runtime_t *rt) {
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
+  dmem__ahead_stop(rt); /* first: it moves buffers */
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  (void)rt->be->stream_synchronize(rt->be, rt->unspill_stream);
   (void)rt->be->stream_synchronize(rt->be, rt->order_stream);
   dmem__registry_fini(rt);
   dmem__staging_fini(rt);
@@ -192,8 +231,10 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */
   dmem__pool_stream_forget(rt->pool, rt->spill_stream);
   dmem__pool_stream_forget(rt->pool, rt->order_stream);
+  dmem__pool_stream_forget(rt->pool, rt->unspill_stream);
   dmem__pool_destroy(rt->pool);
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+  (void)rt->be->stream_destroy(rt->be, rt->unspill_stream);
   (void)rt->be->stream_destroy(rt->be, rt->order_stream);
   dmem__hostpool_destroy(rt->hostpool);
   rt->be->destroy(rt->be);
