@@ -311,6 +311,35 @@ static PyObject *pyd_runtime_evict(pyd_runtime_t *self, PyObject *arg) {
   return PyLong_FromSize_t(freed);
 }
 
+static PyObject *pyd_runtime_host_trim(pyd_runtime_t *self, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+  size_t keep = 0;
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "host_trim(keep=0) takes at most one argument");
+    return NULL;
+  }
+  if (nargs == 1) {
+    if (!PyLong_Check(args[0]) || PyBool_Check(args[0])) {
+      PyErr_Format(PyExc_TypeError, "keep must be an int, not %.100s", Py_TYPE(args[0])->tp_name);
+      return NULL;
+    }
+    keep = PyLong_AsSize_t(args[0]);
+    if (keep == (size_t)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_ValueError, "keep must be a non-negative int that fits size_t");
+      return NULL;
+    }
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  size_t released = 0;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_host_trim(self->rt, keep, &released);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  return PyLong_FromSize_t(released);
+}
+
 static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
   if (pyd_runtime_check(self) < 0) return NULL;
   pyd_ctx_t ctx;
@@ -488,6 +517,9 @@ static PyMethodDef pyd_runtime_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "prefetch(buffers, stream=None): start bringing the buffers back to the device without\n"
      "locking them; work on stream after this call sees their bytes (dmem_prefetch)."},
+    {"host_trim", (PyCFunction)(void (*)(void))pyd_runtime_host_trim, METH_FASTCALL,
+     "host_trim(keep=0) -> int: give free pinned host pool chunks back until at most keep\n"
+     "bytes stay; returns the bytes given back (dmem_host_trim)."},
     {"poll", (PyCFunction)pyd_runtime_poll, METH_NOARGS,
      "poll(): complete finished stream releases."},
     {"stats", (PyCFunction)pyd_runtime_stats, METH_NOARGS,

@@ -144,7 +144,15 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);
-  st = dmem__hostpool_create(rt->be, &rt->hostpool);
+  /* The pinned pool holds the host tier (host_limit) plus staging for
+   * moves to disk and the controller: an eighth more, at least 64 MiB. */
+  size_t pin_limit = 0;
+  if (rt->host_limit) {
+    size_t extra = rt->host_limit / 8 > ((size_t)64 << 20) ? rt->host_limit / 8 : (size_t)64 << 20;
+    pin_limit = rt->host_limit + extra;
+  }
+  st = dmem__hostpool_create(rt->be, pin_limit, rt->be->kind == DMEM_BACKEND_CUDA,
+                             &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
   if (st != DMEM_OK) goto fail_hostpool;

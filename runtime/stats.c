@@ -52,6 +52,13 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.prefetch_bytes = dmem_atomic_load_relaxed(&x->prefetch_bytes);
   s.spill_ahead_high = rt->ahead_high;
   s.spill_ahead_low = rt->ahead_low;
+  dmem__hostpool_stats_t hp;
+  dmem__hostpool_stats(rt->hostpool, &hp);
+  s.host_pool_reserved = hp.reserved;
+  s.host_pool_free = hp.free;
+  s.host_pool_grows = hp.grows;
+  s.host_pool_background_grows = hp.background_grows;
+  s.host_pool_trims = hp.trims;
   /* Locked bytes are counted here rather than on every lock, keeping the
    * lock fast path to one CAS. */
   uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
