@@ -211,6 +211,15 @@ static void print_stats(dmem_runtime_t *rt) {
           s.seconds_spilling, (unsigned long long)s.unspill_count,
           (unsigned long long)s.bytes_unspilled, s.seconds_unspilling,
           (unsigned long long)s.oom_evictions, (unsigned long long)s.cancelled_spills);
+  fprintf(stderr,
+          "  spill-ahead %llu buffers (%llu bytes, %llu passes), prefetched %llu (%llu bytes), "
+          "waits for room %llu (%.3f s); pinned pool %zu bytes (%llu grows, %llu in the "
+          "background, %llu trims)\n",
+          (unsigned long long)s.ahead_evictions, (unsigned long long)s.ahead_bytes,
+          (unsigned long long)s.ahead_passes, (unsigned long long)s.prefetch_count,
+          (unsigned long long)s.prefetch_bytes, (unsigned long long)s.room_waits,
+          s.seconds_waiting_for_room, s.host_pool_reserved, (unsigned long long)s.host_pool_grows,
+          (unsigned long long)s.host_pool_background_grows, (unsigned long long)s.host_pool_trims);
 }
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
