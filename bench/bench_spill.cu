@@ -2,14 +2,20 @@
  * bench/bench_spill.cu - dmem on the CUDA backend against raw CUDA, each
  * baseline measured in the same run:
  *
- *   spill / unspill bandwidth   dmem_spill to the host tier (one call per
- *                               buffer, each waits for its copy), and
- *                               dmem_unspill on one stream then one
- *                               synchronise, vs cudaMemcpyAsync D->H / H->D
- *                               between cudaMalloc and cudaMallocHost memory
- *                               of the same sizes (all copies enqueued, one
- *                               synchronise): 1 MiB, 8 MiB, 64 MiB, 1 GiB and
- *                               256 x 64 KiB buffers
+ *   spill / unspill bandwidth   single buffers from 64 KiB to 1 GiB: dmem_spill
+ *                               to the host tier of each (stream-ordered), one
+ *                               device synchronise; dmem_unspill of each on one
+ *                               stream, one synchronise. A batch of 64 KiB
+ *                               buffers: one dmem_evict, one dmem_prefetch. vs
+ *                               cudaMemcpyAsync D->H / H->D between cudaMalloc
+ *                               and cudaMallocHost memory of the same sizes
+ *                               (all copies enqueued, one synchronise)
+ *   spill + unspill at once     dmem_spill of resident buffers interleaved with
+ *                               dmem_prefetch of spilled ones, vs raw D->H and
+ *                               H->D on two streams at once; then a verdict
+ *                               against the issue's targets (>= 0.95 from 8 MiB,
+ *                               >= 0.80 at 1 MiB, >= 0.70 batched 64 KiB, >= 0.85
+ *                               both directions)
  *   allocation                  dmem_alloc + dmem_free vs cudaMalloc + cudaFree
  *                               vs cudaMallocAsync + cudaFreeAsync (default
  *                               pool, release threshold UINT64_MAX), ns per pair
@@ -26,7 +32,8 @@
  *
  *   bench_spill [--quick]
  *
- * --quick: fewer repetitions, no 1 GiB case (the CTest run, bench.spill).
+ * --quick: fewer repetitions, nothing above 64 MiB (the CTest run, bench.spill).
+ * Plot: python3 bench/plot_spill.py bench.log spill.png (any bench_spill output).
  * Exit 77 when no CUDA device is usable, 1 on any dmem or CUDA error; never
  * fails on speed.
  */
@@ -118,67 +125,54 @@ static dmem_status_t touch_launch(void *user, dmem_stream_t s, void *const *p, s
   return DMEM_OK;
 }
 
-static void bandwidth_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
-  const double total = (double)size * (double)count;
-  /* dmem: buffers written by a kernel, then spilled and retrieved */
+/* One row of the bandwidth table, for the plot and the verdict. */
+struct bw_row {
+  char what[48];
+  size_t size;
+  double spill, d2h, unspill, h2d;
+  bool batch;
+};
+static std::vector<bw_row> g_rows;
+static double g_both_dmem = 0, g_both_raw = 0;
+
+static void fmt_size(char *out, size_t n, size_t size) {
+  if (size >= GiB) snprintf(out, n, "%zu GiB", size / GiB);
+  else if (size >= MiB) snprintf(out, n, "%zu MiB", size / MiB);
+  else snprintf(out, n, "%zu KiB", size >> 10);
+}
+
+static std::vector<dmem_handle_t> make_buffers(dmem_runtime_t *rt, dmem_stream_t s, size_t size,
+                                               size_t count) {
   std::vector<dmem_handle_t> h(count);
   for (size_t i = 0; i < count; i++) {
     TRY(dmem_alloc(rt, size, 0, &h[i]));
     TRY(dmem_launch_async(rt, s, &h[i], 1, touch_launch, &size));
   }
   TRY(dmem_sync_and_unlock(rt, s));
-  std::vector<double> sp, un, ev;
-  for (int r = -1; r < g_reps; r++) { /* r == -1: warm-up (grows the pinned pool) */
-    double t0 = now_s();
-    for (size_t i = 0; i < count; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
-    /* spills to the host tier return once their copy is enqueued: wait for
-     * the copies (dmem's spill stream is on this device) */
-    CU(cudaDeviceSynchronize());
-    double t1 = now_s();
-    for (size_t i = 0; i < count; i++) TRY(dmem_unspill(rt, h[i], s));
-    TRY(dmem_stream_synchronize(rt, s));
-    double t2 = now_s();
-    TRY(dmem_runtime_poll(rt));
-    if (r >= 0) {
-      sp.push_back(total / (t1 - t0) * 1e-9);
-      un.push_back(total / (t2 - t1) * 1e-9);
-    }
-    if (count > 1 && r < 2) { /* eviction by policy: one call for all */
-      size_t freed = 0;
-      double t3 = now_s();
-      TRY(dmem_evict(rt, (size_t)total, &freed));
-      CU(cudaDeviceSynchronize());
-      double t4 = now_s();
-      if (freed != (size_t)total) {
-        fprintf(stderr, "bench_spill: dmem_evict freed %zu of %.0f bytes\n", freed, total);
-        exit(1);
-      }
-      for (size_t i = 0; i < count; i++) TRY(dmem_unspill(rt, h[i], s));
-      TRY(dmem_stream_synchronize(rt, s));
-      TRY(dmem_runtime_poll(rt));
-      if (r >= 0) ev.push_back(total / (t4 - t3) * 1e-9);
-    }
-  }
-  for (size_t i = 0; i < count; i++) TRY(dmem_free(rt, h[i]));
+  return h;
+}
 
-  /* raw: the same bytes between cudaMalloc and cudaMallocHost memory */
+/* Raw pinned cudaMemcpyAsync of the same bytes: count copies D->H on one
+ * stream, one synchronise; then H->D. Medians over g_reps. */
+static void raw_pair(size_t size, size_t count, cudaStream_t s, double *d2h_out, double *h2d_out) {
+  const double total = (double)size * (double)count;
   std::vector<void *> dev(count), host(count);
   for (size_t i = 0; i < count; i++) {
     CU(cudaMalloc(&dev[i], size));
     CU(cudaMallocHost(&host[i], size));
-    touch(dev[i], size, (cudaStream_t)s);
+    touch(dev[i], size, s);
   }
-  CU(cudaStreamSynchronize((cudaStream_t)s));
+  CU(cudaStreamSynchronize(s));
   std::vector<double> d2h, h2d;
   for (int r = -1; r < g_reps; r++) {
     double t0 = now_s();
     for (size_t i = 0; i < count; i++)
-      CU(cudaMemcpyAsync(host[i], dev[i], size, cudaMemcpyDeviceToHost, (cudaStream_t)s));
-    CU(cudaStreamSynchronize((cudaStream_t)s));
+      CU(cudaMemcpyAsync(host[i], dev[i], size, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
     double t1 = now_s();
     for (size_t i = 0; i < count; i++)
-      CU(cudaMemcpyAsync(dev[i], host[i], size, cudaMemcpyHostToDevice, (cudaStream_t)s));
-    CU(cudaStreamSynchronize((cudaStream_t)s));
+      CU(cudaMemcpyAsync(dev[i], host[i], size, cudaMemcpyHostToDevice, s));
+    CU(cudaStreamSynchronize(s));
     double t2 = now_s();
     if (r >= 0) {
       d2h.push_back(total / (t1 - t0) * 1e-9);
@@ -189,15 +183,181 @@ static void bandwidth_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size
     CU(cudaFree(dev[i]));
     CU(cudaFreeHost(host[i]));
   }
-  char what[48];
-  if (size >= GiB) snprintf(what, sizeof what, "%zu GiB x %zu", size / GiB, count);
-  else if (size >= MiB) snprintf(what, sizeof what, "%zu MiB x %zu", size / MiB, count);
-  else snprintf(what, sizeof what, "%zu KiB x %zu", size >> 10, count);
-  double msp = median(sp), mun = median(un), md = median(d2h), mh = median(h2d);
-  printf("%-16s | %8.1f | %8.1f | %5.2f | %8.1f | %8.1f | %5.2f", what, msp, md, msp / md, mun,
-         mh, mun / mh);
-  if (!ev.empty()) printf(" | %8.1f | %5.2f", median(ev), median(ev) / md);
-  printf("\n");
+  *d2h_out = median(d2h);
+  *h2d_out = median(h2d);
+}
+
+static void print_row(const bw_row &r) {
+  printf("%-22s | %8.1f | %8.1f | %5.2f | %8.1f | %8.1f | %5.2f\n", r.what, r.spill, r.d2h,
+         r.spill / r.d2h, r.unspill, r.h2d, r.unspill / r.h2d);
+  fflush(stdout);
+}
+
+/* Single buffers: dmem_spill of each (stream-ordered: returns once the copy
+ * is enqueued), then one device synchronise; dmem_unspill of each on one
+ * stream, then one synchronise. */
+static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
+  const double total = (double)size * (double)count;
+  std::vector<dmem_handle_t> h = make_buffers(rt, s, size, count);
+  std::vector<double> sp, un;
+  for (int r = -1; r < g_reps; r++) { /* r == -1: warm-up (grows the pinned pool) */
+    double t0 = now_s();
+    for (size_t i = 0; i < count; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+    CU(cudaDeviceSynchronize()); /* dmem's copy streams are on this device */
+    double t1 = now_s();
+    for (size_t i = 0; i < count; i++) TRY(dmem_unspill(rt, h[i], s));
+    TRY(dmem_stream_synchronize(rt, s));
+    double t2 = now_s();
+    TRY(dmem_runtime_poll(rt));
+    if (r >= 0) {
+      sp.push_back(total / (t1 - t0) * 1e-9);
+      un.push_back(total / (t2 - t1) * 1e-9);
+    }
+  }
+  for (size_t i = 0; i < count; i++) TRY(dmem_free(rt, h[i]));
+  bw_row row{};
+  char sz[16];
+  fmt_size(sz, sizeof sz, size);
+  snprintf(row.what, sizeof row.what, "%s x %zu", sz, count);
+  row.size = size;
+  row.spill = median(sp);
+  row.unspill = median(un);
+  raw_pair(size, count, (cudaStream_t)s, &row.d2h, &row.h2d);
+  g_rows.push_back(row);
+  print_row(row);
+}
+
+/* A batch of small buffers: one dmem_evict spills them all (one eviction
+ * pass), one dmem_prefetch brings them all back (one event for the
+ * caller's stream). */
+static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
+  const double total = (double)size * (double)count;
+  std::vector<dmem_handle_t> h = make_buffers(rt, s, size, count);
+  std::vector<double> sp, un;
+  for (int r = -1; r < g_reps; r++) {
+    size_t freed = 0;
+    double t0 = now_s();
+    TRY(dmem_evict(rt, (size_t)total, &freed));
+    CU(cudaDeviceSynchronize());
+    double t1 = now_s();
+    TRY(dmem_prefetch(rt, h.data(), count, s));
+    TRY(dmem_stream_synchronize(rt, s));
+    double t2 = now_s();
+    TRY(dmem_runtime_poll(rt));
+    if (freed < (size_t)total) {
+      fprintf(stderr, "bench_spill: dmem_evict freed %zu of %.0f bytes (other buffers live?)\n",
+              freed, total);
+      exit(1);
+    }
+    if (r >= 0) {
+      sp.push_back(total / (t1 - t0) * 1e-9);
+      un.push_back(total / (t2 - t1) * 1e-9);
+    }
+  }
+  for (size_t i = 0; i < count; i++) TRY(dmem_free(rt, h[i]));
+  bw_row row{};
+  char sz[16];
+  fmt_size(sz, sizeof sz, size);
+  snprintf(row.what, sizeof row.what, "batch %s x %zu", sz, count);
+  row.size = size;
+  row.batch = true;
+  row.spill = median(sp);
+  row.unspill = median(un);
+  raw_pair(size, count, (cudaStream_t)s, &row.d2h, &row.h2d);
+  g_rows.push_back(row);
+  print_row(row);
+}
+
+/* Spill and unspill at once: `count` resident buffers spilled (dmem_spill
+ * each) while `count` spilled ones are prefetched on s, issued
+ * interleaved from one thread; against raw D->H and H->D copies on two
+ * streams at once. GB/s of both directions together. */
+static void both_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
+  const double total = 2.0 * (double)size * (double)count;
+  std::vector<dmem_handle_t> a = make_buffers(rt, s, size, count);
+  std::vector<dmem_handle_t> b = make_buffers(rt, s, size, count);
+  /* before each repetition: a resident, b spilled (copies complete) */
+  for (size_t i = 0; i < count; i++) TRY(dmem_spill(rt, b[i], DMEM_TIER_HOST));
+  CU(cudaDeviceSynchronize());
+  TRY(dmem_runtime_poll(rt));
+  std::vector<double> both;
+  for (int r = -1; r < g_reps; r++) {
+    double t0 = now_s();
+    for (size_t i = 0; i < count; i++) {
+      TRY(dmem_spill(rt, a[i], DMEM_TIER_HOST));
+      TRY(dmem_prefetch(rt, &b[i], 1, s));
+    }
+    CU(cudaDeviceSynchronize());
+    double t1 = now_s();
+    TRY(dmem_runtime_poll(rt));
+    if (r >= 0) both.push_back(total / (t1 - t0) * 1e-9);
+    std::swap(a, b); /* now a is resident again and b spilled */
+  }
+  for (size_t i = 0; i < count; i++) {
+    TRY(dmem_free(rt, a[i]));
+    TRY(dmem_free(rt, b[i]));
+  }
+  /* raw: D->H on one stream, H->D on another, issued interleaved */
+  cudaStream_t s1, s2;
+  CU(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CU(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  std::vector<void *> da(count), db(count), ha(count), hb(count);
+  for (size_t i = 0; i < count; i++) {
+    CU(cudaMalloc(&da[i], size));
+    CU(cudaMalloc(&db[i], size));
+    CU(cudaMallocHost(&ha[i], size));
+    CU(cudaMallocHost(&hb[i], size));
+  }
+  std::vector<double> raw;
+  for (int r = -1; r < g_reps; r++) {
+    double t0 = now_s();
+    for (size_t i = 0; i < count; i++) {
+      CU(cudaMemcpyAsync(ha[i], da[i], size, cudaMemcpyDeviceToHost, s1));
+      CU(cudaMemcpyAsync(db[i], hb[i], size, cudaMemcpyHostToDevice, s2));
+    }
+    CU(cudaStreamSynchronize(s1));
+    CU(cudaStreamSynchronize(s2));
+    double t1 = now_s();
+    if (r >= 0) raw.push_back(total / (t1 - t0) * 1e-9);
+  }
+  for (size_t i = 0; i < count; i++) {
+    CU(cudaFree(da[i]));
+    CU(cudaFree(db[i]));
+    CU(cudaFreeHost(ha[i]));
+    CU(cudaFreeHost(hb[i]));
+  }
+  CU(cudaStreamDestroy(s1));
+  CU(cudaStreamDestroy(s2));
+  g_both_dmem = median(both);
+  g_both_raw = median(raw);
+  char sz[16];
+  fmt_size(sz, sizeof sz, size);
+  printf("\nspill + unspill at once (%s x %zu each way), GB/s both directions together\n", sz,
+         count);
+  printf("%-22s | %8s | %8s | %5s\n", "what", "dmem", "raw", "ratio");
+  printf("%-22s | %8.1f | %8.1f | %5.2f\n", "dmem_spill + dmem_prefetch", g_both_dmem,
+         g_both_raw, g_both_dmem / g_both_raw);
+}
+
+/* The issue's targets, judged on this run's rows. */
+static void verdict(void) {
+  printf("\ntargets (dmem / raw, this run):\n");
+  int fails = 0;
+  for (const bw_row &r : g_rows) {
+    double want = r.batch ? 0.70 : r.size >= 8 * MiB ? 0.95 : r.size >= MiB ? 0.80 : 0;
+    if (want == 0) continue;
+    bool ok = r.spill / r.d2h >= want && r.unspill / r.h2d >= want;
+    fails += !ok;
+    printf("  %-22s spill %.2f, unspill %.2f, target >= %.2f: %s\n", r.what, r.spill / r.d2h,
+           r.unspill / r.h2d, want, ok ? "met" : "MISSED");
+  }
+  if (g_both_raw > 0) {
+    bool ok = g_both_dmem / g_both_raw >= 0.85;
+    fails += !ok;
+    printf("  %-22s %.2f, target >= 0.85: %s\n", "spill+unspill at once", g_both_dmem / g_both_raw,
+           ok ? "met" : "MISSED");
+  }
+  printf("  %d missed\n", fails);
 }
 
 /* ---- allocation ------------------------------------------------------------------ */
@@ -335,19 +495,39 @@ int main(int argc, char **argv) {
   printf("bench_spill: %s (device %d), %s, %d repetitions (median), %s\n", prop.name, dev,
          g_quick ? "quick" : "full", g_reps, opt);
 
-  printf("\nspill / unspill bandwidth, GB/s (dmem vs raw pinned cudaMemcpyAsync)\n");
-  printf("%-16s | %8s | %8s | %5s | %8s | %8s | %5s | %8s | %5s\n", "buffers", "spill",
-         "raw D2H", "ratio", "unspill", "raw H2D", "ratio", "evict", "ratio");
-  printf("-----------------+----------+----------+-------+----------+----------+-------+-------"
-         "---+------\n");
-  bandwidth_row(rt, s, MiB, 256);
-  bandwidth_row(rt, s, 8 * MiB, 64);
-  bandwidth_row(rt, s, 64 * MiB, 16);
-  if (!g_quick) bandwidth_row(rt, s, GiB, 2);
-  bandwidth_row(rt, s, 64 << 10, 256);
-  printf("spill: dmem_spill per buffer, then a device synchronise (the copies are stream-ordered); unspill: dmem_unspill of "
-         "every buffer on one stream, one synchronise; evict: one dmem_evict for all (by "
-         "policy; ratio against raw D2H); raw: all copies on one stream, one synchronise\n");
+  printf("\nspill / unspill bandwidth, GB/s (dmem vs raw pinned cudaMemcpyAsync, same bytes)\n");
+  printf("%-22s | %8s | %8s | %5s | %8s | %8s | %5s\n", "buffers", "spill", "raw D2H", "ratio",
+         "unspill", "raw H2D", "ratio");
+  printf("-----------------------+----------+----------+-------+----------+----------+------\n");
+  static const size_t singles[] = {64 << 10, 256 << 10, MiB, 4 * MiB, 8 * MiB, 16 * MiB,
+                                   64 * MiB, 256 * MiB, GiB};
+  for (size_t sz : singles) {
+    if (g_quick && sz > 64 * MiB) continue;
+    size_t count = (g_quick ? 64 * MiB : 512 * MiB) / sz;
+    if (count > 256) count = 256;
+    if (count < 2) count = 2;
+    single_row(rt, s, sz, count);
+  }
+  batch_row(rt, s, 64 << 10, g_quick ? 256 : 1024);
+  printf("single: dmem_spill of each buffer then one device synchronise, dmem_unspill of each "
+         "on one stream then one synchronise; batch: one dmem_evict for all, one dmem_prefetch "
+         "for all; raw: all copies on one stream, one synchronise\n");
+  both_row(rt, s, g_quick ? 16 * MiB : 64 * MiB, g_quick ? 4 : 16);
+  verdict();
+  {
+    dmem_stats_t st;
+    TRY(dmem_stats(rt, &st));
+    printf("stats: spills %llu (host %llu), unspills %llu, prefetched %llu, evict passes %llu, "
+           "ahead evictions %llu, waits for room %llu (%.3f s), pinned pool %.1f MiB "
+           "(%llu grows, %llu in the background)\n",
+           (unsigned long long)st.spill_count,
+           (unsigned long long)st.tier_spill_count[DMEM_TIER_HOST],
+           (unsigned long long)st.unspill_count, (unsigned long long)st.prefetch_count,
+           (unsigned long long)st.evict_passes, (unsigned long long)st.ahead_evictions,
+           (unsigned long long)st.room_waits, st.seconds_waiting_for_room,
+           (double)st.host_pool_reserved / MiB, (unsigned long long)st.host_pool_grows,
+           (unsigned long long)st.host_pool_background_grows);
+  }
 
   cudaMemPool_t pool;
   CU(cudaDeviceGetDefaultMemPool(&pool, dev));

@@ -16,7 +16,15 @@
  * products are exact in FP32 whatever the summation order.
  *
  *   cublas_gemm [--n N] [--tiles T] [--limit BYTES] [--streams S]
- *               [--samples K] [--full]
+ *               [--samples K] [--full] [--no-prefetch] [--compare]
+ *
+ * Before each product is launched, the tiles of the next one are handed to
+ * dmem_prefetch on the stream that will run it (--no-prefetch: not), so
+ * that their host->device copies overlap the current product.
+ * --compare runs the same products twice in one process: first with every
+ * tile resident (the limit raised to hold them all), then at the given
+ * limit (default: half the tiles' bytes, 2x oversubscription), and prints
+ * the ratio of the two TFLOP/s figures (the check runs after the second).
  *
  * Defaults: n 8192, T 7, limit 8G: 2T + T^2 = 63 tiles of 256 MiB (15.75
  * GiB) under an 8 GiB device limit, 49 SGEMMs of 8192^3. A small run (for
@@ -123,7 +131,8 @@ static size_t parse_bytes(const char *s) {
 
 static void usage(const char *argv0) {
   fprintf(stderr,
-          "usage: %s [--n N] [--tiles T] [--limit BYTES] [--streams S] [--samples K] [--full]\n",
+          "usage: %s [--n N] [--tiles T] [--limit BYTES] [--streams S] [--samples K] [--full]\n"
+          "          [--no-prefetch] [--compare]\n",
           argv0);
   exit(2);
 }
@@ -141,31 +150,78 @@ static void print_stats(dmem_runtime_t *rt, const char *when) {
          (unsigned long long)s.oom_evictions);
 }
 
+typedef struct opts {
+  size_t n, tile_bytes, limit;
+  int T;
+  long nstreams, samples;
+  int full, prefetch;
+} opts_t;
+
+/* One whole run (fill, products, optionally the check) on a runtime of its
+ * own with device limit `limit`. Returns the products' TFLOP/s; *ok_out is
+ * 0 when a checked entry is wrong or nothing was spilled although the tiles
+ * exceed the limit. Exits 77 without a device. */
+static double run(const opts_t *o, size_t limit, int check, int *ok_out);
+
 int main(int argc, char **argv) {
   long n_arg = 8192, tiles = 7, nstreams = 2, samples = 64;
-  size_t limit = (size_t)8 << 30;
-  int full = 0;
+  size_t limit = 0;
+  int full = 0, compare = 0, prefetch = 1;
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--full") == 0) { full = 1; continue; }
+    if (strcmp(argv[a], "--compare") == 0) { compare = 1; continue; }
+    if (strcmp(argv[a], "--no-prefetch") == 0) { prefetch = 0; continue; }
     if (a + 1 >= argc) usage(argv[0]);
     const char *v = argv[++a];
     if (strcmp(argv[a - 1], "--n") == 0) n_arg = atol(v);
     else if (strcmp(argv[a - 1], "--tiles") == 0) tiles = atol(v);
-    else if (strcmp(argv[a - 1], "--limit") == 0) limit = parse_bytes(v);
-    else if (strcmp(argv[a - 1], "--streams") == 0) nstreams = atol(v);
+    else if (strcmp(argv[a - 1], "--limit") == 0) {
+      limit = parse_bytes(v);
+      if (!limit) usage(argv[0]);
+    } else if (strcmp(argv[a - 1], "--streams") == 0) nstreams = atol(v);
     else if (strcmp(argv[a - 1], "--samples") == 0) samples = atol(v);
     else usage(argv[0]);
   }
-  const size_t n = (size_t)n_arg;
-  const size_t tile_bytes = n * n * sizeof(float);
+  opts_t o;
+  o.n = (size_t)n_arg;
+  o.tile_bytes = o.n * o.n * sizeof(float);
+  o.T = (int)tiles;
+  o.nstreams = nstreams;
+  o.samples = samples;
+  o.full = full || o.n <= 512;
+  o.prefetch = prefetch;
+  const size_t ntiles = (size_t)(2 * tiles + tiles * tiles);
+  const size_t all = ntiles * o.tile_bytes;
+  if (!limit) limit = compare ? all / 2 : (size_t)8 << 30;
+  o.limit = limit;
   if (n_arg < 1 || n_arg > 65536 || tiles < 1 || tiles > 64 || nstreams < 1 ||
-      nstreams > MAX_STREAMS || samples < 1 || limit < 3 * tile_bytes) {
+      nstreams > MAX_STREAMS || samples < 1 || limit < 3 * o.tile_bytes) {
     fprintf(stderr, "cublas_gemm: bad arguments (the limit must hold 3 tiles of %zu bytes)\n",
-            tile_bytes);
+            o.tile_bytes);
     return 2;
   }
-  if (n <= 512) full = 1;
+  int ok = 1;
+  if (!compare) {
+    (void)run(&o, limit, 1, &ok);
+  } else {
+    /* all resident: room for every tile plus the pool's rounding */
+    size_t roomy = all + all / 8 + ((size_t)256 << 20);
+    int ok1 = 1;
+    double resident = run(&o, roomy, 0, &ok1);
+    double over = run(&o, limit, 1, &ok);
+    printf("cublas_gemm --compare: all resident %.1f TFLOP/s, %.2fx oversubscribed %.1f "
+           "TFLOP/s: ratio %.2f (prefetch %s)\n",
+           resident, (double)all / (double)limit, over, over / resident, prefetch ? "on" : "off");
+  }
+  printf("cublas_gemm: %s\n", ok ? "OK" : "FAILED");
+  return ok ? 0 : 1;
+}
 
+static double run(const opts_t *o, size_t limit, int check, int *ok_out) {
+  const size_t n = o->n, tile_bytes = o->tile_bytes;
+  const long nstreams = o->nstreams, samples = o->samples;
+  const int full = o->full;
+  const int tiles = o->T;
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   cfg.backend = DMEM_BACKEND_CUDA;
@@ -174,14 +230,14 @@ int main(int argc, char **argv) {
   dmem_status_t st = dmem_runtime_create(&cfg, &rt);
   if (st == DMEM_ERR_NO_DEVICE) {
     fprintf(stderr, "SKIP: no CUDA device (%s)\n", dmem_last_error_detail());
-    return 77;
+    exit(77);
   }
   if (st != DMEM_OK) die("dmem_runtime_create", st);
   /* cuBLAS works on the calling thread's current device: make it dmem's */
   cudaError_t ce = cudaSetDevice(cfg.device);
   if (ce != cudaSuccess) {
     fprintf(stderr, "cublas_gemm: cudaSetDevice(%d): %s\n", cfg.device, cudaGetErrorString(ce));
-    return 1;
+    exit(1);
   }
 
   const int T = (int)tiles;
@@ -198,7 +254,7 @@ int main(int argc, char **argv) {
     TRY(dmem_stream_create(rt, &streams[s]));
     if (cublasCreate(&gemms[s].handle) != CUBLAS_STATUS_SUCCESS) {
       fprintf(stderr, "cublas_gemm: cublasCreate failed\n");
-      return 1;
+      exit(1);
     }
     gemms[s].n = (int)n;
   }
@@ -209,7 +265,7 @@ int main(int argc, char **argv) {
   float *host = malloc(tile_bytes);
   if (!A || !B || !C || !host) {
     fprintf(stderr, "cublas_gemm: out of host memory\n");
-    return 1;
+    exit(1);
   }
   double t0 = now_s();
   for (int t = 0; t < 2 * T; t++) {
@@ -224,7 +280,8 @@ int main(int argc, char **argv) {
   }
   double t_fill = now_s() - t0;
 
-  /* the products: the runtime spills and retrieves as they need */
+  /* the products: the runtime spills and retrieves as they need; the next
+   * product's inputs are prefetched on its stream while this one runs */
   t0 = now_s();
   for (int i = 0; i < T; i++) {
     for (int j = 0; j < T; j++) {
@@ -234,6 +291,13 @@ int main(int argc, char **argv) {
       dmem_handle_t hs[3] = {A[i], B[j], C[k]};
       TRY(dmem_launch_async(rt, streams[s], hs, 3, gemm_launch, &gemms[s]));
       TRY(dmem_stream_release(rt, streams[s]));
+      if (o->prefetch && k + 1 < (size_t)T * (size_t)T) {
+        int i2 = (int)((k + 1) / (size_t)T), j2 = (int)((k + 1) % (size_t)T);
+        dmem_handle_t next[2] = {A[i2], B[j2]};
+        dmem_status_t ps = dmem_prefetch(rt, next, 2, streams[(k + 1) % (size_t)nstreams]);
+        /* a hint: no room now is not an error (the lock will make room) */
+        if (ps != DMEM_OK && ps != DMEM_ERR_OUT_OF_MEMORY) die("dmem_prefetch", ps);
+      }
     }
   }
   for (long s = 0; s < nstreams; s++) TRY(dmem_stream_synchronize(rt, streams[s]));
@@ -244,6 +308,25 @@ int main(int argc, char **argv) {
          t_gemm, flops / t_gemm * 1e-12);
   print_stats(rt, "after GEMMs");
 
+  double tflops = flops / t_gemm * 1e-12;
+  if (!check) {
+    for (size_t k = 0; k < (size_t)T * (size_t)T; k++) TRY(dmem_free(rt, C[k]));
+    for (int t = 0; t < T; t++) {
+      TRY(dmem_free(rt, A[t]));
+      TRY(dmem_free(rt, B[t]));
+    }
+    for (long q = 0; q < nstreams; q++) {
+      cublasDestroy(gemms[q].handle);
+      TRY(dmem_stream_destroy(rt, streams[q]));
+    }
+    dmem_runtime_destroy(rt);
+    free(A);
+    free(B);
+    free(C);
+    free(host);
+    *ok_out = 1;
+    return tflops;
+  }
   /* check every C tile against the CPU */
   t0 = now_s();
   long bad = 0, checked = 0;
@@ -253,7 +336,7 @@ int main(int argc, char **argv) {
   size_t *rows = malloc((size_t)samples * sizeof *rows), *cols = malloc((size_t)samples * sizeof *cols);
   if ((full && (!a_tile || !b_tile)) || !got || !rows || !cols) {
     fprintf(stderr, "cublas_gemm: out of host memory\n");
-    return 1;
+    exit(1);
   }
   uint32_t rng = 12345;
   for (int i = 0; i < T; i++) {
@@ -338,6 +421,6 @@ int main(int argc, char **argv) {
   free(got);
   free(rows);
   free(cols);
-  printf("cublas_gemm: %s\n", ok ? "OK" : "FAILED");
-  return ok ? 0 : 1;
+  *ok_out = ok;
+  return tflops;
 }

@@ -224,6 +224,23 @@ static PyObject *pyd_buffer_unspill(pyd_buffer_t *self, PyObject *args, PyObject
   Py_RETURN_NONE;
 }
 
+static PyObject *pyd_buffer_prefetch(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"stream", NULL};
+  PyObject *stream_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:prefetch", kwlist, &stream_o)) return NULL;
+  if (pyd_buffer_check(self) < 0) return NULL;
+  dmem_stream_t s;
+  PyObject *keep;
+  if (pyd_stream_arg(self->rt, stream_o, &s, &keep) < 0) return NULL;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self->rt, 1);
+  dmem_status_t st = dmem_prefetch(self->rt->rt, &self->h, 1, s);
+  pyd_leave(&ctx);
+  Py_XDECREF(keep);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyObject *pyd_buffer_lock(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"stream", NULL};
   PyObject *stream_o = Py_None;
@@ -335,6 +352,9 @@ static PyMethodDef pyd_buffer_methods[] = {
      "BusyError if the buffer is locked or pinned."},
     {"unspill", (PyCFunction)(void (*)(void))pyd_buffer_unspill, METH_VARARGS | METH_KEYWORDS,
      "unspill(stream=None): bring the bytes back to the device, ordered on stream."},
+    {"prefetch", (PyCFunction)(void (*)(void))pyd_buffer_prefetch, METH_VARARGS | METH_KEYWORDS,
+     "prefetch(stream=None): start bringing the bytes back without locking; work on stream\n"
+     "after this call sees them (dmem_prefetch of this buffer)."},
     {"lock", (PyCFunction)(void (*)(void))pyd_buffer_lock, METH_VARARGS | METH_KEYWORDS,
      "lock(stream=None) -> View, for `with buf.lock(stream) as view:`.\n"
      "The buffer is locked (resident) inside the block; view.ptr, __cuda_array_interface__\n"

@@ -311,6 +311,35 @@ static PyObject *pyd_runtime_evict(pyd_runtime_t *self, PyObject *arg) {
   return PyLong_FromSize_t(freed);
 }
 
+static PyObject *pyd_runtime_host_trim(pyd_runtime_t *self, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+  size_t keep = 0;
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "host_trim(keep=0) takes at most one argument");
+    return NULL;
+  }
+  if (nargs == 1) {
+    if (!PyLong_Check(args[0]) || PyBool_Check(args[0])) {
+      PyErr_Format(PyExc_TypeError, "keep must be an int, not %.100s", Py_TYPE(args[0])->tp_name);
+      return NULL;
+    }
+    keep = PyLong_AsSize_t(args[0]);
+    if (keep == (size_t)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_ValueError, "keep must be a non-negative int that fits size_t");
+      return NULL;
+    }
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  size_t released = 0;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_host_trim(self->rt, keep, &released);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  return PyLong_FromSize_t(released);
+}
+
 static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
   if (pyd_runtime_check(self) < 0) return NULL;
   pyd_ctx_t ctx;
@@ -323,9 +352,94 @@ static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
 
 /* stats() returns every field of dmem_stats_t: a new field must be added to
  * the dict below (and to STATS_FIELDS in tests/python/test_runtime.py). */
-_Static_assert(sizeof(dmem_stats_t) == 11 * sizeof(size_t) + 8 * sizeof(uint64_t) +
-                                           2 * sizeof(double),
+_Static_assert(sizeof(dmem_stats_t) == 15 * sizeof(size_t) + 34 * sizeof(uint64_t) +
+                                           11 * sizeof(double),
                "dmem_stats_t changed: update pyd_runtime_stats");
+
+/* d[key] = {"host": v[1], "disk": v[2], "controller": v[3]}; -1 on error. */
+static int stats_tiers_u64(PyObject *d, const char *key, const uint64_t *v) {
+  PyObject *t = Py_BuildValue("{s:K,s:K,s:K}", "host", (unsigned long long)v[DMEM_TIER_HOST],
+                              "disk", (unsigned long long)v[DMEM_TIER_DISK], "controller",
+                              (unsigned long long)v[DMEM_TIER_CONTROLLER]);
+  int rc = t ? PyDict_SetItemString(d, key, t) : -1;
+  Py_XDECREF(t);
+  return rc;
+}
+static int stats_tiers_f64(PyObject *d, const char *key, const double *v) {
+  PyObject *t = Py_BuildValue("{s:d,s:d,s:d}", "host", v[DMEM_TIER_HOST], "disk",
+                              v[DMEM_TIER_DISK], "controller", v[DMEM_TIER_CONTROLLER]);
+  int rc = t ? PyDict_SetItemString(d, key, t) : -1;
+  Py_XDECREF(t);
+  return rc;
+}
+
+/* The copy-engine / spill-ahead / prefetch / pinned-pool block of
+ * dmem_stats_t, added to d. -1 on error. */
+static int stats_copy_block(PyObject *d, const dmem_stats_t *s) {
+  if (stats_tiers_u64(d, "tier_spill_count", s->tier_spill_count) < 0 ||
+      stats_tiers_u64(d, "tier_spill_bytes", s->tier_spill_bytes) < 0 ||
+      stats_tiers_f64(d, "tier_spill_seconds", s->tier_spill_seconds) < 0 ||
+      stats_tiers_u64(d, "tier_unspill_count", s->tier_unspill_count) < 0 ||
+      stats_tiers_u64(d, "tier_unspill_bytes", s->tier_unspill_bytes) < 0 ||
+      stats_tiers_f64(d, "tier_unspill_seconds", s->tier_unspill_seconds) < 0)
+    return -1;
+  PyObject *x = Py_BuildValue(
+      "{s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:K,s:K,s:K}", "room_waits",
+      (unsigned long long)s->room_waits, "seconds_waiting_for_room", s->seconds_waiting_for_room,
+      "evict_passes", (unsigned long long)s->evict_passes, "ahead_passes",
+      (unsigned long long)s->ahead_passes, "ahead_evictions",
+      (unsigned long long)s->ahead_evictions, "ahead_bytes", (unsigned long long)s->ahead_bytes,
+      "prefetch_count", (unsigned long long)s->prefetch_count, "prefetch_bytes",
+      (unsigned long long)s->prefetch_bytes, "spill_ahead_high", (Py_ssize_t)s->spill_ahead_high,
+      "spill_ahead_low", (Py_ssize_t)s->spill_ahead_low, "host_pool_reserved",
+      (Py_ssize_t)s->host_pool_reserved, "host_pool_free", (Py_ssize_t)s->host_pool_free,
+      "host_pool_grows", (unsigned long long)s->host_pool_grows, "host_pool_background_grows",
+      (unsigned long long)s->host_pool_background_grows, "host_pool_trims",
+      (unsigned long long)s->host_pool_trims);
+  if (!x) return -1;
+  int rc = PyDict_Update(d, x);
+  Py_DECREF(x);
+  return rc;
+}
+
+static PyObject *pyd_runtime_prefetch(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"buffers", "stream", NULL};
+  PyObject *bufs_o = NULL, *stream_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:prefetch", kwlist, &bufs_o, &stream_o))
+    return NULL;
+  if (pyd_runtime_check(self) < 0) return NULL;
+  PyObject *seq = PySequence_Fast(bufs_o, "buffers must be a sequence of Buffers");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  dmem_handle_t *hs = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *hs);
+  if (!hs) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (pyd_handle_arg(self, PySequence_Fast_GET_ITEM(seq, i), 0, &hs[i]) < 0) {
+      PyMem_Free(hs);
+      Py_DECREF(seq);
+      return NULL;
+    }
+  }
+  dmem_stream_t s;
+  PyObject *keep;
+  if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) {
+    PyMem_Free(hs);
+    Py_DECREF(seq);
+    return NULL;
+  }
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_prefetch(self->rt, hs, (size_t)n, s);
+  pyd_leave(&ctx);
+  Py_XDECREF(keep);
+  PyMem_Free(hs);
+  Py_DECREF(seq); /* after the call: keeps the Buffers (and handles) alive */
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  Py_RETURN_NONE;
+}
 
 static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
   if (pyd_runtime_check(self) < 0) return NULL;
@@ -335,7 +449,7 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
   dmem_status_t st = dmem_stats(self->rt, &s);
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) return NULL;
-  return Py_BuildValue(
+  PyObject *d = Py_BuildValue(
       "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:d,s:d,s:K,s:K,s:n,s:n,s:K,s:K}",
       "device_capacity", (Py_ssize_t)s.device_capacity, "device_limit", (Py_ssize_t)s.device_limit,
       "device_used", (Py_ssize_t)s.device_used, "device_locked", (Py_ssize_t)s.device_locked,
@@ -350,6 +464,8 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
       (unsigned long long)s.cancelled_spills, "device_reserved", (Py_ssize_t)s.device_reserved,
       "raw_used", (Py_ssize_t)s.raw_used, "pool_hits", (unsigned long long)s.pool_hits,
       "pool_misses", (unsigned long long)s.pool_misses);
+  if (d && stats_copy_block(d, &s) < 0) Py_CLEAR(d);
+  return d;
 }
 
 /* ---- properties and the type ------------------------------------------------ */
@@ -397,6 +513,13 @@ static PyMethodDef pyd_runtime_methods[] = {
      "synchronize(stream=None): wait for the work queued on stream."},
     {"evict", (PyCFunction)pyd_runtime_evict, METH_O,
      "evict(nbytes) -> int: spill by policy until nbytes are freed; returns bytes freed."},
+    {"prefetch", (PyCFunction)(void (*)(void))pyd_runtime_prefetch,
+     METH_VARARGS | METH_KEYWORDS,
+     "prefetch(buffers, stream=None): start bringing the buffers back to the device without\n"
+     "locking them; work on stream after this call sees their bytes (dmem_prefetch)."},
+    {"host_trim", (PyCFunction)(void (*)(void))pyd_runtime_host_trim, METH_FASTCALL,
+     "host_trim(keep=0) -> int: give free pinned host pool chunks back until at most keep\n"
+     "bytes stay; returns the bytes given back (dmem_host_trim)."},
     {"poll", (PyCFunction)pyd_runtime_poll, METH_NOARGS,
      "poll(): complete finished stream releases."},
     {"stats", (PyCFunction)pyd_runtime_stats, METH_NOARGS,

@@ -2,7 +2,8 @@
  * runtime/device.c - raw device memory for allocator hooks:
  * dmem_device_malloc / dmem_device_free (never spilled; charged against the
  * same limit as buffers, and spilling buffers when memory runs short),
- * dmem_device_memory_info, dmem_ipc_handle and dmem_device_trim.
+ * dmem_device_memory_info, dmem_ipc_handle and dmem_device_trim; and
+ * dmem_host_trim, its counterpart for the pinned host pool.
  */
 #include "internal.h"
 #include <string.h>
@@ -102,6 +103,16 @@ dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *re
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_trim: rt is NULL");
   size_t released = 0;
   dmem_status_t st = dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, keep_bytes, &released));
+  if (st != DMEM_OK) return st;
+  if (released_out) *released_out = released;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_host_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_host_trim: rt is NULL");
+  dmem__spill_poll(rt); /* finished unspills give their staging back first */
+  size_t released = 0;
+  dmem_status_t st = dmem__hostpool_trim(rt->hostpool, keep_bytes, &released);
   if (st != DMEM_OK) return st;
   if (released_out) *released_out = released;
   return DMEM_OK;

@@ -62,6 +62,20 @@ typedef struct dmem__charge_shard {
   _Atomic size_t raw;
 } dmem__charge_shard_t;
 
+/* Copy-engine and spill-ahead counters (dmem_stats' second block). Indexed
+ * by dmem_tier_t (DMEM_TIER_HOST .. DMEM_TIER_CONTROLLER; 0 unused).
+ * Relaxed: accounting only. */
+#define DMEM__NTIERS 4
+typedef struct dmem__xstats {
+  _Atomic uint64_t spill_count[DMEM__NTIERS], spill_bytes[DMEM__NTIERS], spill_ns[DMEM__NTIERS];
+  _Atomic uint64_t unspill_count[DMEM__NTIERS], unspill_bytes[DMEM__NTIERS],
+      unspill_ns[DMEM__NTIERS];
+  _Atomic uint64_t room_waits, room_wait_ns;   /* allocations that had to make room */
+  _Atomic uint64_t evict_passes;               /* eviction passes (any reason) */
+  _Atomic uint64_t ahead_passes, ahead_evictions, ahead_bytes;
+  _Atomic uint64_t prefetch_count, prefetch_bytes;
+} dmem__xstats_t;
+
 typedef struct dmem__hostpool dmem__hostpool_t;
 typedef struct dmem__raw dmem__raw_t;
 typedef struct dmem__pool dmem__pool_t;
@@ -85,7 +99,20 @@ struct dmem_runtime {
   pthread_mutex_t disk_mu;      /* creates the disk tier lazily */
   _Atomic(dmem__disk_t *) disk; /* release in spill/tier_disk.c, acquire by readers */
 
-  void *spill_stream; /* device->host copies of spills */
+  void *spill_stream;   /* device->host copies of spills */
+  void *unspill_stream; /* host->device copies of retrieves and prefetches */
+  size_t copy_chunk;    /* copies larger than this are issued in chunks */
+
+  /* Spill-ahead (spill/ahead.c): above ahead_high bytes of device use a
+   * background thread spills by policy down to ahead_low. ahead_high 0:
+   * off (no thread). */
+  size_t ahead_high, ahead_low;
+  pthread_mutex_t ahead_mu; /* with ahead_cv: the thread's sleep */
+  pthread_cond_t ahead_cv;
+  pthread_t ahead_thread;
+  bool ahead_started;
+  _Atomic int ahead_stop; /* written under ahead_mu; read by the thread */
+  _Atomic int ahead_kick; /* set (exchange) by allocations past ahead_high */
   /* Buffers allocated without a stream (dmem_alloc) get pool blocks in this
    * stream's order; it carries nothing but the waits the pool enqueues. */
   void *order_stream;
@@ -140,7 +167,34 @@ struct dmem_runtime {
   _Atomic size_t buffer_count;
   _Atomic uint64_t spill_count, unspill_count, bytes_spilled, bytes_unspilled;
   _Atomic uint64_t ns_spilling, ns_unspilling, oom_evictions, cancelled_spills;
+
+  /* Copy engine, spill-ahead and prefetch counters (issue 9). */
+  dmem__xstats_t xs;
 };
+
+/* Count a completed spill / retrieve into `tier` (stats). */
+static inline void dmem__stats_spill(dmem_runtime_t *rt, dmem_tier_t tier, size_t size,
+                                     uint64_t ns) {
+  dmem_atomic_add_relaxed(&rt->spill_count, 1);
+  dmem_atomic_add_relaxed(&rt->bytes_spilled, size);
+  dmem_atomic_add_relaxed(&rt->ns_spilling, ns);
+  if ((unsigned)tier < DMEM__NTIERS) {
+    dmem_atomic_add_relaxed(&rt->xs.spill_count[tier], 1);
+    dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
+    dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
+  }
+}
+static inline void dmem__stats_unspill(dmem_runtime_t *rt, dmem_tier_t tier, size_t size,
+                                       uint64_t ns) {
+  dmem_atomic_add_relaxed(&rt->unspill_count, 1);
+  dmem_atomic_add_relaxed(&rt->bytes_unspilled, size);
+  dmem_atomic_add_relaxed(&rt->ns_unspilling, ns);
+  if ((unsigned)tier < DMEM__NTIERS) {
+    dmem_atomic_add_relaxed(&rt->xs.unspill_count[tier], 1);
+    dmem_atomic_add_relaxed(&rt->xs.unspill_bytes[tier], size);
+    dmem_atomic_add_relaxed(&rt->xs.unspill_ns[tier], ns);
+  }
+}
 
 /* ---- core helpers that read the runtime --------------------------------------- */
 

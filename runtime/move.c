@@ -1,6 +1,6 @@
 /*
- * runtime/move.c - the explicit moves: dmem_spill, dmem_unspill and
- * dmem_evict. The engine behind them is the spill layer (spill/spill.c,
+ * runtime/move.c - the explicit moves: dmem_spill, dmem_unspill,
+ * dmem_prefetch and dmem_evict. The engine behind them is the spill layer (spill/spill.c,
  * spill/retrieve.c, spill/policy.c).
  */
 #include "internal.h"
@@ -31,8 +31,17 @@ dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out) {
   if (st != DMEM_OK) return st;
   dmem__spill_poll(rt);
   size_t freed = 0;
-  st = dmem__evict(rt, bytes, 0, false, &freed, NULL);
+  st = dmem__evict(rt, bytes, 0, DMEM__EVICT_EXPLICIT, &freed, NULL);
   if (st != DMEM_OK) return st;
   if (freed_out) *freed_out = freed;
   return DMEM_OK;
+}
+
+dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                            dmem_stream_t stream) {
+  if (!rt || (!hs && n > 0))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_prefetch: NULL argument");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  return dmem__prefetch(rt, hs, n, stream, NULL);
 }

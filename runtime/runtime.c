@@ -27,6 +27,15 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
   if (cfg->oom_wait_ms > DMEM__OOM_WAIT_MAX_MS)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "oom_wait_ms %u is more than %d (an hour)",
                        cfg->oom_wait_ms, DMEM__OOM_WAIT_MAX_MS);
+  if (!(cfg->spill_ahead == DMEM_SPILL_AHEAD_DEFAULT ||
+        (cfg->spill_ahead >= 0 && cfg->spill_ahead <= 1)))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill_ahead %g not in [0, 1]",
+                       cfg->spill_ahead);
+  if (!(cfg->spill_ahead_low >= 0 && cfg->spill_ahead_low < 1) ||
+      (cfg->spill_ahead > 0 && cfg->spill_ahead_low >= cfg->spill_ahead))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "spill_ahead_low %g not in [0, spill_ahead %g)", cfg->spill_ahead_low,
+                       cfg->spill_ahead);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;
@@ -40,7 +49,23 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->pending_mu);
   pthread_mutex_destroy(&rt->evpool_mu);
   pthread_mutex_destroy(&rt->disk_mu);
+  pthread_cond_destroy(&rt->ahead_cv);
+  pthread_mutex_destroy(&rt->ahead_mu);
 }
+
+/* The spill-ahead marks in bytes (0: off). */
+static void ahead_marks(dmem_runtime_t *rt) {
+  double high = rt->cfg.spill_ahead, low = rt->cfg.spill_ahead_low;
+  if (high == DMEM_SPILL_AHEAD_DEFAULT) high = rt->be->kind == DMEM_BACKEND_CUDA ? 0.95 : 0;
+  if (high <= 0) return;
+  if (low <= 0 || low >= high) low = high > 0.05 ? high - 0.05 : high / 2;
+  rt->ahead_high = (size_t)((double)rt->limit * high);
+  rt->ahead_low = (size_t)((double)rt->limit * low);
+  if (rt->ahead_high >= rt->limit) rt->ahead_high = rt->limit - 1;
+}
+
+/* Copies larger than this are enqueued in pieces of this size. */
+#define DMEM__COPY_CHUNK ((size_t)64 << 20)
 
 /* The pool's first slab: a sixteenth of the limit, between 2 MiB and 1 GiB
  * (later slabs double). Large enough that the first allocations do not pay
@@ -110,6 +135,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   pthread_mutex_init(&rt->tmu, NULL);
   pthread_cond_init(&rt->tcv, NULL);
   pthread_mutex_init(&rt->ctl_mu, NULL);
+  pthread_mutex_init(&rt->ahead_mu, NULL);
+  pthread_cond_init(&rt->ahead_cv, NULL);
 
   st = make_backend(&cfg, &rt->be);
   if (st != DMEM_OK) goto fail_mutexes;
@@ -120,7 +147,15 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);
-  st = dmem__hostpool_create(rt->be, &rt->hostpool);
+  /* The pinned pool holds the host tier (host_limit) plus staging for
+   * moves to disk and the controller: an eighth more, at least 64 MiB. */
+  size_t pin_limit = 0;
+  if (rt->host_limit) {
+    size_t extra = rt->host_limit / 8 > ((size_t)64 << 20) ? rt->host_limit / 8 : (size_t)64 << 20;
+    pin_limit = rt->host_limit + extra;
+  }
+  st = dmem__hostpool_create(rt->be, pin_limit, rt->be->kind == DMEM_BACKEND_CUDA,
+                             &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
   if (st != DMEM_OK) goto fail_hostpool;
@@ -130,11 +165,21 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_raw;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->order_stream));
   if (st != DMEM_OK) goto fail_spill_stream;
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->unspill_stream));
+  if (st != DMEM_OK) goto fail_order_stream;
+  rt->copy_chunk = DMEM__COPY_CHUNK;
+  ahead_marks(rt);
+  st = dmem__ahead_start(rt);
+  if (st != DMEM_OK) goto fail_unspill_stream;
   DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
               rt->be->name, rt->capacity, rt->limit, rt->host_limit);
   *rt_out = rt;
   return DMEM_OK;
 
+fail_unspill_stream:
+  (void)rt->be->stream_destroy(rt->be, rt->unspill_stream);
+fail_order_stream:
+  (void)rt->be->stream_destroy(rt->be, rt->order_stream);
 fail_spill_stream:
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
 fail_raw:
@@ -169,13 +214,24 @@ static void print_stats(dmem_runtime_t *rt) {
           s.seconds_spilling, (unsigned long long)s.unspill_count,
           (unsigned long long)s.bytes_unspilled, s.seconds_unspilling,
           (unsigned long long)s.oom_evictions, (unsigned long long)s.cancelled_spills);
+  fprintf(stderr,
+          "  spill-ahead %llu buffers (%llu bytes, %llu passes), prefetched %llu (%llu bytes), "
+          "waits for room %llu (%.3f s); pinned pool %zu bytes (%llu grows, %llu in the "
+          "background, %llu trims)\n",
+          (unsigned long long)s.ahead_evictions, (unsigned long long)s.ahead_bytes,
+          (unsigned long long)s.ahead_passes, (unsigned long long)s.prefetch_count,
+          (unsigned long long)s.prefetch_bytes, (unsigned long long)s.room_waits,
+          s.seconds_waiting_for_room, s.host_pool_reserved, (unsigned long long)s.host_pool_grows,
+          (unsigned long long)s.host_pool_background_grows, (unsigned long long)s.host_pool_trims);
 }
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
+  dmem__ahead_stop(rt); /* first: it moves buffers */
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  (void)rt->be->stream_synchronize(rt->be, rt->unspill_stream);
   (void)rt->be->stream_synchronize(rt->be, rt->order_stream);
   dmem__registry_fini(rt);
   dmem__staging_fini(rt);
@@ -195,8 +251,10 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */
   dmem__pool_stream_forget(rt->pool, rt->spill_stream);
   dmem__pool_stream_forget(rt->pool, rt->order_stream);
+  dmem__pool_stream_forget(rt->pool, rt->unspill_stream);
   dmem__pool_destroy(rt->pool);
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+  (void)rt->be->stream_destroy(rt->be, rt->unspill_stream);
   (void)rt->be->stream_destroy(rt->be, rt->order_stream);
   dmem__hostpool_destroy(rt->hostpool);
   rt->be->destroy(rt->be);

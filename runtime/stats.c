@@ -32,6 +32,33 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.device_reserved = ps.reserved;
   s.pool_hits = ps.hits;
   s.pool_misses = ps.misses;
+  /* ---- copy engine, spill-ahead, prefetch, pinned pool ---- */
+  const dmem__xstats_t *x = &rt->xs;
+  for (int t = 0; t < DMEM__NTIERS; t++) {
+    s.tier_spill_count[t] = dmem_atomic_load_relaxed(&x->spill_count[t]);
+    s.tier_spill_bytes[t] = dmem_atomic_load_relaxed(&x->spill_bytes[t]);
+    s.tier_spill_seconds[t] = (double)dmem_atomic_load_relaxed(&x->spill_ns[t]) * 1e-9;
+    s.tier_unspill_count[t] = dmem_atomic_load_relaxed(&x->unspill_count[t]);
+    s.tier_unspill_bytes[t] = dmem_atomic_load_relaxed(&x->unspill_bytes[t]);
+    s.tier_unspill_seconds[t] = (double)dmem_atomic_load_relaxed(&x->unspill_ns[t]) * 1e-9;
+  }
+  s.room_waits = dmem_atomic_load_relaxed(&x->room_waits);
+  s.seconds_waiting_for_room = (double)dmem_atomic_load_relaxed(&x->room_wait_ns) * 1e-9;
+  s.evict_passes = dmem_atomic_load_relaxed(&x->evict_passes);
+  s.ahead_passes = dmem_atomic_load_relaxed(&x->ahead_passes);
+  s.ahead_evictions = dmem_atomic_load_relaxed(&x->ahead_evictions);
+  s.ahead_bytes = dmem_atomic_load_relaxed(&x->ahead_bytes);
+  s.prefetch_count = dmem_atomic_load_relaxed(&x->prefetch_count);
+  s.prefetch_bytes = dmem_atomic_load_relaxed(&x->prefetch_bytes);
+  s.spill_ahead_high = rt->ahead_high;
+  s.spill_ahead_low = rt->ahead_low;
+  dmem__hostpool_stats_t hp;
+  dmem__hostpool_stats(rt->hostpool, &hp);
+  s.host_pool_reserved = hp.reserved;
+  s.host_pool_free = hp.free;
+  s.host_pool_grows = hp.grows;
+  s.host_pool_background_grows = hp.background_grows;
+  s.host_pool_trims = hp.trims;
   /* Locked bytes are counted here rather than on every lock, keeping the
    * lock fast path to one CAS. */
   uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */

@@ -31,16 +31,37 @@ static void note(dmem_status_t st, dmem_status_t *first) {
     *first = st;
 }
 
+/* What one pass did, for the stats and the log line. */
+typedef struct pass {
+  dmem__evict_reason_t reason;
+  size_t victims;
+  size_t freed;
+  dmem_status_t first;
+} pass_t;
+
 static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
-                                  bool on_demand, size_t *freed, dmem_status_t *first) {
+                                  pass_t *ps) {
   size_t size = dmem__bsize(b);
   dmem_status_t st = dmem__spill_buffer(rt, b, h, DMEM_TIER_HOST, true);
   if (st == DMEM_OK) {
-    *freed += size;
-    if (on_demand) dmem_atomic_add_relaxed(&rt->oom_evictions, 1);
+    ps->freed += size;
+    ps->victims++;
+    if (ps->reason == DMEM__EVICT_ON_DEMAND) dmem_atomic_add_relaxed(&rt->oom_evictions, 1);
+    if (ps->reason == DMEM__EVICT_AHEAD) {
+      dmem_atomic_add_relaxed(&rt->xs.ahead_evictions, 1);
+      dmem_atomic_add_relaxed(&rt->xs.ahead_bytes, size);
+    }
   }
-  note(st, first);
+  note(st, &ps->first);
   return st;
+}
+
+static const char *reason_name(dmem__evict_reason_t r) {
+  switch (r) {
+    case DMEM__EVICT_ON_DEMAND: return "on-demand (an allocation needed room)";
+    case DMEM__EVICT_AHEAD: return "ahead (device use above the high-water mark)";
+    default: return "explicit (dmem_evict)";
+  }
 }
 
 /* The first candidate (in policy order) whose block, freed, would join the
@@ -57,10 +78,31 @@ static long find_range_maker(dmem_runtime_t *rt, const candidate_t *cand, size_t
   return -1;
 }
 
-dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool on_demand,
-                          size_t *freed_out, dmem_status_t *first_error_out) {
-  size_t freed = 0;
-  dmem_status_t first = DMEM_OK;
+static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps);
+
+dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
+                          dmem__evict_reason_t reason, size_t *freed_out,
+                          dmem_status_t *first_error_out) {
+  pass_t ps = {.reason = reason, .first = DMEM_OK};
+  DMEM_NVTX_PUSH("dmem eviction pass");
+  uint64_t t0 = dmem__now_ns();
+  dmem_atomic_add_relaxed(&rt->xs.evict_passes, 1);
+  dmem_status_t st = evict_pass(rt, need, contig, &ps);
+  DMEM_NVTX_POP();
+  if (ps.victims > 0)
+    DMEM_LOG_AT(DMEM_LOG_INFO,
+                "evict: %zu victims, %zu bytes (asked %zu%s%zu), %s, %.3f ms, device used %zu "
+                "of %zu",
+                ps.victims, ps.freed, need, contig ? ", contiguous " : "", contig,
+                reason_name(reason), (double)(dmem__now_ns() - t0) * 1e-6,
+                dmem__device_used(rt), rt->limit);
+  if (st != DMEM_OK) return st;
+  *freed_out = ps.freed;
+  if (first_error_out) *first_error_out = ps.first;
+  return DMEM_OK;
+}
+
+static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps) {
   dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
   dmem_controller_t c;
   if (dmem__controller_get(rt, &c) && c.select_victims) {
@@ -77,10 +119,10 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool o
     }
     if (n != DMEM_VICTIMS_DEFAULT) {
       if (n > cap) n = cap;
-      for (size_t i = 0; i < n && freed < need; i++) {
+      for (size_t i = 0; i < n && ps->freed < need; i++) {
         dmem__buffer_t *b = dmem__table_lookup(rt->table, v[i]);
         if (!b) continue;
-        st = spill_victim(rt, b, v[i], on_demand, &freed, &first);
+        st = spill_victim(rt, b, v[i], ps);
         if (hopeless(st)) {
           free(v);
           return st;
@@ -88,7 +130,7 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool o
       }
     }
     free(v);
-    if (freed >= need) goto done;
+    if (ps->freed >= need) goto done;
   }
   {
     uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
@@ -112,17 +154,16 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool o
     long first_pick = contig ? find_range_maker(rt, cand, n, contig) : -1;
     if (first_pick >= 0) {
       /* One victim that makes the range beats several that do not. */
-      dmem_status_t st = spill_victim(rt, cand[first_pick].b, cand[first_pick].h, on_demand,
-                                      &freed, &first);
+      dmem_status_t st = spill_victim(rt, cand[first_pick].b, cand[first_pick].h, ps);
       if (hopeless(st)) {
         free(cand);
         return st;
       }
-      if (st == DMEM_OK && dmem__pool_fits(rt->pool, contig, NULL)) need = freed;
+      if (st == DMEM_OK && dmem__pool_fits(rt->pool, contig, NULL)) need = ps->freed;
     }
-    for (size_t i = 0; i < n && freed < need; i++) {
+    for (size_t i = 0; i < n && ps->freed < need; i++) {
       if ((long)i == first_pick) continue;
-      dmem_status_t st = spill_victim(rt, cand[i].b, cand[i].h, on_demand, &freed, &first);
+      dmem_status_t st = spill_victim(rt, cand[i].b, cand[i].h, ps);
       if (hopeless(st)) {
         free(cand);
         return st;
@@ -132,7 +173,5 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool o
     free(cand);
   }
 done:
-  *freed_out = freed;
-  if (first_error_out) *first_error_out = first;
   return DMEM_OK;
 }

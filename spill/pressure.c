@@ -14,17 +14,42 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__staging_poll(rt, false);
 }
 
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
+                               bool *ordered_out, size_t need);
+
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
                                    void **dev_out, bool *ordered_out) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
+  size_t need = 0;
+  dmem_status_t st = dmem__device_alloc(rt, size, stream, dev_out, ordered_out, &need);
+  if (st != DMEM_ERR_OUT_OF_MEMORY) {
+    if (st == DMEM_OK) dmem__ahead_note(rt);
+    return st; /* done, or a device error */
+  }
+  /* The slow path: this allocation waits for room (stats, NVTX). */
+  uint64_t t0 = dmem__now_ns();
+  DMEM_NVTX_PUSH("dmem wait for room");
+  if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
+  st = make_room(rt, size, stream, dev_out, ordered_out, need);
+  DMEM_NVTX_POP();
+  dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
+  dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, dmem__now_ns() - t0);
+  if (st == DMEM_OK) dmem__ahead_note(rt);
+  return st;
+}
+
+/* Spill (and wait) until the allocation fits; the first attempt already
+ * failed, `need` bytes short. */
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
+                               bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
   bool told = false, trimmed = false;
-  for (;;) {
-    size_t need = 0;
-    dmem_status_t st = dmem__device_alloc(rt, size, stream, dev_out, ordered_out, &need);
+  for (bool first = true;; first = false) {
+    dmem_status_t st = first ? DMEM_ERR_OUT_OF_MEMORY
+                             : dmem__device_alloc(rt, size, stream, dev_out, ordered_out, &need);
     if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
     dmem__spill_poll(rt);
     if (!told && dmem_atomic_load_relaxed(&rt->has_ctl)) {
@@ -40,7 +65,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
     size_t contig = dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
-    st = dmem__evict(rt, need, contig, true, &freed, &err);
+    st = dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
     if (st != DMEM_OK) return st;
     if (err != DMEM_OK) last_err = err;
     if (freed > 0) {

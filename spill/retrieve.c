@@ -27,31 +27,40 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
   return DMEM_OK;
 }
 
-/* Copy a deferred buffer whose TRANSIT we own back to the device, ordered
- * on `stream`. `from` is its deferred state; the lock (if locking) was taken
- * with TRANSIT and is dropped again on failure. */
+/* Copy a deferred buffer whose TRANSIT we own back to the device. The copy
+ * runs on the runtime's host->device stream (rt->unspill_stream), so that
+ * it starts at once rather than behind the caller's queued kernels and
+ * overlaps the spill copies on the device->host stream; `stream` is then
+ * made to wait for it (not in DMEM__RETRIEVE_PREFETCH mode: dmem_prefetch
+ * orders the caller's stream once after the whole batch). `from` is the
+ * deferred state; the lock (if locking) was taken with TRANSIT and is
+ * dropped again on failure. */
 static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
-                               unsigned from, void *stream, bool locking) {
+                               unsigned from, void *stream, dmem__retrieve_mode_t mode) {
+  const bool locking = mode == DMEM__RETRIEVE_LOCK;
   uint64_t t0 = dmem__now_ns();
   const dmem__tier_ops_t *tier = dmem__tier_of_state(from);
   DMEM_ASSERT(tier != NULL);
   size_t size = dmem__bsize(b);
   void *dev = NULL;
+  void *cs = rt->unspill_stream;
+  DMEM_NVTX_PUSH("dmem unspill");
   /* a spill into the host tier may still be copying: order after it */
   void *spill_ev = (dmem_atomic_load_relaxed(&b->word) & DMEM__F_SPILL_COPY)
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
-  dmem_status_t st = dmem__pressure_alloc(rt, size, stream, &dev, NULL);
+  dmem_status_t st = dmem__pressure_alloc(rt, size, cs, &dev, NULL);
   if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
   if (st != DMEM_OK) goto rollback;
-  if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, spill_ev));
+  if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
   if (st == DMEM_OK && !b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
+  if (st == DMEM_OK) st = dmem__copy_chunked(rt, dev, b->host, size, cs);
   if (st == DMEM_OK)
-    st = dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dev, b->host, size, stream));
-  if (st == DMEM_OK)
-    st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, b->unspill_event, stream));
+    st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, b->unspill_event, cs));
+  if (st == DMEM_OK && mode != DMEM__RETRIEVE_PREFETCH)
+    st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, b->unspill_event));
   if (st != DMEM_OK) {
-    (void)rt->be->stream_synchronize(rt->be, stream);
+    (void)rt->be->stream_synchronize(rt->be, cs);
     if (!tier->adopts_staging) dmem__host_copy_release(rt, b); /* the tier keeps its copy */
     goto rollback;
   }
@@ -63,9 +72,11 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   /* The tier forgets the buffer; b->host is now staging, recycled once the
    * copy is done (spill/staging.c). */
   tier->drop(rt, b, h);
-  dmem_atomic_add_relaxed(&rt->unspill_count, 1);
-  dmem_atomic_add_relaxed(&rt->bytes_unspilled, size);
-  dmem_atomic_add_relaxed(&rt->ns_unspilling, dmem__now_ns() - t0);
+  dmem__stats_unspill(rt, tier->tier, size, dmem__now_ns() - t0);
+  if (mode == DMEM__RETRIEVE_PREFETCH) {
+    dmem_atomic_add_relaxed(&rt->xs.prefetch_count, 1);
+    dmem_atomic_add_relaxed(&rt->xs.prefetch_bytes, size);
+  }
   dmem__staging_push(rt, b, h);
   /* release: publishes b->dev and b->unspill_event; partner is the lockers'
    * acquire */
@@ -73,11 +84,13 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                                (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
                                                       .set = DMEM__F_UNSPILL_COPY,
                                                       .clear = DMEM__F_SPILL_COPY});
+  DMEM_NVTX_POP();
   if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_UNSPILL, h, size, tier->tier, 0);
   return DMEM_OK;
 
 rollback:
-  if (dev) dmem__device_release(rt, dev, size, stream);
+  DMEM_NVTX_POP();
+  if (dev) dmem__device_release(rt, dev, size, cs);
   dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(from), .drop_lock = locking});
   return st;
 }
@@ -113,7 +126,9 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
       uint64_t nw = dmem__w_with_state(w + locks, DMEM_STATE_RESIDENT);
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
       if (cancellable) dmem__transit_broadcast(rt);
-      st = order_after_copies(rt, b, nw, stream);
+      /* a prefetch leaves the caller's stream alone: a later lock orders
+       * it after the copies still in flight (their flags stay set) */
+      st = mode == DMEM__RETRIEVE_PREFETCH ? DMEM_OK : order_after_copies(rt, b, nw, stream);
       if (st != DMEM_OK) {
         if (locking) (void)dmem__unlock_buffer(rt, b, h);
         return st;
@@ -128,7 +143,7 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
     }
     /* Deferred and nobody moving it: take TRANSIT (and the lock) at once. */
     if (!dmem__transit_take(b, &w, DMEM_STATE_UNSPILLING, locks)) continue;
-    st = copy_back(rt, b, h, s, stream, locking);
+    st = copy_back(rt, b, h, s, stream, mode);
     if (st != DMEM_OK) return st;
     if (dev_out) *dev_out = dmem__bdev(b);
     return DMEM_OK;

@@ -12,9 +12,7 @@
 
 static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_tier_t tier,
                          uint64_t t0, bool emit) {
-  dmem_atomic_add_relaxed(&rt->spill_count, 1);
-  dmem_atomic_add_relaxed(&rt->bytes_spilled, size);
-  dmem_atomic_add_relaxed(&rt->ns_spilling, dmem__now_ns() - t0);
+  dmem__stats_spill(rt, tier, size, dmem__now_ns() - t0);
   if (emit) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, tier, 0);
 }
 
@@ -53,7 +51,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
   }
   st = dmem__event_get(rt, &ev);
   if (st != DMEM_OK) goto undo;
-  st = dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, stage, dev, size, rt->spill_stream));
+  st = dmem__copy_chunked(rt, stage, dev, size, rt->spill_stream);
   if (st == DMEM_OK) st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, rt->spill_stream));
   if (st != DMEM_OK) {
     (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
@@ -194,7 +192,9 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
                            (unsigned long long)h, dmem__w_count(w));
       if (!dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) continue;
       dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
+      DMEM_NVTX_PUSH("dmem spill");
       st = spill_from_device(rt, b, h, w, dest);
+      DMEM_NVTX_POP();
       dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
       return st;
     }

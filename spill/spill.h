@@ -101,8 +101,10 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
                                  dmem_tier_t tier, bool by_policy);
 
 typedef enum dmem__retrieve_mode {
-  DMEM__RETRIEVE_LOCK,  /* bring back and lock (dmem_lock's slow path) */
-  DMEM__RETRIEVE_ONLY   /* bring back, no lock (dmem_unspill) */
+  DMEM__RETRIEVE_LOCK,    /* bring back and lock (dmem_lock's slow path) */
+  DMEM__RETRIEVE_ONLY,    /* bring back, no lock (dmem_unspill) */
+  DMEM__RETRIEVE_PREFETCH /* bring back, no lock, and leave `stream` alone:
+                             the caller orders it after the whole batch */
 } dmem__retrieve_mode_t;
 /* The one retrieve state machine: wait out other movers, cancel a spill in
  * flight, or bring a deferred buffer back with a copy ordered on `stream`.
@@ -111,17 +113,56 @@ typedef enum dmem__retrieve_mode {
 dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                              void *stream, dmem__retrieve_mode_t mode, void **dev_out);
 
+/* ---- the copy engine (copy.c) and prefetch (prefetch.c) --------------------------- */
+
+/* Enqueue a copy of size bytes on `stream` (one of the runtime's copy
+ * streams), in pieces of at most rt->copy_chunk bytes. Returns once
+ * enqueued. */
+dmem_status_t dmem__copy_chunked(dmem_runtime_t *rt, void *dst, const void *src, size_t size,
+                                 void *stream);
+/* Bring hs[0..n) back to the device on the host->device stream without
+ * locking them, then make `stream` wait for all of the copies with one
+ * event. Stops at the first error (the buffers before it stay
+ * prefetched); *done_out (may be NULL) counts the buffers handled. */
+dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                             void *stream, size_t *done_out);
+
+/* ---- spill-ahead (ahead.c) -------------------------------------------------------- */
+
+/* Start the background thread when rt->ahead_high is set. */
+dmem_status_t dmem__ahead_start(dmem_runtime_t *rt);
+/* Stop and join it (at destroy). */
+void dmem__ahead_stop(dmem_runtime_t *rt);
+/* Wake the thread when device use passed the high-water mark. Called after
+ * allocations; one relaxed load when under the mark. */
+void dmem__ahead_kick_slow(dmem_runtime_t *rt);
+static inline void dmem__ahead_note(dmem_runtime_t *rt) {
+  if (rt->ahead_high && dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high &&
+      !dmem_atomic_load_relaxed(&rt->ahead_kick))
+    dmem__ahead_kick_slow(rt);
+}
+
 /* ---- victims (policy.c) and room (pressure.c) ------------------------------------ */
+
+/* Why an eviction pass runs (stats and the DMEM_LOG=info line). */
+typedef enum dmem__evict_reason {
+  DMEM__EVICT_EXPLICIT, /* dmem_evict */
+  DMEM__EVICT_ON_DEMAND, /* an allocation needed room */
+  DMEM__EVICT_AHEAD      /* the spill-ahead thread: use above the high-water mark */
+} dmem__evict_reason_t;
 
 /* Spill unlocked buffers (the controller's choice, then by priority and
  * LRU) until `need` bytes were freed or nothing is left. When `contig` is
  * not 0 an allocation of that size needs a contiguous pool range: a victim
  * whose block, with the free ranges beside it, makes such a range is spilled
  * first, alone (one spill that helps rather than several that do not).
- * on_demand: counts as oom_evictions. *first_error_out (may be NULL): the
+ * reason: DMEM__EVICT_ON_DEMAND counts as oom_evictions, DMEM__EVICT_AHEAD
+ * as ahead_evictions; DMEM_LOG=info logs one line per pass that spilled
+ * something (victims, bytes, reason). *first_error_out (may be NULL): the
  * first error other than BUSY/STALE met on the way. */
-dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig, bool on_demand,
-                          size_t *freed_out, dmem_status_t *first_error_out);
+dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
+                          dmem__evict_reason_t reason, size_t *freed_out,
+                          dmem_status_t *first_error_out);
 /* Device memory for size bytes in stream order on `stream`, spilling (and
  * waiting for moves and stream releases in flight, up to a deadline) when
  * memory runs short. *ordered_out as for dmem__device_alloc.

@@ -152,11 +152,13 @@ static inline size_t check_bad_bytes(dmem_runtime_t *rt, dmem_handle_t h, size_t
 }
 
 /* A runtime on the backend from DMEM_BACKEND (default host) with a small
- * simulated device. */
+ * simulated device; spill-ahead off unless DMEM_SPILL_AHEAD says. */
 static inline dmem_runtime_t *check_runtime(size_t device_limit) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  /* deterministic: no background spilling unless a test asks for it */
+  if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0;
   cfg.device_limit = device_limit;
   dmem_runtime_t *rt = NULL;
   dmem_status_t st = dmem_runtime_create(&cfg, &rt);

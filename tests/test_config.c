@@ -6,7 +6,8 @@
 
 static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIMIT",
                              "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
-                             "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT"};
+                             "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
+                             "DMEM_SPILL_AHEAD"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -87,6 +88,8 @@ TEST_CASE(env_malformed_is_config_error) {
       {"DMEM_DEVICE_LIMIT", "0%"},    {"DMEM_DEVICE_LIMIT", "1.5"}, {"DMEM_HOST_LIMIT", "50%"},
       {"DMEM_HOST_LIMIT", "lots"},    {"DMEM_LOG", "loud"},        {"DMEM_LOG", "7"},
       {"DMEM_STATS", "yes"},          {"DMEM_HOST_CAPACITY", "0"}, {"DMEM_DEVICE_LIMIT", "1e400"},
+      {"DMEM_SPILL_AHEAD", "maybe"},  {"DMEM_SPILL_AHEAD", "90%,95%"}, {"DMEM_SPILL_AHEAD", "8G"},
+      {"DMEM_SPILL_AHEAD", "150%"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
@@ -111,6 +114,8 @@ TEST_CASE(env_good_forms) {
       {"DMEM_BACKEND", "HOST"}, {"DMEM_DEVICE_LIMIT", "1048576"}, {"DMEM_DEVICE_LIMIT", "2K"},
       {"DMEM_DEVICE_LIMIT", "1.5G"}, {"DMEM_DEVICE_LIMIT", "50 %"}, {"DMEM_HOST_LIMIT", "0"},
       {"DMEM_LOG", "3"}, {"DMEM_LOG", "off"}, {"DMEM_STATS", "1"}, {"DMEM_DEVICE", "0"},
+      {"DMEM_SPILL_AHEAD", "off"}, {"DMEM_SPILL_AHEAD", "on"}, {"DMEM_SPILL_AHEAD", "80%"},
+      {"DMEM_SPILL_AHEAD", "95%,85%"},
   };
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     dmem_runtime_t *rt = NULL;
@@ -232,4 +237,36 @@ TEST_CASE(oom_wait_from_env_and_struct) {
   dmem_runtime_t *rt = NULL;
   CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_TRUE(rt == NULL);
+}
+
+/* DMEM_SPILL_AHEAD sets the marks: "N%,M%" both, "N%" the high one with
+ * the low one 5 points under it, "off" none. */
+TEST_CASE(env_spill_ahead_marks) {
+  clear_env();
+  setenv("DMEM_SPILL_AHEAD", "80%,50%", 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.spill_ahead == 0.8 && cfg.spill_ahead_low == 0.5);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = 100 << 20;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_ahead_high, 80 << 20);
+  CHECK_UEQ(s.spill_ahead_low, 50 << 20);
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_SPILL_AHEAD", "40%", 1);
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = 100 << 20;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_ahead_high, 40 << 20);
+  CHECK_UEQ(s.spill_ahead_low, 35 << 20);
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_SPILL_AHEAD", "off", 1);
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.spill_ahead == 0);
+  clear_env();
 }

@@ -1,5 +1,8 @@
 /* The pinned host pool (runtime/memory/hostpool.c) over a backend whose
  * pinned allocator can be made to fail. */
+#include <pthread.h>
+#include <time.h>
+
 #include "check.h"
 #include "internal.h"
 
@@ -34,7 +37,7 @@ static dmem__backend_t fake_backend(void) {
 TEST_CASE(grow_failure_keeps_backend_detail) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
   fake_fail = 1;
   void *ptr = (void *)0x1;
   CHECK_STATUS(dmem__hostpool_alloc(p, 4096, &ptr), DMEM_ERR_HOST_OUT_OF_MEMORY);
@@ -52,7 +55,7 @@ TEST_CASE(grow_failure_keeps_backend_detail) {
 TEST_CASE(blocks_reuse_and_coalesce) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
   void *a = NULL, *b = NULL, *c = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 1000, &a), DMEM_OK);
   REQUIRE_EQ(dmem__hostpool_alloc(p, 5000, &b), DMEM_OK);
@@ -73,3 +76,152 @@ TEST_CASE(blocks_reuse_and_coalesce) {
   dmem__hostpool_destroy(p);
 }
 
+
+/* ---- growth off the spill path, the limit, trimming ------------------------------- */
+
+
+static _Atomic int slow_in_alloc, slow_release, slow_calls;
+static dmem_status_t slow_host_alloc(dmem__backend_t *be, size_t size, void **ptr_out) {
+  atomic_fetch_add(&slow_calls, 1);
+  atomic_store(&slow_in_alloc, 1);
+  /* hold the "cudaMallocHost" until the test lets go (at most 5 s) */
+  for (int i = 0; i < 5000 && !atomic_load(&slow_release); i++) {
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  atomic_store(&slow_in_alloc, 0);
+  return fake_host_alloc(be, size, ptr_out);
+}
+
+/* The pool's mutex is not held while the backend allocates: a block that
+ * fits is handed out (and freed) while another thread's growth is stuck in
+ * host_alloc. */
+typedef struct grower {
+  dmem__hostpool_t *p;
+  void *ptr;
+  dmem_status_t st;
+} grower_t;
+static void *grower_main(void *arg) {
+  grower_t *g = arg;
+  g->st = dmem__hostpool_alloc(g->p, (size_t)3 << 20, &g->ptr); /* does not fit: grows */
+  return NULL;
+}
+
+TEST_CASE(mutex_not_held_across_host_alloc) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  void *a = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &a), DMEM_OK); /* first chunk, fast */
+  be.host_alloc = slow_host_alloc;
+  atomic_store(&slow_release, 0);
+  grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT};
+  pthread_t th;
+  REQUIRE_EQ(pthread_create(&th, NULL, grower_main, &g), 0);
+  while (!atomic_load(&slow_in_alloc)) {
+    struct timespec ts = {0, 100 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  /* the grower is inside host_alloc now */
+  void *b = NULL;
+  CHECK_EQ(dmem__hostpool_alloc(p, 8192, &b), DMEM_OK);
+  dmem__hostpool_free(p, b);
+  CHECK_EQ(atomic_load(&slow_in_alloc), 1); /* we did not wait for it */
+  atomic_store(&slow_release, 1);
+  pthread_join(th, NULL);
+  CHECK_EQ(g.st, DMEM_OK);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, 2);
+  dmem__hostpool_free(p, g.ptr);
+  dmem__hostpool_free(p, a);
+  dmem__hostpool_destroy(p);
+}
+
+/* With a background thread the pool grows before it runs dry: after
+ * taking most of the first chunk, a second one appears without any
+ * allocation failing to fit. */
+TEST_CASE(background_growth_before_running_dry) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, &p), DMEM_OK);
+  void *a = NULL, *b = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &a), DMEM_OK); /* grows on demand: 1 MiB */
+  REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)900 << 10, &b), DMEM_OK); /* now low */
+  dmem__hostpool_stats_t s;
+  for (int i = 0; i < 5000; i++) {
+    dmem__hostpool_stats(p, &s);
+    if (s.background_grows > 0) break;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  CHECK_UEQ(s.background_grows, 1);
+  CHECK_UEQ(s.grows, 2);
+  CHECK_UEQ(s.reserved, (size_t)2 << 20);
+  /* the next block comes from the chunk the thread added: no growth */
+  void *c = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)512 << 10, &c), DMEM_OK);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows - s.background_grows, 1);
+  dmem__hostpool_free(p, a);
+  dmem__hostpool_free(p, b);
+  dmem__hostpool_free(p, c);
+  dmem__hostpool_destroy(p);
+}
+
+/* The limit bounds the chunks; trim gives wholly free chunks back. */
+TEST_CASE(limit_and_trim) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)3 << 20, false, &p), DMEM_OK);
+  void *v[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < 3; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)900 << 10, &v[i]), DMEM_OK);
+  void *x = (void *)0x1;
+  CHECK_STATUS(dmem__hostpool_alloc(p, (size_t)900 << 10, &x), DMEM_ERR_HOST_OUT_OF_MEMORY);
+  CHECK_TRUE(x == (void *)0x1);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "at its limit") != NULL);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.reserved, (size_t)3 << 20);
+  size_t released = 7;
+  CHECK_EQ(dmem__hostpool_trim(p, 0, &released), DMEM_OK);
+  CHECK_UEQ(released, 0); /* every chunk holds a block */
+  dmem__hostpool_free(p, v[0]);
+  dmem__hostpool_free(p, v[2]);
+  CHECK_EQ(dmem__hostpool_trim(p, (size_t)2 << 20, &released), DMEM_OK);
+  CHECK_UEQ(released, (size_t)1 << 20); /* one chunk down to the keep */
+  CHECK_EQ(dmem__hostpool_trim(p, 0, &released), DMEM_OK);
+  CHECK_UEQ(released, (size_t)1 << 20);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.reserved, (size_t)1 << 20);
+  CHECK_UEQ(s.trims, 2);
+  CHECK_UEQ(s.free, (size_t)(1 << 20) - ((900 << 10) + 256));
+  dmem__hostpool_free(p, v[1]);
+  dmem__hostpool_destroy(p);
+}
+
+/* Through the public API: dmem_host_trim after the spilled buffers are
+ * gone gives the pinned memory back; the stats follow. */
+TEST_CASE(host_trim_public) {
+  dmem_runtime_t *rt = check_runtime((size_t)16 << 20);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, (size_t)1 << 20, 0, &h[i]));
+    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  }
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_GE(s.host_pool_reserved, (size_t)4 << 20);
+  CHECK_GE(s.host_pool_grows, 1);
+  size_t released = 0;
+  CHECK_OK(dmem_host_trim(rt, 0, &released));
+  CHECK_UEQ(released, 0); /* the host tier holds its copies */
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_host_trim(rt, 0, &released));
+  CHECK_UEQ(released, s.host_pool_reserved);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.host_pool_reserved, 0);
+  CHECK_GE(s.host_pool_trims, 1);
+  CHECK_STATUS(dmem_host_trim(NULL, 0, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  dmem_runtime_destroy(rt);
+}

@@ -20,6 +20,7 @@ static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char 
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0;
   cfg.device_limit = limit;
   cfg.host_limit = host_limit;
   cfg.spill_dir = spill_dir;

@@ -14,6 +14,11 @@
  *   DMEM_STATS         0 | 1: print statistics to stderr at destroy
  *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
  *                      K/M/G/T suffix)
+ *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
+ *                      device use passes N % of the limit (on: 95 %), a
+ *                      background thread spills by policy down to M %
+ *                      (default N - 5). Default: on for the CUDA backend,
+ *                      off for the host backend (deterministic tests).
  */
 #ifndef DMEM_CONFIG_H
 #define DMEM_CONFIG_H
@@ -52,7 +57,19 @@ typedef struct dmem_config {
    *  gives DMEM_ERR_OUT_OF_MEMORY; default 5000. 0: it does not wait. It
    *  returns as soon as room appears, not at the end of the wait. */
   unsigned oom_wait_ms;
+  /** Spill-ahead high-water mark, a fraction of the device limit: above it
+   *  a background thread spills by policy (down to spill_ahead_low) so that
+   *  allocations rarely wait for a spill. 0: off.
+   *  DMEM_SPILL_AHEAD_DEFAULT (the default): 0.95 on the CUDA backend, off on
+   *  the host backend. */
+  double spill_ahead;
+  /** Low-water mark (fraction of the limit, below spill_ahead); 0:
+   *  spill_ahead - 0.05. */
+  double spill_ahead_low;
 } dmem_config_t;
+
+/** dmem_config_t.spill_ahead: the backend's default. */
+#define DMEM_SPILL_AHEAD_DEFAULT (-1.0)
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

@@ -118,6 +118,22 @@ DMEM_API dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes,
                                         size_t *released_out);
 
 /**
+ * Give wholly free chunks of the pinned host pool (the memory that holds
+ * spilled bytes and staging; cudaMallocHost under CUDA) back until at most
+ * keep_bytes stay reserved. Chunks holding any spilled bytes or staging
+ * stay. Finished unspills are completed first, so their staging counts as
+ * free. The pool also shrinks itself after 30 s without allocations
+ * (keeping one chunk) and grows in the background before it runs dry.
+ * cudaFreeHost may synchronise the device: not for hot paths.
+ *
+ * Thread-safe.
+ * @return DMEM_OK (*released_out, may be NULL, = bytes given back);
+ *         DMEM_ERR_INVALID_ARGUMENT (rt NULL).
+ */
+DMEM_API dmem_status_t dmem_host_trim(dmem_runtime_t *rt, size_t keep_bytes,
+                                      size_t *released_out);
+
+/**
  * The process-wide runtime of CUDA device `device`, created on first use
  * from the DMEM_* environment (dmem_config_init, with cfg.device = device).
  * Every consumer in a process that uses it (the PyTorch symbols below, the

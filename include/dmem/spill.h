@@ -49,6 +49,40 @@ DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier
 DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
 
 /**
+ * Start bringing buffers back to the device that the caller will lock soon,
+ * without locking them. Each deferred buffer's host->device copy is enqueued
+ * on the runtime's own host->device copy stream (so it starts at once, not
+ * behind the work queued on `stream`, and overlaps spills, which use the
+ * device->host stream), and `stream` is made to wait for the whole batch
+ * with one event: work enqueued on `stream` after this call sees the bytes.
+ * Returns once the copies are enqueued (a buffer on disk is read first). A
+ * resident buffer is left as it is; a buffer whose spill copy is in flight
+ * has its spill cancelled (it stays resident). Making room for the copies
+ * may spill other unlocked buffers by policy, as a lock would. Nothing is
+ * locked: a prefetched buffer may be spilled again before it is locked
+ * (the lock then brings it back as usual). A lock that arrives while the
+ * prefetch copy is in flight orders its stream after that copy.
+ *
+ * Handles are taken in order; on the first failure the call stops and
+ * returns its status: the buffers before it stay prefetched (and `stream`
+ * waits for them), the ones after it are untouched.
+ *
+ * @param hs  n handles (may be NULL when n is 0); duplicates are allowed.
+ * @param stream  the stream whose later work uses the buffers (NULL: the
+ *                default stream).
+ * Thread-safe.
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, or hs NULL with
+ *         n > 0); DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a
+ *         controller callback moving one of the buffers);
+ *         DMEM_ERR_OUT_OF_MEMORY (no room even after spilling);
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_IO; DMEM_ERR_CALLBACK;
+ *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. A buffer that failed stays
+ *         where it was, data intact.
+ */
+DMEM_API dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                                     dmem_stream_t stream);
+
+/**
  * Spill unlocked buffers by policy (or by the controller's victim selection)
  * until at least `bytes` of device memory have been freed or nothing more can
  * be spilled.

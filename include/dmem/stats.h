@@ -49,6 +49,36 @@ typedef struct dmem_stats {
                                   allocations (dmem_device_malloc) */
   uint64_t pool_hits;        /**< allocations served from pool memory already held */
   uint64_t pool_misses;      /**< allocations that needed a new slab */
+
+  /* ---- copy engine, spill-ahead, prefetch, pinned pool (issue 9) ----------
+   * Arrays are indexed by dmem_tier_t: [DMEM_TIER_HOST], [DMEM_TIER_DISK],
+   * [DMEM_TIER_CONTROLLER] ([DMEM_TIER_DEVICE] stays 0). A move counts
+   * under the tier it went to (spill) or came from (unspill). Seconds are
+   * wall time of the calls as for seconds_spilling / seconds_unspilling:
+   * copies to and from the host tier are stream-ordered and complete after
+   * the call; bytes / (copy engine time) is what bench_spill measures. */
+  uint64_t tier_spill_count[4];     /**< spills from the device, per tier */
+  uint64_t tier_spill_bytes[4];
+  double tier_spill_seconds[4];
+  uint64_t tier_unspill_count[4];   /**< retrieves to the device, per tier */
+  uint64_t tier_unspill_bytes[4];
+  double tier_unspill_seconds[4];
+  uint64_t room_waits;              /**< allocations (and retrieves) that found no
+                                         room and had to spill or wait */
+  double seconds_waiting_for_room;  /**< their time spent making room */
+  uint64_t evict_passes;            /**< eviction passes, any reason */
+  uint64_t ahead_passes;            /**< passes of the spill-ahead thread */
+  uint64_t ahead_evictions;         /**< buffers it spilled */
+  uint64_t ahead_bytes;             /**< bytes it spilled */
+  uint64_t prefetch_count;          /**< buffers brought back by dmem_prefetch */
+  uint64_t prefetch_bytes;
+  size_t spill_ahead_high;          /**< the marks in bytes (0: spill-ahead off) */
+  size_t spill_ahead_low;
+  size_t host_pool_reserved;        /**< pinned host memory held by the pool */
+  size_t host_pool_free;            /**< of which free */
+  uint64_t host_pool_grows;         /**< chunks added (cudaMallocHost calls) */
+  uint64_t host_pool_background_grows; /**< of which by the background thread */
+  uint64_t host_pool_trims;         /**< chunks given back (trim, idle) */
 } dmem_stats_t;
 
 /**

@@ -104,6 +104,33 @@ static int parse_log(const char *s, dmem_log_level_t *out) {
   return -1;
 }
 
+/* "off" | "0" -> 0; "on" -> 0.95; "N%" -> N/100 (low 0: the default);
+ * "N%,M%" -> both. */
+static int parse_ahead(const char *s, double *high, double *low) {
+  if (strcasecmp(s, "off") == 0 || strcmp(s, "0") == 0) {
+    *high = 0;
+    *low = 0;
+    return 0;
+  }
+  if (strcasecmp(s, "on") == 0) {
+    *high = 0.95;
+    *low = 0;
+    return 0;
+  }
+  char buf[64];
+  if (strlen(s) >= sizeof buf) return -1;
+  strcpy(buf, s);
+  char *comma = strchr(buf, ',');
+  if (comma) *comma = '\0';
+  size_t bytes;
+  double h = 0, l = 0;
+  if (parse_size(buf, &bytes, &h) != DMEM_OK || h <= 0) return -1;
+  if (comma && (parse_size(comma + 1, &bytes, &l) != DMEM_OK || l <= 0 || l >= h)) return -1;
+  *high = h;
+  *low = l;
+  return 0;
+}
+
 /* Apply (cfg != NULL) or only validate the environment; returns the first
  * malformed variable's status with the detail recorded. */
 static dmem_status_t apply_env(dmem_config_t *cfg) {
@@ -176,6 +203,18 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_STATS=\"%s\": expected 0 or 1", v));
     else if (cfg) cfg->print_stats = s != 0;
   }
+  if ((v = getenv("DMEM_SPILL_AHEAD")) && *v) {
+    double high = 0, low = 0;
+    if (parse_ahead(v, &high, &low) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                         "DMEM_SPILL_AHEAD=\"%s\": expected off, on, N%% or N%%,M%% "
+                         "(0 < M < N <= 100)",
+                         v));
+    else if (cfg) {
+      cfg->spill_ahead = high;
+      cfg->spill_ahead_low = low;
+    }
+  }
 #undef ENV_FAIL
   return first;
 }
@@ -189,6 +228,7 @@ void dmem_config_init(dmem_config_t *cfg) {
   cfg->log_level = DMEM_LOG_WARN;
   cfg->host_backend_capacity = (size_t)1 << 30;
   cfg->oom_wait_ms = DMEM__OOM_WAIT_DEFAULT_MS;
+  cfg->spill_ahead = DMEM_SPILL_AHEAD_DEFAULT;
   /* A malformed variable leaves only itself at the default;
    * dmem_runtime_create reports it. */
   (void)apply_env(cfg);

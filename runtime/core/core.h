@@ -41,6 +41,8 @@
  *   8 hostpool  the pinned host pool's mutex
  *   9 events    rt->evpool_mu
  *  10 raw       a shard of the raw-allocation table (memory/raw.c)
+ *  11 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
+ *                                 is taken under it)
  *
  * The device pool's mutexes (memory/pool.c) and the backends' own are
  * innermost: neither calls up.
@@ -63,6 +65,7 @@
 #include "atomic.h"
 #include "backend/backend.h"
 #include "base/error.h"
+#include "base/nvtx.h"
 #include "dmem/dmem.h"
 
 /* ---- invariant checks ----------------------------------------------------- */
@@ -93,7 +96,8 @@ typedef enum dmem__rank {
   DMEM__RANK_TABLE,
   DMEM__RANK_HOSTPOOL,
   DMEM__RANK_EVENTS,
-  DMEM__RANK_RAW
+  DMEM__RANK_RAW,
+  DMEM__RANK_AHEAD
 } dmem__rank_t;
 
 #ifdef DMEM_DEBUG

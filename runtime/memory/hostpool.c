@@ -4,12 +4,27 @@
  * cudaMallocHost costs 0.7 ms to 28 ms a call (anchors.md), so it never runs
  * per spill: the pool takes large chunks from the backend and suballocates
  * them first-fit from an address-ordered free list, coalescing neighbours on
- * free. Chunks are returned at destroy. Each block carries a small header
- * with its size.
+ * free. Each block carries a small header with its size.
+ *
+ * Growth happens off the spill path where it can: a background thread
+ * (when the pool is created with one: the CUDA backend) adds a chunk as soon
+ * as the free bytes drop under a quarter of what the pool holds (at least
+ * one minimum chunk), chunks growing geometrically (half of what is held,
+ * between the backend's minimum and 1 GiB). An allocation that finds no
+ * room still grows the pool itself. Nobody holds the pool's mutex across
+ * the backend's host_alloc / host_free: one thread grows at a time
+ * (`growing`), others wait for it on `cv` and look again.
+ *
+ * Bounds and shrinking: the chunks never hold more than `limit` bytes (0:
+ * unlimited); dmem__hostpool_trim gives wholly free chunks back, and the
+ * background thread does so itself after the pool has been idle (no
+ * allocation) for DMEM__HOSTPOOL_IDLE_NS, keeping one chunk. Chunks still
+ * held are returned at destroy.
  */
 #include "internal.h"
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 
 #define POOL_ALIGN 256u
@@ -33,29 +48,76 @@ typedef struct block_header {
   pool_chunk_t *chunk; /* owning chunk */
 } block_header_t;
 
+#define DMEM__HOSTPOOL_IDLE_NS (30ull * 1000 * 1000 * 1000)
+#define DMEM__HOSTPOOL_MAX_CHUNK ((size_t)1 << 30)
+
 struct dmem__hostpool {
   dmem__backend_t *be;
-  pthread_mutex_t mu;
+  pthread_mutex_t mu;   /* everything below; never held across host_alloc/free */
+  pthread_cond_t cv;    /* growth finished; the thread's wake-up */
   pool_chunk_t *chunks;
-  free_range_t *free; /* address-ordered */
-  size_t reserved;    /* bytes in chunks */
+  free_range_t *free;   /* address-ordered */
+  size_t reserved;      /* bytes in chunks */
+  size_t free_bytes;    /* bytes in free ranges */
   size_t min_chunk;
+  size_t limit;         /* most bytes in chunks; 0: unlimited */
+  bool growing;         /* a thread is in host_alloc for the pool */
+  bool want_grow;       /* the free bytes ran low: the thread should add a chunk */
+  bool stop;
+  bool has_thread;
+  pthread_t thread;
+  uint64_t last_alloc_ns;
+  uint64_t grows, bg_grows, trims;
 };
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-dmem_status_t dmem__hostpool_create(dmem__backend_t *be, dmem__hostpool_t **pool_out) {
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *pool_thread(void *arg);
+
+dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
+                                    dmem__hostpool_t **pool_out) {
   dmem__hostpool_t *p = calloc(1, sizeof *p);
   if (!p) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool allocation failed");
   p->be = be;
   p->min_chunk = be->host_chunk_min ? be->host_chunk_min : (size_t)4 << 20;
+  p->limit = limit;
+  if (limit && p->min_chunk > limit) p->min_chunk = round_up(limit, 256);
   pthread_mutex_init(&p->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  p->last_alloc_ns = mono_ns();
+  if (background) {
+    int rc = pthread_create(&p->thread, NULL, pool_thread, p);
+    if (rc != 0) {
+      pthread_cond_destroy(&p->cv);
+      pthread_mutex_destroy(&p->mu);
+      free(p);
+      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool thread: pthread_create: %d", rc);
+    }
+    p->has_thread = true;
+  }
   *pool_out = p;
   return DMEM_OK;
 }
 
 void dmem__hostpool_destroy(dmem__hostpool_t *p) {
   if (!p) return;
+  if (p->has_thread) {
+    dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+    pthread_join(p->thread, NULL);
+  }
   for (free_range_t *f = p->free, *n; f; f = n) {
     n = f->next;
     free(f);
@@ -65,6 +127,7 @@ void dmem__hostpool_destroy(dmem__hostpool_t *p) {
     (void)p->be->host_free(p->be, c->base);
     free(c);
   }
+  pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
   free(p);
 }
@@ -103,11 +166,72 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
   return true;
 }
 
+/* The size of the next chunk for a block of `need` bytes: geometric (half
+ * of what is held), at least the backend's minimum, at most 1 GiB unless
+ * the block needs more, never past the limit. 0 when the limit leaves no
+ * room for `need`. Under mu. */
+static size_t next_chunk(const dmem__hostpool_t *p, size_t need) {
+  size_t c = p->reserved / 2;
+  if (c < p->min_chunk) c = p->min_chunk;
+  if (c > DMEM__HOSTPOOL_MAX_CHUNK) c = DMEM__HOSTPOOL_MAX_CHUNK;
+  if (c < need) c = round_up(need, (size_t)2 << 20);
+  if (p->limit) {
+    if (p->reserved >= p->limit || need > p->limit - p->reserved) return 0;
+    if (c > p->limit - p->reserved) c = p->limit - p->reserved;
+  }
+  return c;
+}
+
+/* Add one chunk of csize bytes. Called with mu held and `growing` set by
+ * the caller; drops mu around host_alloc. Returns with mu held, `growing`
+ * cleared and waiters woken. */
+static dmem_status_t grow_locked(dmem__hostpool_t *p, size_t csize, bool background) {
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  DMEM_NVTX_PUSH("dmem pinned pool grow");
+  pool_chunk_t *c = malloc(sizeof *c);
+  void *base = NULL;
+  dmem_status_t st = c ? p->be->host_alloc(p->be, csize, &base) : DMEM_ERR_HOST_OUT_OF_MEMORY;
+  DMEM_NVTX_POP();
+  char cause[256] = "";
+  if (st != DMEM_OK) {
+    /* The backend's detail lives in the same thread-local buffer that
+     * dmem__error writes: copy it out first (source and destination of
+     * one vsnprintf must not overlap). */
+    snprintf(cause, sizeof cause, "%s", c ? dmem_last_error_detail() : "chunk record");
+    free(c);
+  }
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  p->growing = false;
+  pthread_cond_broadcast(&p->cv);
+  if (st != DMEM_OK)
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
+                       "pinned host pool could not grow by %zu bytes (%s)", csize, cause);
+  c->base = base;
+  c->size = csize;
+  c->next = p->chunks;
+  p->chunks = c;
+  p->reserved += csize;
+  p->grows++;
+  if (background) p->bg_grows++;
+  if (!free_insert(p, base, csize, c))
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool free-list node allocation failed");
+  p->free_bytes += csize;
+  return DMEM_OK;
+}
+
+/* Whether the free bytes ran low enough that the thread should grow. */
+static bool running_low(const dmem__hostpool_t *p) {
+  size_t low = p->reserved / 4;
+  if (low < p->min_chunk) low = p->min_chunk;
+  return p->free_bytes < low && (!p->limit || p->reserved < p->limit);
+}
+
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_out) {
   if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
   size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
-  for (int attempt = 0; attempt < 2; attempt++) {
+  p->last_alloc_ns = mono_ns();
+  for (;;) {
     for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
       free_range_t *f = *pp;
       if (f->size < need) continue;
@@ -120,6 +244,11 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
         f->addr += need;
         f->size -= need;
       }
+      p->free_bytes -= need;
+      if (p->has_thread && running_low(p) && !p->want_grow) {
+        p->want_grow = true; /* off this path: the thread adds the next chunk */
+        pthread_cond_broadcast(&p->cv);
+      }
       dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
       block_header_t *hd = (block_header_t *)addr;
       hd->size = need;
@@ -127,35 +256,26 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
       *ptr_out = addr + POOL_HEADER;
       return DMEM_OK;
     }
-    if (attempt == 1) break;
-    /* grow: one chunk large enough for this block */
-    size_t csize = need > p->min_chunk ? round_up(need, (size_t)2 << 20) : p->min_chunk;
-    pool_chunk_t *c = malloc(sizeof *c);
-    void *base = NULL;
-    dmem_status_t st = c ? p->be->host_alloc(p->be, csize, &base) : DMEM_ERR_HOST_OUT_OF_MEMORY;
-    if (st != DMEM_OK) {
-      free(c);
-      dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
-      /* The backend's detail lives in the same thread-local buffer that
-       * dmem__error writes: copy it out first (source and destination of
-       * one vsnprintf must not overlap). */
-      char cause[256];
-      snprintf(cause, sizeof cause, "%s", dmem_last_error_detail());
-      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
-                         "pinned host pool could not grow by %zu bytes (%s)", csize, cause);
+    if (p->growing) { /* someone is adding a chunk: wait for it, look again */
+      pthread_cond_wait(&p->cv, &p->mu);
+      continue;
     }
-    c->base = base;
-    c->size = csize;
-    c->next = p->chunks;
-    p->chunks = c;
-    p->reserved += csize;
-    if (!free_insert(p, base, csize, c)) {
+    size_t csize = next_chunk(p, need);
+    if (csize == 0) {
+      size_t reserved = p->reserved;
       dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
-      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool free-list node allocation failed");
+      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
+                         "pinned host pool at its limit: %zu of %zu bytes held, no free block "
+                         "of %zu bytes",
+                         reserved, p->limit, size);
+    }
+    p->growing = true;
+    dmem_status_t st = grow_locked(p, csize, false);
+    if (st != DMEM_OK) {
+      dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+      return st;
     }
   }
-  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
-  return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool: no block of %zu bytes", size);
 }
 
 void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
@@ -165,6 +285,105 @@ void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
   size_t size = hd->size;
   pool_chunk_t *c = hd->chunk;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
-  (void)free_insert(p, addr, size, c);
+  if (free_insert(p, addr, size, c)) p->free_bytes += size;
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+}
+
+/* Unlink wholly free chunks (largest reserved first is not needed: any)
+ * until at most `keep` bytes stay held; the unlinked chunks go on *out.
+ * Under mu. */
+static size_t take_free_chunks(dmem__hostpool_t *p, size_t keep, pool_chunk_t **out) {
+  size_t taken = 0;
+  for (free_range_t **fp = &p->free; *fp && p->reserved > keep;) {
+    free_range_t *f = *fp;
+    pool_chunk_t *c = f->chunk;
+    if (f->addr != c->base || f->size != c->size) {
+      fp = &f->next;
+      continue;
+    }
+    *fp = f->next;
+    free(f);
+    for (pool_chunk_t **cp = &p->chunks; *cp; cp = &(*cp)->next)
+      if (*cp == c) {
+        *cp = c->next;
+        break;
+      }
+    p->reserved -= c->size;
+    p->free_bytes -= c->size;
+    p->trims++;
+    taken += c->size;
+    c->next = *out;
+    *out = c;
+  }
+  return taken;
+}
+
+static void free_chunks(dmem__hostpool_t *p, pool_chunk_t *c) {
+  while (c) {
+    pool_chunk_t *n = c->next;
+    (void)p->be->host_free(p->be, c->base);
+    free(c);
+    c = n;
+  }
+}
+
+dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *p, size_t keep, size_t *released_out) {
+  pool_chunk_t *gone = NULL;
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  size_t released = take_free_chunks(p, keep, &gone);
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  free_chunks(p, gone); /* cudaFreeHost outside the mutex */
+  if (released_out) *released_out = released;
+  return DMEM_OK;
+}
+
+void dmem__hostpool_stats(dmem__hostpool_t *p, dmem__hostpool_stats_t *out) {
+  dmem__hostpool_stats_t s;
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  s.reserved = p->reserved;
+  s.free = p->free_bytes;
+  s.grows = p->grows;
+  s.background_grows = p->bg_grows;
+  s.trims = p->trims;
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  *out = s;
+}
+
+/* The background thread: grows the pool when it runs low, trims it when
+ * idle. Sleeps on cv (at most a second at a time). */
+static void *pool_thread(void *arg) {
+  dmem__hostpool_t *p = arg;
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  while (!p->stop) {
+    if (p->want_grow && !p->growing) {
+      p->want_grow = false;
+      if (running_low(p)) {
+        size_t csize = next_chunk(p, p->min_chunk);
+        if (csize) {
+          p->growing = true;
+          (void)grow_locked(p, csize, true); /* a failure: allocations grow (and report) */
+        }
+      }
+      continue;
+    }
+    uint64_t now = mono_ns();
+    if (!p->growing && now - p->last_alloc_ns > DMEM__HOSTPOOL_IDLE_NS &&
+        p->reserved > p->min_chunk && p->free_bytes > p->min_chunk) {
+      pool_chunk_t *gone = NULL;
+      (void)take_free_chunks(p, p->min_chunk, &gone);
+      p->last_alloc_ns = now; /* once per idle period */
+      if (gone) {
+        dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+        free_chunks(p, gone);
+        dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+      }
+      continue;
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += 1;
+    pthread_cond_timedwait(&p->cv, &p->mu, &dl);
+  }
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  return NULL;
 }

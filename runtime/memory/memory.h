@@ -52,9 +52,24 @@ size_t dmem__raw_count(dmem__raw_t *raw);
 
 /* ---- pinned host pool (memory/hostpool.c) -------------------------------------- */
 
-dmem_status_t dmem__hostpool_create(dmem__backend_t *be, dmem__hostpool_t **pool_out);
+/* A pool over be's pinned allocator holding at most `limit` bytes (0:
+ * unlimited); `background`: a thread grows it before it runs dry and trims
+ * it when idle. DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
+                                    dmem__hostpool_t **pool_out);
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
+/* A block of size bytes (256-byte aligned). Grows the pool when nothing
+ * fits (one grower at a time, no mutex held across the backend call).
+ * DMEM_ERR_HOST_OUT_OF_MEMORY: the limit, or the backend refused. */
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **ptr_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
+/* Give wholly free chunks back until at most `keep` bytes stay held;
+ * *released_out (may be NULL) = bytes given back. Always DMEM_OK. */
+dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *pool, size_t keep, size_t *released_out);
+typedef struct dmem__hostpool_stats {
+  size_t reserved, free;
+  uint64_t grows, background_grows, trims;
+} dmem__hostpool_stats_t;
+void dmem__hostpool_stats(dmem__hostpool_t *pool, dmem__hostpool_stats_t *out);
 
 #endif /* DMEM_MEMORY_LAYER_H */

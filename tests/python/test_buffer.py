@@ -286,3 +286,39 @@ def test_weakref_to_buffer(rt):
     assert w() is b
     del b
     assert w() is None
+
+
+def test_prefetch_buffer_and_runtime(rt):
+    bufs = [rt.alloc(4096) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        b.write(pattern(4096, i))
+    bufs[0].spill("host")
+    bufs[1].spill("disk")
+    bufs[0].prefetch()
+    assert bufs[0].state == "resident" and bufs[0].lock_count == 0
+    s = rt.stream()
+    rt.prefetch(bufs, stream=s)
+    assert [b.state for b in bufs] == ["resident"] * 3
+    assert all(b.lock_count == 0 for b in bufs)
+    for i, b in enumerate(bufs):
+        assert b.read() == pattern(4096, i)
+    st = rt.stats()
+    assert st["prefetch_count"] == 2 and st["prefetch_bytes"] == 2 * 4096
+    assert st["tier_unspill_count"]["disk"] == 1
+    with pytest.raises(TypeError):
+        rt.prefetch(5)
+    with pytest.raises(TypeError):
+        rt.prefetch([b"not a buffer"])
+    rt.prefetch([])
+
+
+def test_host_trim(rt):
+    b = rt.alloc(1 << 20)
+    b.spill("host")
+    assert rt.stats()["host_pool_reserved"] >= 1 << 20
+    assert rt.host_trim() == 0  # the host tier holds the copy
+    b.free()
+    released = rt.host_trim(0)
+    assert released > 0 and rt.stats()["host_pool_reserved"] == 0
+    with pytest.raises(TypeError):
+        rt.host_trim("0")

@@ -1,0 +1,38 @@
+/*
+ * spill/prefetch.c - dmem_prefetch's batch: buffers brought back on the
+ * host->device copy stream without being locked, and the caller's stream
+ * ordered after the whole batch by one event.
+ */
+#include "runtime/internal.h"
+
+dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                             void *stream, size_t *done_out) {
+  size_t i = 0;
+  dmem_status_t st = DMEM_OK;
+  DMEM_NVTX_PUSH("dmem prefetch");
+  for (; i < n; i++) {
+    dmem__buffer_t *b = dmem__table_lookup(rt->table, hs[i]);
+    if (!b) {
+      st = dmem__stale(hs[i]);
+      break;
+    }
+    st = dmem__retrieve(rt, b, hs[i], stream, DMEM__RETRIEVE_PREFETCH, NULL);
+    if (st != DMEM_OK) break;
+  }
+  /* One event after every copy enqueued so far on the host->device stream
+   * (a FIFO): the caller's stream waits for the batch once. Buffers that
+   * were resident already, or whose spill was cancelled, need no wait: a
+   * lock orders after their copies by their flags. */
+  if (i > 0) {
+    void *ev = NULL;
+    dmem_status_t q = dmem__event_get(rt, &ev);
+    if (q == DMEM_OK) q = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, rt->unspill_stream));
+    if (q == DMEM_OK) q = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, ev));
+    /* the wait captured the record: the event may go back at once */
+    if (ev) dmem__event_put(rt, ev);
+    if (st == DMEM_OK) st = q;
+  }
+  DMEM_NVTX_POP();
+  if (done_out) *done_out = i;
+  return st;
+}

@@ -1,0 +1,388 @@
+/* The copy engine on the host backend: retrieves on the runtime's
+ * host->device stream, dmem_prefetch, spill-ahead, and a lock racing each
+ * kind of move in flight (spill copy, unspill copy, prefetch copy,
+ * background eviction). The runtime's copy streams are held back with a
+ * gate (a host function that blocks until released) so that the copies are
+ * really in flight when the racing call comes. */
+#include <pthread.h>
+#include <time.h>
+
+#include "check.h"
+#include "internal.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open;
+} gate_t;
+
+static void gate_fn(void *p) {
+  gate_t *g = p;
+  pthread_mutex_lock(&g->mu);
+  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Hold `stream` back until gate_open. */
+static void gate_close(dmem_runtime_t *rt, gate_t *g, void *stream) {
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  g->open = 0;
+  if (rt->be->launch_host_func(rt->be, stream, gate_fn, g) != DMEM_OK) abort();
+}
+
+static void gate_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_fini(dmem_runtime_t *rt, gate_t *g, void *stream) {
+  (void)rt->be->stream_synchronize(rt->be, stream);
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+}
+
+static dmem_runtime_t *host_runtime(size_t limit, double ahead, double ahead_low) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = limit;
+  cfg.spill_ahead = ahead;
+  cfg.spill_ahead_low = ahead_low;
+  dmem_runtime_t *rt = NULL;
+  if (dmem_runtime_create(&cfg, &rt) != DMEM_OK) {
+    fprintf(stderr, "dmem_runtime_create: %s\n", dmem_last_error_detail());
+    exit(1);
+  }
+  return rt;
+}
+
+static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
+  dmem_buffer_info_t info;
+  if (dmem_buffer_info(rt, h, &info) != DMEM_OK) return (dmem_state_t)-1;
+  return info.state;
+}
+
+/* A "kernel" (host function in stream order) that checks the pattern. */
+typedef struct checker {
+  const void *dev;
+  size_t n;
+  uint64_t seed;
+  size_t bad;
+} checker_t;
+
+static void check_kernel(void *p) {
+  checker_t *c = p;
+  c->bad = check_verify(c->dev, c->n, c->seed);
+}
+
+static void *dev_of(dmem_runtime_t *rt, dmem_handle_t h) {
+  return dmem__bdev(dmem__table_lookup(rt->table, h));
+}
+
+/* ---- prefetch ------------------------------------------------------------------- */
+
+/* Deferred buffers (host and disk tiers) come back without a lock; a
+ * resident one is left alone; the stats count the two brought back. */
+TEST_CASE(prefetch_brings_back_without_lock) {
+  dmem_runtime_t *rt = host_runtime(16 * MiB, 0, 0);
+  dmem_handle_t h[3];
+  for (int i = 0; i < 3; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 10 + (uint64_t)i);
+  }
+  REQUIRE_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_spill(rt, h[1], DMEM_TIER_DISK));
+  CHECK_OK(dmem_prefetch(rt, h, 3, NULL));
+  for (int i = 0; i < 3; i++) {
+    dmem_buffer_info_t info;
+    CHECK_OK(dmem_buffer_info(rt, h[i], &info));
+    CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
+    CHECK_UEQ(info.lock_count, 0);
+  }
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.prefetch_count, 2);
+  CHECK_UEQ(s.prefetch_bytes, 2 * MiB);
+  CHECK_UEQ(s.tier_unspill_count[DMEM_TIER_HOST], 1);
+  CHECK_UEQ(s.tier_unspill_count[DMEM_TIER_DISK], 1);
+  CHECK_UEQ(s.tier_spill_count[DMEM_TIER_HOST], 1);
+  CHECK_UEQ(s.tier_spill_bytes[DMEM_TIER_DISK], MiB);
+  for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 10 + (uint64_t)i), 0);
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_prefetch(rt, NULL, 0, NULL));
+  CHECK_STATUS(dmem_prefetch(rt, NULL, 1, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_prefetch(NULL, h, 1, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  dmem_runtime_destroy(rt);
+}
+
+/* Work on the caller's stream after dmem_prefetch sees the bytes, even
+ * though the copies run on the runtime's host->device stream, held back
+ * here until the checker is queued. */
+TEST_CASE(prefetch_orders_callers_stream) {
+  dmem_runtime_t *rt = host_runtime(16 * MiB, 0, 0);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 20 + (uint64_t)i);
+    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  }
+  REQUIRE_OK(dmem_runtime_poll(rt));
+  gate_t g;
+  gate_close(rt, &g, rt->unspill_stream);
+  CHECK_OK(dmem_prefetch(rt, h, 4, s));
+  checker_t c[4];
+  for (int i = 0; i < 4; i++) {
+    c[i] = (checker_t){dev_of(rt, h[i]), MiB, 20 + (uint64_t)i, 1};
+    CHECK_OK(dmem_stream_enqueue_host(rt, s, check_kernel, &c[i]));
+  }
+  gate_open(&g);
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  for (int i = 0; i < 4; i++) CHECK_UEQ(c[i].bad, 0);
+  gate_fini(rt, &g, rt->unspill_stream);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+/* A stale handle stops the batch: the buffers before it are prefetched,
+ * the ones after it untouched. */
+TEST_CASE(prefetch_stops_at_stale_handle) {
+  dmem_runtime_t *rt = host_runtime(16 * MiB, 0, 0);
+  dmem_handle_t h[3];
+  for (int i = 0; i < 3; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  }
+  REQUIRE_OK(dmem_free(rt, h[1]));
+  CHECK_STATUS(dmem_prefetch(rt, h, 3, NULL), DMEM_ERR_STALE_HANDLE);
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_OK(dmem_free(rt, h[0]));
+  CHECK_OK(dmem_free(rt, h[2]));
+  dmem_runtime_destroy(rt);
+}
+
+/* ---- a lock racing each kind of move in flight --------------------------------- */
+
+enum move { MOVE_SPILL, MOVE_UNSPILL, MOVE_PREFETCH };
+
+/* Start `m` with its copy held back by a gate on the copy stream, then lock
+ * on another stream and check there (in stream order) that the locker sees
+ * the right bytes once the gate opens. */
+static void lock_races(enum move m) {
+  dmem_runtime_t *rt = host_runtime(16 * MiB, 0, 0);
+  dmem_stream_t s1, s2;
+  REQUIRE_OK(dmem_stream_create(rt, &s1));
+  REQUIRE_OK(dmem_stream_create(rt, &s2));
+  const size_t n = 4 * MiB;
+  for (int round = 0; round < 4; round++) {
+    dmem_handle_t h;
+    uint64_t seed = 100 + (uint64_t)round;
+    REQUIRE_OK(dmem_alloc(rt, n, 0, &h));
+    check_put(rt, h, n, seed);
+    if (m != MOVE_SPILL) {
+      REQUIRE_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+      REQUIRE_OK(dmem_runtime_poll(rt));
+    }
+    gate_t g;
+    void *copy_stream = m == MOVE_SPILL ? rt->spill_stream : rt->unspill_stream;
+    gate_close(rt, &g, copy_stream);
+    if (m == MOVE_SPILL) {
+      /* stream-ordered: returns with the copy queued behind the gate */
+      CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+      CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+    } else if (m == MOVE_UNSPILL) {
+      CHECK_OK(dmem_unspill(rt, h, s1));
+    } else {
+      CHECK_OK(dmem_prefetch(rt, &h, 1, s1));
+    }
+    void *p = NULL;
+    REQUIRE_OK(dmem_lock(rt, h, s2, &p));
+    checker_t c = {p, n, seed, 1};
+    CHECK_OK(dmem_stream_enqueue_host(rt, s2, check_kernel, &c));
+    gate_open(&g);
+    CHECK_OK(dmem_stream_synchronize(rt, s2));
+    CHECK_UEQ(c.bad, 0);
+    CHECK_OK(dmem_unlock(rt, h));
+    gate_fini(rt, &g, copy_stream);
+    CHECK_OK(dmem_stream_synchronize(rt, s1));
+    CHECK_UEQ(check_bad_bytes(rt, h, n, seed), 0);
+    CHECK_OK(dmem_free(rt, h));
+  }
+  dmem_stats_t st;
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.buffer_count, 0);
+  CHECK_UEQ(st.device_used, 0);
+  CHECK_UEQ(st.host_used, 0);
+  CHECK_OK(dmem_stream_destroy(rt, s1));
+  CHECK_OK(dmem_stream_destroy(rt, s2));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(lock_races_spill_copy_in_flight) { lock_races(MOVE_SPILL); }
+TEST_CASE(lock_races_unspill_copy_in_flight) { lock_races(MOVE_UNSPILL); }
+TEST_CASE(lock_races_prefetch_copy_in_flight) { lock_races(MOVE_PREFETCH); }
+
+/* ---- spill-ahead ------------------------------------------------------------------ */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Past the high-water mark the background thread spills (LRU first) down
+ * to the low-water mark without anyone asking; no allocation waited. */
+TEST_CASE(spill_ahead_spills_to_low_water_mark) {
+  dmem_runtime_t *rt = host_runtime(8 * MiB, 0.5, 0.25);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_ahead_high, 4 * MiB);
+  CHECK_UEQ(s.spill_ahead_low, 2 * MiB);
+  dmem_handle_t h[5];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 200 + (uint64_t)i);
+  }
+  /* at the mark, not above it: nothing moves */
+  struct timespec pause = {0, 120 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_evictions, 0);
+  CHECK_UEQ(s.device_used, 4 * MiB);
+  /* one more: above it, so the thread spills the three least recently
+   * used (5 MiB down to 2 MiB) */
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[4]));
+  check_put(rt, h[4], MiB, 204);
+  double t0 = now_s();
+  do {
+    CHECK_OK(dmem_stats(rt, &s));
+  } while (s.device_used > 2 * MiB && now_s() - t0 < 10);
+  CHECK_UEQ(s.device_used, 2 * MiB);
+  CHECK_UEQ(s.ahead_evictions, 3);
+  CHECK_GE(s.ahead_passes, 1);
+  CHECK_UEQ(s.ahead_bytes, 3 * MiB);
+  CHECK_UEQ(s.oom_evictions, 0);
+  CHECK_UEQ(s.room_waits, 0);
+  for (int i = 0; i < 3; i++) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, h[4]), DMEM_STATE_RESIDENT);
+  for (int i = 0; i < 5; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 200 + (uint64_t)i), 0);
+  for (int i = 0; i < 5; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
+/* Off: nothing moves in the background (the host backend's default). */
+TEST_CASE(spill_ahead_off_by_default_on_host_backend) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.spill_ahead == DMEM_SPILL_AHEAD_DEFAULT || getenv("DMEM_SPILL_AHEAD"));
+  dmem_runtime_t *rt = host_runtime(8 * MiB, DMEM_SPILL_AHEAD_DEFAULT, 0);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_ahead_high, 0);
+  dmem_handle_t h[7];
+  for (int i = 0; i < 7; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_count, 0);
+  CHECK_UEQ(s.device_used, 7 * MiB);
+  for (int i = 0; i < 7; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+  dmem_runtime_t *bad = NULL;
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.spill_ahead = 0.5;
+  cfg.spill_ahead_low = 0.6;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &bad), DMEM_ERR_INVALID_ARGUMENT);
+  cfg.spill_ahead = 1.5;
+  cfg.spill_ahead_low = 0;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &bad), DMEM_ERR_INVALID_ARGUMENT);
+}
+
+/* Lockers on two threads race the background thread (which keeps use
+ * under a low mark, so it moves buffers all the time) and on-demand
+ * eviction: every lock sees its buffer's bytes. */
+typedef struct racer {
+  dmem_runtime_t *rt;
+  dmem_handle_t *h;
+  int nbuf, iters, t;
+  size_t n;
+  long bad, errors;
+} racer_t;
+
+static void *racer_main(void *p) {
+  racer_t *r = p;
+  dmem_stream_t s;
+  if (dmem_stream_create(r->rt, &s) != DMEM_OK) {
+    r->errors++;
+    return NULL;
+  }
+  uint32_t x = 12345u + (uint32_t)r->t;
+  for (int i = 0; i < r->iters; i++) {
+    x = x * 1664525u + 1013904223u;
+    int k = (int)(x >> 8) % r->nbuf;
+    void *dev;
+    dmem_status_t st = dmem_lock(r->rt, r->h[k], s, &dev);
+    if (st != DMEM_OK) {
+      r->errors++;
+      continue;
+    }
+    checker_t c = {dev, r->n, 300 + (uint64_t)k, 1};
+    if (dmem_stream_enqueue_host(r->rt, s, check_kernel, &c) != DMEM_OK ||
+        dmem_stream_synchronize(r->rt, s) != DMEM_OK)
+      r->errors++;
+    r->bad += c.bad != 0;
+    if (dmem_unlock(r->rt, r->h[k]) != DMEM_OK) r->errors++;
+    if (i % 8 == 0) {
+      dmem_handle_t pf[2] = {r->h[(k + 1) % r->nbuf], r->h[(k + 2) % r->nbuf]};
+      if (dmem_prefetch(r->rt, pf, 2, s) != DMEM_OK) r->errors++;
+    }
+  }
+  if (dmem_stream_destroy(r->rt, s) != DMEM_OK) r->errors++;
+  return NULL;
+}
+
+TEST_CASE(locks_race_background_eviction) {
+  enum { NBUF = 12, THREADS = 2 };
+  const size_t n = 256 << 10;
+  /* room for 8 of 12; the background thread keeps use at <= 3 of them */
+  dmem_runtime_t *rt = host_runtime(8 * n, 0.5, 0.375);
+  dmem_handle_t h[NBUF];
+  for (int i = 0; i < NBUF; i++) {
+    REQUIRE_OK(dmem_alloc(rt, n, 0, &h[i]));
+    check_put(rt, h[i], n, 300 + (uint64_t)i);
+  }
+  racer_t r[THREADS];
+  pthread_t th[THREADS];
+  for (int t = 0; t < THREADS; t++) {
+    r[t] = (racer_t){rt, h, NBUF, 300, t, n, 0, 0};
+    REQUIRE_EQ(pthread_create(&th[t], NULL, racer_main, &r[t]), 0);
+  }
+  for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < THREADS; t++) {
+    CHECK_EQ(r[t].bad, 0);
+    CHECK_EQ(r[t].errors, 0);
+  }
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  fprintf(stderr, "spills %llu (ahead %llu), unspills %llu, prefetched %llu, cancelled %llu\n",
+          (unsigned long long)s.spill_count, (unsigned long long)s.ahead_evictions,
+          (unsigned long long)s.unspill_count, (unsigned long long)s.prefetch_count,
+          (unsigned long long)s.cancelled_spills);
+  CHECK_GT(s.ahead_evictions, 0);
+  CHECK_GT(s.unspill_count, 0);
+  for (int i = 0; i < NBUF; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], n, 300 + (uint64_t)i), 0);
+  for (int i = 0; i < NBUF; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_UEQ(s.host_used, 0);
+  dmem_runtime_destroy(rt);
+}
