@@ -123,8 +123,10 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_hostpool;
   st = dmem__raw_create(&rt->raw);
   if (st != DMEM_OK) goto fail_pool;
-  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  st = dmem__io_create(rt, dmem__pushdown_run, &rt->io);
   if (st != DMEM_OK) goto fail_raw;
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  if (st != DMEM_OK) goto fail_io;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->order_stream));
   if (st != DMEM_OK) goto fail_spill_stream;
   DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
@@ -134,6 +136,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
 
 fail_spill_stream:
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+fail_io:
+  dmem__io_destroy(rt->io);
 fail_raw:
   dmem__raw_destroy(rt->raw);
 fail_pool:
@@ -170,6 +174,7 @@ static void print_stats(dmem_runtime_t *rt) {
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
+  dmem__io_destroy(rt->io); /* a push-down in progress stops at its next chunk */
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);

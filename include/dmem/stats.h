@@ -49,6 +49,37 @@ typedef struct dmem_stats {
                                   allocations (dmem_device_malloc) */
   uint64_t pool_hits;        /**< allocations served from pool memory already held */
   uint64_t pool_misses;      /**< allocations that needed a new slab */
+
+  /* ---- the disk tier: host -> disk and disk -> device moves ---------------- */
+  /** Buffers written to the disk tier: pushed down from the host tier by the
+   *  host limit, moved there by dmem_spill(DMEM_TIER_DISK), or spilled from
+   *  the device straight to disk (their bytes go through pinned staging, so
+   *  every disk write is a host -> disk move). */
+  uint64_t host_to_disk_count;
+  uint64_t host_to_disk_bytes;
+  /** Wall time of those writes (extent reservation and pwrite, chunks shared
+   *  with the I/O threads), summed over the writing threads. Push-downs run
+   *  on the I/O threads: no caller waits for them. */
+  double seconds_host_to_disk;
+  /** Of host_to_disk_count, buffers pushed down by the host limit (the I/O
+   *  threads move the least recently used host-tier buffers to disk while
+   *  the host tier holds more than host_limit). */
+  uint64_t host_to_disk_pushdowns;
+  /** Retrieves from the disk tier: a lock (or dmem_unspill) reads the bytes
+   *  into pinned staging and copies them to the device; they never become a
+   *  host-tier copy. */
+  uint64_t disk_to_device_count;
+  uint64_t disk_to_device_bytes;
+  /** Wall time of those reads (the retrieving thread and the I/O threads
+   *  helping it), summed over retrieving threads. The host -> device copy
+   *  that follows is ordered on the locker's stream and not included. */
+  double seconds_disk_to_device;
+  /** Disk writes that failed (DMEM_ERR_IO: disk full, I/O error); the
+   *  buffer stayed where it was (host tier or device). */
+  uint64_t disk_write_failures;
+  /** 1 while the disk tier's file is read and written with O_DIRECT; 0 when
+   *  it is buffered (the filesystem rejects O_DIRECT) or not made yet. */
+  uint64_t disk_direct_io;
 } dmem_stats_t;
 
 /**
