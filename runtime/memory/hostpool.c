@@ -14,6 +14,11 @@
 
 #define POOL_ALIGN 256u
 #define POOL_HEADER POOL_ALIGN /* keeps blocks POOL_ALIGN-aligned */
+/* Blocks of at least POOL_PAGE_MIN bytes start on a POOL_PAGE boundary, so
+ * that the disk tier reads and writes them with O_DIRECT without a bounce
+ * copy (spill/disk.c). */
+#define POOL_PAGE ((size_t)4096)
+#define POOL_PAGE_MIN ((size_t)64 << 10)
 
 typedef struct pool_chunk {
   struct pool_chunk *next;
@@ -106,14 +111,33 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_out) {
   if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
   size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
+  size_t align = size >= POOL_PAGE_MIN ? POOL_PAGE : POOL_ALIGN;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   for (int attempt = 0; attempt < 2; attempt++) {
     for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
       free_range_t *f = *pp;
-      if (f->size < need) continue;
-      char *addr = f->addr;
+      /* the block starts `front` bytes into the range (0 unless aligned
+       * to a page); that front stays free */
+      size_t front =
+          round_up((size_t)(uintptr_t)f->addr + POOL_HEADER, align) - POOL_HEADER -
+          (size_t)(uintptr_t)f->addr;
+      if (f->size < front + need) continue;
+      char *addr = f->addr + front;
       pool_chunk_t *c = f->chunk;
-      if (f->size == need) {
+      if (front > 0) {
+        size_t back = f->size - front - need;
+        f->size = front;
+        if (back > 0) {
+          free_range_t *n = malloc(sizeof *n);
+          if (n) { /* else the back is lost until destroy; no data is involved */
+            n->addr = addr + need;
+            n->size = back;
+            n->chunk = c;
+            n->next = f->next;
+            f->next = n;
+          }
+        }
+      } else if (f->size == need) {
         *pp = f->next;
         free(f);
       } else {
@@ -129,7 +153,8 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
     }
     if (attempt == 1) break;
     /* grow: one chunk large enough for this block */
-    size_t csize = need > p->min_chunk ? round_up(need, (size_t)2 << 20) : p->min_chunk;
+    size_t csize = need + align > p->min_chunk ? round_up(need + align, (size_t)2 << 20)
+                                                : p->min_chunk;
     pool_chunk_t *c = malloc(sizeof *c);
     void *base = NULL;
     dmem_status_t st = c ? p->be->host_alloc(p->be, csize, &base) : DMEM_ERR_HOST_OUT_OF_MEMORY;
