@@ -674,7 +674,7 @@ TEST_CASE(killed_mid_spill_leaves_nothing) {
 
 /* ---- locks racing push-downs and retrieves (stress; TSan) ---------------------------------- */
 
-#define RACE_N 16
+#define RACE_N 20
 #define RACE_SIZE (512 * KiB)
 
 typedef struct {
@@ -755,9 +755,11 @@ static void *race_mover(void *arg) {
 TEST_CASE(locks_race_pushdowns_and_retrieves) {
   char parent[64];
   make_parent(parent, sizeof parent);
-  /* device: 6 buffers; host tier: 4; the rest on disk */
+  /* device: 10 buffers (at most 4 held at once by the 3 lockers and the
+   * mover's unspill, so that there is always a victim); host tier: 4; the
+   * rest on disk */
   race_t *r = calloc(1, sizeof *r);
-  r->rt = runtime_with(6 * RACE_SIZE, 4 * RACE_SIZE, parent);
+  r->rt = runtime_with(10 * RACE_SIZE, 4 * RACE_SIZE, parent);
   for (int i = 0; i < RACE_N; i++) {
     pthread_mutex_init(&r->mu[i], NULL);
     REQUIRE_OK(dmem_alloc(r->rt, RACE_SIZE, 0, &r->h[i]));

@@ -114,14 +114,28 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
   size_t align = size >= POOL_PAGE_MIN ? POOL_PAGE : POOL_ALIGN;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   for (int attempt = 0; attempt < 2; attempt++) {
+    /* first fit at the block's alignment; failing that, a range that holds
+     * the block only unaligned (the disk tier bounces such a block) */
+    free_range_t **fit = NULL, **fit_unaligned = NULL;
+    size_t front = 0;
     for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
       free_range_t *f = *pp;
       /* the block starts `front` bytes into the range (0 unless aligned
        * to a page); that front stays free */
-      size_t front =
-          round_up((size_t)(uintptr_t)f->addr + POOL_HEADER, align) - POOL_HEADER -
-          (size_t)(uintptr_t)f->addr;
-      if (f->size < front + need) continue;
+      front = round_up((size_t)(uintptr_t)f->addr + POOL_HEADER, align) - POOL_HEADER -
+              (size_t)(uintptr_t)f->addr;
+      if (f->size >= front + need) {
+        fit = pp;
+        break;
+      }
+      if (!fit_unaligned && f->size >= need) fit_unaligned = pp;
+    }
+    if (!fit && fit_unaligned) {
+      fit = fit_unaligned;
+      front = 0;
+    }
+    if (fit) {
+      free_range_t **pp = fit, *f = *fit;
       char *addr = f->addr + front;
       pool_chunk_t *c = f->chunk;
       if (front > 0) {
