@@ -174,7 +174,10 @@ static void print_stats(dmem_runtime_t *rt) {
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
-  dmem__io_destroy(rt->io); /* a push-down in progress stops at its next chunk */
+  /* The I/O threads first: a push-down in progress stops at its next
+   * chunk. Nothing reads or writes the disk after this. */
+  dmem__io_destroy(rt->io);
+  rt->io = NULL;
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);

@@ -229,7 +229,9 @@ dmem_status_t dmem__disk_alloc(dmem__disk_t *d, size_t n, uint64_t *off_out) {
    * half a write. */
   int e = hook(DMEM__DISK_OP_ALLOC, off, len);
   if (e == 0 && try_fallocate) {
-    while ((e = posix_fallocate(d->fd, (off_t)off, (off_t)len)) == EINTR) {
+    /* fallocate(2), not posix_fallocate: that writes zeros where the
+     * filesystem has no fallocate */
+    while ((e = fallocate(d->fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno) == EINTR) {
     }
     if (e == EOPNOTSUPP || e == ENOSYS) {
       dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
@@ -325,20 +327,36 @@ static void go_buffered(dmem__disk_t *d) {
               d->dir);
 }
 
-/* One chunk: len bytes at buf <-> file offset off. Returns 0 or an errno. */
+/* len bytes at buf <-> file offset off through a bounce buffer, the last
+ * block padded (the extent has room: extents are whole blocks). */
+static int bounced_io(dmem__disk_t *d, bool write, char *buf, uint64_t off, size_t len) {
+  size_t plen = round_up(len, DISK_ALIGN);
+  char *bb = bounce_get(d);
+  if (!bb) return ENOMEM;
+  if (write) {
+    memcpy(bb, buf, len);
+    memset(bb + len, 0, plen - len);
+  }
+  int e = rw_all(d, write, bb, off, plen, len);
+  if (e == 0 && !write) memcpy(buf, bb, len);
+  bounce_put(d, bb);
+  return e;
+}
+
+/* One chunk: len bytes at buf <-> file offset off. Under O_DIRECT an
+ * aligned buffer goes straight to the file but for a partial last block,
+ * which goes through a bounce buffer, as does an unaligned buffer (small
+ * pinned blocks; see runtime/memory/hostpool.c). Returns 0 or an errno. */
 static int chunk_io(dmem__disk_t *d, bool write, char *buf, uint64_t off, size_t len) {
   if (dmem_atomic_load_relaxed(&d->direct)) {
-    size_t plen = round_up(len, DISK_ALIGN);
-    bool aligned = (((uintptr_t)buf | len) & (DISK_ALIGN - 1)) == 0;
-    char *bb = aligned ? buf : bounce_get(d);
-    if (!bb) return ENOMEM;
-    if (write && !aligned) {
-      memcpy(bb, buf, len);
-      memset(bb + len, 0, plen - len);
+    int e;
+    if (((uintptr_t)buf & (DISK_ALIGN - 1)) == 0) {
+      size_t head = len & ~(DISK_ALIGN - 1);
+      e = head ? rw_all(d, write, buf, off, head, head) : 0;
+      if (e == 0 && head < len) e = bounced_io(d, write, buf + head, off + head, len - head);
+    } else {
+      e = bounced_io(d, write, buf, off, len);
     }
-    int e = rw_all(d, write, bb, off, plen, len);
-    if (e == 0 && !write && !aligned) memcpy(buf, bb, len);
-    if (!aligned) bounce_put(d, bb);
     if (e != EINVAL) return e;
     go_buffered(d);
   }

@@ -118,6 +118,7 @@ static bool wake_one(dmem__io_t *io) {
 }
 
 bool dmem__io_submit(dmem__io_t *io, dmem__io_task_t *t) {
+  if (!io) return false;
   dmem__mutex_lock(&io->mu, DMEM__RANK_IO);
   if (io->stop) {
     dmem__mutex_unlock(&io->mu, DMEM__RANK_IO);
@@ -153,6 +154,7 @@ bool dmem__io_withdraw(dmem__io_t *io, dmem__io_task_t *t) {
 }
 
 void dmem__io_kick(dmem__io_t *io) {
+  if (!io) return;
   dmem__mutex_lock(&io->mu, DMEM__RANK_IO);
   io->bg_kicks++;
   io->bg_wanted = true;
@@ -160,9 +162,12 @@ void dmem__io_kick(dmem__io_t *io) {
   dmem__mutex_unlock(&io->mu, DMEM__RANK_IO);
 }
 
-bool dmem__io_stopping(dmem__io_t *io) { return dmem_atomic_load_relaxed(&io->stopping) != 0; }
+bool dmem__io_stopping(dmem__io_t *io) {
+  return !io || dmem_atomic_load_relaxed(&io->stopping) != 0;
+}
 
 void dmem__io_quiesce(dmem__io_t *io) {
+  if (!io) return;
   dmem__mutex_lock(&io->mu, DMEM__RANK_IO);
   while (!io->stop && (io->head || io->busy || io->bg_running || (io->bg_wanted && io->nthreads)))
     pthread_cond_wait(&io->idle, &io->mu);
