@@ -23,9 +23,12 @@ typedef struct dmem__tier_ops {
    * `data`, load has nothing to do); the others copy out and in. */
   bool adopts_staging;
   /* Keep the buffer's size bytes, now at `data` (pinned). The host tier
-   * adopts `data` as b->host, charging host_used (DMEM_ERR_HOST_OUT_OF_MEMORY
-   * when that would pass the host limit); the others copy it out and leave
-   * `data` to the caller. */
+   * adopts `data` as b->host, charging host_used; past the host limit it
+   * kicks the push-down to disk, and it refuses (DMEM_ERR_HOST_OUT_OF_MEMORY:
+   * the caller goes straight to disk) a buffer larger than the limit or one
+   * that would take the tier more than half the limit past it. The others
+   * copy it out and leave `data` to the caller; the disk tier's write stops
+   * (DMEM_ERR_BUSY) when a lock cancels the move. */
   dmem_status_t (*store)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, void *data);
   /* Bring the bytes back into pinned memory at b->host (the host tier: they
    * are there already). On failure b->host is as it was. */
