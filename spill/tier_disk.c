@@ -34,7 +34,9 @@ dmem_status_t dmem__disk_get(dmem_runtime_t *rt, dmem__disk_t **disk_out) {
 typedef struct store_ctx {
   dmem_runtime_t *rt;
   dmem__buffer_t *b;
-  bool by_lock; /* set when a lock is why the write stopped */
+  /* set when a lock is why the write stopped: by any of the threads taking
+   * chunks (relaxed; read by the writer after they have finished) */
+  _Atomic int by_lock;
 } store_ctx_t;
 
 static bool store_cancelled(void *arg) {
@@ -43,7 +45,7 @@ static bool store_cancelled(void *arg) {
   unsigned s = dmem__w_state(w);
   if (dmem_atomic_load_relaxed(&c->b->io_cancel) ||
       (s != DMEM_STATE_SPILLING && s != DMEM_STATE_DEFERRED_HOST)) {
-    c->by_lock = true;
+    dmem_atomic_store_relaxed(&c->by_lock, 1);
     return true;
   }
   return (w & DMEM__F_FREED) || dmem__io_stopping(c->rt->io);
@@ -57,7 +59,7 @@ static dmem_status_t disk_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
   dmem_atomic_store_relaxed(&b->io_cancel, 0);
   dmem__disk_t *disk;
   uint64_t off = 0;
-  store_ctx_t ctx = {rt, b, false};
+  store_ctx_t ctx = {rt, b, 0};
   dmem_status_t st = dmem__disk_get(rt, &disk);
   if (st == DMEM_OK) st = dmem__disk_alloc(disk, size, &off);
   if (st == DMEM_OK) {
@@ -71,7 +73,7 @@ static dmem_status_t disk_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
       if (dmem__io_tl_background)
         DMEM_LOG_AT(DMEM_LOG_WARN, "push-down of 0x%016llx failed, it stays in the host tier: %s",
                     (unsigned long long)h, dmem_last_error_detail());
-    } else if (st == DMEM_ERR_BUSY && ctx.by_lock) {
+    } else if (st == DMEM_ERR_BUSY && dmem_atomic_load_relaxed(&ctx.by_lock)) {
       dmem_atomic_add_relaxed(&rt->cancelled_spills, 1);
     }
     return st;
