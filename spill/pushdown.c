@@ -36,6 +36,17 @@ static bool over_limit(dmem_runtime_t *rt) {
          rt->host_limit + dmem_atomic_load_relaxed(&rt->host_pushing);
 }
 
+/* Count size bytes as being written down, if the tier is still over its
+ * limit without them: one CAS, so that threads pushing at once do not all
+ * act on the same excess. */
+static bool claim(dmem_runtime_t *rt, size_t size) {
+  size_t pushing = dmem_atomic_load_relaxed(&rt->host_pushing);
+  for (;;) {
+    if (dmem_atomic_load_relaxed(&rt->host_used) <= rt->host_limit + pushing) return false;
+    if (dmem_atomic_cas_relaxed(&rt->host_pushing, &pushing, pushing + size)) return true;
+  }
+}
+
 bool dmem__pushdown_run(dmem_runtime_t *rt) {
   if (!rt->host_limit || !over_limit(rt)) return false;
   uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
@@ -63,7 +74,7 @@ bool dmem__pushdown_run(dmem_runtime_t *rt) {
         (w & DMEM__F_TRANSIT))
       continue;
     size_t size = dmem__bsize(cand[i].b);
-    dmem_atomic_add_relaxed(&rt->host_pushing, size);
+    if (!claim(rt, size)) break;
     dmem_status_t st = dmem__spill_buffer(rt, cand[i].b, cand[i].h, DMEM_TIER_DISK, false);
     dmem_atomic_sub_relaxed(&rt->host_pushing, size);
     if (st == DMEM_OK) {

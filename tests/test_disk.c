@@ -619,9 +619,16 @@ TEST_CASE(killed_mid_spill_leaves_nothing) {
   REQUIRE_EQ(pipe(kill_pipe), 0);
   pid_t pid = fork();
   REQUIRE_TRUE(pid >= 0);
-  if (pid == 0) {
+  if (pid == 0) { /* the child: never returns to the test runner */
     close(kill_pipe[0]);
-    dmem_runtime_t *rt = runtime_with(64 * MiB, 0, parent);
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+    cfg.device_limit = 64 * MiB;
+    cfg.spill_dir = parent;
+    dmem_runtime_t *rt = NULL;
+    dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+    if (st != DMEM_OK) _exit(st == DMEM_ERR_NO_DEVICE ? 77 : 2);
     dmem_handle_t h;
     if (dmem_alloc(rt, 32 * MiB, 0, &h) != DMEM_OK) _exit(3);
     check_put(rt, h, 32 * MiB, 5);

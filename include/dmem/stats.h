@@ -32,7 +32,8 @@ typedef struct dmem_stats {
    *  (the copy completes asynchronously, before any retrieve of the buffer),
    *  so this measures the same thing as seconds_unspilling. To disk or the
    *  controller a spill also waits for the copy and the write or store.
-   *  Tier changes (host -> disk) count too. */
+   *  Tier changes (host -> disk) count too, the I/O threads' push-downs
+   *  included. */
   double seconds_spilling;
   /** Wall time of the retrieves, summed over threads, up to the moment the
    *  host->device copy is enqueued on the locker's stream: device memory
