@@ -353,7 +353,8 @@ static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
 /* stats() returns every field of dmem_stats_t: a new field must be added to
  * the dict below (and to STATS_FIELDS in tests/python/test_runtime.py). */
 _Static_assert(sizeof(dmem_stats_t) == 15 * sizeof(size_t) + 34 * sizeof(uint64_t) +
-                                           11 * sizeof(double),
+                                           11 * sizeof(double) + /* disk tier: */
+                                           7 * sizeof(uint64_t) + 2 * sizeof(double),
                "dmem_stats_t changed: update pyd_runtime_stats");
 
 /* d[key] = {"host": v[1], "disk": v[2], "controller": v[3]}; -1 on error. */
@@ -465,6 +466,24 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
       "raw_used", (Py_ssize_t)s.raw_used, "pool_hits", (unsigned long long)s.pool_hits,
       "pool_misses", (unsigned long long)s.pool_misses);
   if (d && stats_copy_block(d, &s) < 0) Py_CLEAR(d);
+  if (!d) return NULL;
+  /* the disk tier */
+  PyObject *disk = Py_BuildValue(
+      "{s:K,s:K,s:d,s:K,s:K,s:K,s:d,s:K,s:O}", "host_to_disk_count",
+      (unsigned long long)s.host_to_disk_count, "host_to_disk_bytes",
+      (unsigned long long)s.host_to_disk_bytes, "seconds_host_to_disk", s.seconds_host_to_disk,
+      "host_to_disk_pushdowns", (unsigned long long)s.host_to_disk_pushdowns,
+      "disk_to_device_count", (unsigned long long)s.disk_to_device_count,
+      "disk_to_device_bytes", (unsigned long long)s.disk_to_device_bytes,
+      "seconds_disk_to_device", s.seconds_disk_to_device, "disk_write_failures",
+      (unsigned long long)s.disk_write_failures, "disk_direct_io",
+      s.disk_direct_io ? Py_True : Py_False);
+  if (!disk || PyDict_Update(d, disk) < 0) {
+    Py_XDECREF(disk);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(disk);
   return d;
 }
 

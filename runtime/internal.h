@@ -80,6 +80,7 @@ typedef struct dmem__hostpool dmem__hostpool_t;
 typedef struct dmem__raw dmem__raw_t;
 typedef struct dmem__pool dmem__pool_t;
 typedef struct dmem__disk dmem__disk_t;
+typedef struct dmem__io dmem__io_t;
 
 /* ---- the runtime ------------------------------------------------------------ */
 struct dmem_runtime {
@@ -170,6 +171,17 @@ struct dmem_runtime {
 
   /* Copy engine, spill-ahead and prefetch counters (issue 9). */
   dmem__xstats_t xs;
+  /* ---- the disk tier (spill/io.c, spill/pushdown.c, spill/tier_disk.c) ---- */
+  dmem__io_t *io; /* I/O threads; made at create, threads started on demand */
+  /* Bytes of host-tier buffers the push-down is writing to disk now
+   * (relaxed: accounting). */
+  _Atomic size_t host_pushing;
+  /* Disk-tier moves (relaxed counters): buffers written (pushed down from
+   * the host tier, moved there by dmem_spill, or spilled straight to
+   * disk), of which push-downs; buffers read back for a retrieve; failed
+   * writes. */
+  _Atomic uint64_t disk_writes, disk_bytes_written, ns_disk_writing, disk_pushdowns;
+  _Atomic uint64_t disk_reads, disk_bytes_read, ns_disk_reading, disk_write_failures;
 };
 
 /* Count a completed spill / retrieve into `tier` (stats). */

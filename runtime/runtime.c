@@ -161,8 +161,10 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_hostpool;
   st = dmem__raw_create(&rt->raw);
   if (st != DMEM_OK) goto fail_pool;
-  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  st = dmem__io_create(rt, dmem__pushdown_run, &rt->io);
   if (st != DMEM_OK) goto fail_raw;
+  st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
+  if (st != DMEM_OK) goto fail_io;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->order_stream));
   if (st != DMEM_OK) goto fail_spill_stream;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->unspill_stream));
@@ -182,6 +184,8 @@ fail_order_stream:
   (void)rt->be->stream_destroy(rt->be, rt->order_stream);
 fail_spill_stream:
   (void)rt->be->stream_destroy(rt->be, rt->spill_stream);
+fail_io:
+  dmem__io_destroy(rt->io);
 fail_raw:
   dmem__raw_destroy(rt->raw);
 fail_pool:
@@ -228,6 +232,10 @@ static void print_stats(dmem_runtime_t *rt) {
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
   dmem__ahead_stop(rt); /* first: it moves buffers */
+  /* The I/O threads first: a push-down in progress stops at its next
+   * chunk. Nothing reads or writes the disk after this. */
+  dmem__io_destroy(rt->io);
+  rt->io = NULL;
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);

@@ -59,6 +59,16 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.host_pool_grows = hp.grows;
   s.host_pool_background_grows = hp.background_grows;
   s.host_pool_trims = hp.trims;
+  s.host_to_disk_count = dmem_atomic_load_relaxed(&rt->disk_writes);
+  s.host_to_disk_bytes = dmem_atomic_load_relaxed(&rt->disk_bytes_written);
+  s.seconds_host_to_disk = (double)dmem_atomic_load_relaxed(&rt->ns_disk_writing) * 1e-9;
+  s.host_to_disk_pushdowns = dmem_atomic_load_relaxed(&rt->disk_pushdowns);
+  s.disk_to_device_count = dmem_atomic_load_relaxed(&rt->disk_reads);
+  s.disk_to_device_bytes = dmem_atomic_load_relaxed(&rt->disk_bytes_read);
+  s.seconds_disk_to_device = (double)dmem_atomic_load_relaxed(&rt->ns_disk_reading) * 1e-9;
+  s.disk_write_failures = dmem_atomic_load_relaxed(&rt->disk_write_failures);
+  /* acquire: partner is dmem__disk_get's release */
+  s.disk_direct_io = dmem__disk_direct(dmem_atomic_load_acquire(&rt->disk));
   /* Locked bytes are counted here rather than on every lock, keeping the
    * lock fast path to one CAS. */
   uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */

@@ -1,11 +1,24 @@
 /*
- * spill/disk.c - the disk tier's files: one file per spilled buffer in a private
- * directory (mode 0700, files 0600) made with mkdtemp under the configured
- * parent, written with pwrite and read with pread in large pieces, removed on
- * unspill, free and destroy.
+ * spill/disk.c - the disk tier's file. One file per runtime, in a private
+ * directory (mode 0700) made with mkdtemp under the configured parent. The
+ * file has no name: it is opened with O_TMPFILE (or made with mkostemp and
+ * unlinked at once where O_TMPFILE is missing), mode 0600, so that nothing
+ * is left on disk when the process ends, even by SIGKILL; destroy removes
+ * the (empty) directory.
+ *
+ * Buffers live in extents of the file, aligned to DISK_ALIGN and allocated
+ * first-fit (reserved with fallocate, so a full disk fails before anything
+ * is written); a freed extent's blocks go back to the filesystem at once
+ * (FALLOC_FL_PUNCH_HOLE). I/O is pread/pwrite in chunks of DISK_CHUNK with
+ * O_DIRECT where the filesystem takes it (so spilled bytes do not sit in
+ * the page cache as well): a chunk whose memory is not aligned goes through
+ * an aligned bounce buffer, and a filesystem that rejects O_DIRECT (at
+ * fcntl or at the first write, e.g. an older tmpfs) is used buffered. The
+ * chunks of one large read or write are shared with the I/O threads
+ * (spill/io.c): the calling thread works on them too, so it never waits for
+ * a busy pool.
  */
 #include "runtime/internal.h"
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,107 +27,474 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define DISK_ALIGN ((size_t)4096)
+#define DISK_CHUNK ((size_t)8 << 20)
+#define DISK_BOUNCE_KEEP 8 /* bounce buffers kept for reuse */
 
-#define DISK_IO_CHUNK ((size_t)64 << 20)
+typedef struct extent {
+  struct extent *next;
+  uint64_t off;
+  uint64_t len;
+} extent_t;
+
+typedef struct bounce {
+  struct bounce *next;
+} bounce_t; /* overlays a free bounce buffer */
 
 struct dmem__disk {
   char dir[4096];
+  int fd;
+  dmem__io_t *io;
+  /* 1 while the file is opened with O_DIRECT; cleared once (relaxed: a
+   * chunk that still reads 1 and gets EINVAL clears it too). */
+  _Atomic int direct;
+  pthread_mutex_t mu;  /* rank DISK_SPACE: the fields below */
+  extent_t *free;      /* address-ordered, coalesced */
+  uint64_t end;        /* file offset past the last extent in use */
+  bool no_fallocate;   /* the filesystem has no fallocate: skip it */
+  bounce_t *bounce;    /* free bounce buffers (DISK_CHUNK bytes, aligned) */
+  unsigned nbounce;
 };
 
-dmem_status_t dmem__disk_create(const char *parent, dmem__disk_t **disk_out) {
+/* ---- the test hook ----------------------------------------------------------------- */
+
+static _Atomic(dmem__disk_hook_fn) disk_hook;
+static void *_Atomic disk_hook_user;
+
+void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user) {
+  dmem_atomic_store_relaxed(&disk_hook_user, user);
+  /* release: publishes user; partner is the acquire in hook() */
+  dmem_atomic_store_release(&disk_hook, fn);
+}
+
+/* 0, or the errno the test hook wants this operation to fail with. */
+static int hook(dmem__disk_op_t op, uint64_t off, size_t len) {
+  dmem__disk_hook_fn fn = dmem_atomic_load_acquire(&disk_hook); /* partner: hook_set */
+  if (!fn) return 0;
+  return fn(dmem_atomic_load_relaxed(&disk_hook_user), op, off, len);
+}
+
+/* ---- the directory and the file ------------------------------------------------------- */
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* Open the unnamed spill file in d->dir. Returns 0 or an errno. */
+static int open_file(dmem__disk_t *d) {
+  int fd = open(d->dir, O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EISDIR || errno == EOPNOTSUPP || errno == EINVAL)) {
+    /* no O_TMPFILE here: a named file, unlinked before anything is in it */
+    char path[sizeof d->dir + 32];
+    snprintf(path, sizeof path, "%s/spill-XXXXXX", d->dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0 && unlink(path) != 0) {
+      int e = errno;
+      close(fd);
+      return e;
+    }
+  }
+  if (fd < 0) return errno;
+  if (fchmod(fd, 0600) != 0) { /* whatever the umask */
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  d->fd = fd;
+  /* O_DIRECT where the filesystem takes it (fcntl checks) */
+  int fl = fcntl(fd, F_GETFL);
+  int e = hook(DMEM__DISK_OP_DIRECT, 0, 0);
+  if (fl >= 0 && e == 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0)
+    dmem_atomic_store_relaxed(&d->direct, 1);
+  return 0;
+}
+
+dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t **disk_out) {
   if (!parent || !*parent) parent = getenv("TMPDIR");
   if (!parent || !*parent) parent = "/tmp";
   dmem__disk_t *d = calloc(1, sizeof *d);
   if (!d) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "disk tier allocation failed");
+  d->fd = -1;
+  d->io = io;
   int n = snprintf(d->dir, sizeof d->dir, "%s/dmem-spill-XXXXXX", parent);
-  if (n < 0 || (size_t)n >= sizeof d->dir) {
+  if (n < 0 || (size_t)n >= sizeof d->dir - 64) {
     free(d);
     return dmem__error(DMEM_ERR_IO, "spill directory path too long: %s", parent);
   }
-  if (!mkdtemp(d->dir)) { /* mkdtemp makes it 0700 */
-    int e = errno;
+  int e = hook(DMEM__DISK_OP_DIR, 0, 0);
+  if (e == 0 && !mkdtemp(d->dir)) e = errno;
+  if (e != 0) {
     free(d);
-    return dmem__error(DMEM_ERR_IO, "mkdtemp(%s/dmem-spill-XXXXXX): %s", parent, strerror(e));
+    return dmem__error(DMEM_ERR_IO, "spill directory %s is not %s: mkdtemp(%s/dmem-spill-XXXXXX): %s",
+                       parent, e == EACCES || e == EPERM || e == EROFS ? "writable" : "usable",
+                       parent, strerror(e));
   }
+  /* mkdtemp makes it 0700 less the umask: make it exactly 0700 */
+  if (chmod(d->dir, 0700) != 0 || (e = open_file(d)) != 0) {
+    if (e == 0) e = errno;
+    dmem_status_t st = dmem__error(DMEM_ERR_IO, "spill file in %s: %s", d->dir, strerror(e));
+    rmdir(d->dir);
+    free(d);
+    return st;
+  }
+  pthread_mutex_init(&d->mu, NULL);
+  DMEM_LOG_AT(DMEM_LOG_INFO, "disk tier in %s (%s I/O)", d->dir,
+              dmem_atomic_load_relaxed(&d->direct) ? "direct" : "buffered");
   *disk_out = d;
   return DMEM_OK;
 }
 
-static void file_name(const dmem__disk_t *d, uint64_t key, char *out, size_t n) {
-  snprintf(out, n, "%s/%016llx", d->dir, (unsigned long long)key);
+void dmem__disk_destroy(dmem__disk_t *d) {
+  if (!d) return;
+  close(d->fd);
+  rmdir(d->dir);
+  for (extent_t *x = d->free, *nx; x; x = nx) {
+    nx = x->next;
+    free(x);
+  }
+  for (bounce_t *b = d->bounce, *nb; b; b = nb) {
+    nb = b->next;
+    free(b);
+  }
+  pthread_mutex_destroy(&d->mu);
+  free(d);
 }
 
-dmem_status_t dmem__disk_write(dmem__disk_t *d, uint64_t key, const void *data, size_t n) {
-  char path[4200];
-  file_name(d, key, path, sizeof path);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return dmem__error(DMEM_ERR_IO, "open(%s): %s", path, strerror(errno));
-  size_t done = 0;
-  while (done < n) {
-    size_t len = n - done < DISK_IO_CHUNK ? n - done : DISK_IO_CHUNK;
-    ssize_t w = pwrite(fd, (const char *)data + done, len, (off_t)done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = w < 0 ? errno : ENOSPC;
-      close(fd);
-      unlink(path);
-      return dmem__error(DMEM_ERR_IO, "pwrite(%s, %zu bytes at %zu): %s", path, len, done,
-                         strerror(e));
+bool dmem__disk_direct(const dmem__disk_t *d) {
+  return d && dmem_atomic_load_relaxed(&((dmem__disk_t *)d)->direct) != 0;
+}
+
+/* ---- extents ---------------------------------------------------------------------------- */
+
+/* Insert [off, off+len) into the free list, coalescing; then give a free
+ * tail back by shrinking the file. Under mu. False if a node could not be
+ * allocated (the range is lost until destroy; its blocks were punched). */
+static bool free_insert(dmem__disk_t *d, uint64_t off, uint64_t len) {
+  extent_t **pp = &d->free, *prev = NULL;
+  while (*pp && (*pp)->off < off) {
+    prev = *pp;
+    pp = &(*pp)->next;
+  }
+  extent_t *next = *pp;
+  if (prev && prev->off + prev->len == off) {
+    prev->len += len;
+    if (next && prev->off + prev->len == next->off) {
+      prev->len += next->len;
+      prev->next = next->next;
+      free(next);
     }
-    done += (size_t)w;
+  } else if (next && off + len == next->off) {
+    next->off = off;
+    next->len += len;
+  } else {
+    extent_t *x = malloc(sizeof *x);
+    if (!x) return false;
+    x->off = off;
+    x->len = len;
+    x->next = next;
+    *pp = x;
   }
-  if (close(fd) != 0) {
-    int e = errno;
-    unlink(path);
-    return dmem__error(DMEM_ERR_IO, "close(%s): %s", path, strerror(e));
+  /* the last free extent touching the end: shrink */
+  extent_t **last = &d->free;
+  while (*last && (*last)->next) last = &(*last)->next;
+  if (*last && (*last)->off + (*last)->len == d->end) {
+    d->end = (*last)->off;
+    free(*last);
+    *last = NULL;
+    (void)!ftruncate(d->fd, (off_t)d->end);
   }
+  return true;
+}
+
+dmem_status_t dmem__disk_alloc(dmem__disk_t *d, size_t n, uint64_t *off_out) {
+  uint64_t len = round_up(n ? n : 1, DISK_ALIGN), off = UINT64_MAX;
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  for (extent_t **pp = &d->free; *pp; pp = &(*pp)->next) {
+    extent_t *x = *pp;
+    if (x->len < len) continue;
+    off = x->off;
+    x->off += len;
+    x->len -= len;
+    if (x->len == 0) {
+      *pp = x->next;
+      free(x);
+    }
+    break;
+  }
+  if (off == UINT64_MAX) {
+    off = d->end;
+    d->end += len;
+  }
+  bool try_fallocate = !d->no_fallocate;
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+  /* Reserve the blocks now, so that a full disk fails here, not after
+   * half a write. */
+  int e = hook(DMEM__DISK_OP_ALLOC, off, len);
+  if (e == 0 && try_fallocate) {
+    /* fallocate(2), not posix_fallocate: that writes zeros where the
+     * filesystem has no fallocate */
+    while ((e = fallocate(d->fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno) == EINTR) {
+    }
+    if (e == EOPNOTSUPP || e == ENOSYS) {
+      dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+      d->no_fallocate = true;
+      dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+      e = 0;
+    }
+  }
+  if (e != 0) {
+    dmem__disk_free(d, off, n);
+    return dmem__error(DMEM_ERR_IO, "disk tier: no room for %zu bytes in %s: fallocate: %s", n,
+                       d->dir, strerror(e));
+  }
+  *off_out = off;
   return DMEM_OK;
 }
 
-dmem_status_t dmem__disk_read(dmem__disk_t *d, uint64_t key, void *data, size_t n) {
-  char path[4200];
-  file_name(d, key, path, sizeof path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return dmem__error(DMEM_ERR_IO, "open(%s): %s", path, strerror(errno));
+void dmem__disk_free(dmem__disk_t *d, uint64_t off, size_t n) {
+  if (!d) return;
+  uint64_t len = round_up(n ? n : 1, DISK_ALIGN);
+  /* Blocks back to the filesystem before anyone can reuse the range. */
+  (void)fallocate(d->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  (void)free_insert(d, off, len);
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+}
+
+/* ---- chunked I/O ---------------------------------------------------------------------------- */
+
+static void *bounce_get(dmem__disk_t *d) {
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  bounce_t *b = d->bounce;
+  if (b) {
+    d->bounce = b->next;
+    d->nbounce--;
+  }
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+  if (b) return b;
+  void *p = NULL;
+  return posix_memalign(&p, DISK_ALIGN, DISK_CHUNK) == 0 ? p : NULL;
+}
+
+static void bounce_put(dmem__disk_t *d, void *p) {
+  if (!p) return;
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  if (d->nbounce < DISK_BOUNCE_KEEP) {
+    bounce_t *b = p;
+    b->next = d->bounce;
+    d->bounce = b;
+    d->nbounce++;
+    p = NULL;
+  }
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+  free(p);
+}
+
+/* pwrite/pread len bytes at off until done. A read may end at the end of
+ * the file once `need` bytes are in. Returns 0 or an errno. */
+static int rw_all(dmem__disk_t *d, bool write, char *p, uint64_t off, size_t len, size_t need) {
   size_t done = 0;
-  while (done < n) {
-    size_t len = n - done < DISK_IO_CHUNK ? n - done : DISK_IO_CHUNK;
-    ssize_t r = pread(fd, (char *)data + done, len, (off_t)done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      int e = r < 0 ? errno : EIO;
-      close(fd);
-      return dmem__error(DMEM_ERR_IO, "pread(%s, %zu bytes at %zu): %s", path, len, done,
-                         r == 0 ? "file too short" : strerror(e));
+  while (done < len) {
+    int e = hook(write ? DMEM__DISK_OP_WRITE : DMEM__DISK_OP_READ, off + done, len - done);
+    ssize_t r;
+    if (e != 0) {
+      r = -1;
+      errno = e;
+    } else if (write) {
+      r = pwrite(d->fd, p + done, len - done, (off_t)(off + done));
+    } else {
+      r = pread(d->fd, p + done, len - done, (off_t)(off + done));
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) {
+      if (!write && done >= need) return 0;
+      return write ? ENOSPC : ENODATA; /* a read past the end: the file was cut */
     }
     done += (size_t)r;
   }
-  close(fd);
+  return 0;
+}
+
+/* Stop using O_DIRECT on the file (the filesystem took the flag but
+ * rejects direct requests). */
+static void go_buffered(dmem__disk_t *d) {
+  if (!dmem_atomic_load_relaxed(&d->direct)) return;
+  dmem_atomic_store_relaxed(&d->direct, 0);
+  int fl = fcntl(d->fd, F_GETFL);
+  if (fl >= 0) (void)fcntl(d->fd, F_SETFL, fl & ~O_DIRECT);
+  DMEM_LOG_AT(DMEM_LOG_INFO, "disk tier in %s: O_DIRECT rejected, buffered I/O from now on",
+              d->dir);
+}
+
+/* len bytes at buf <-> file offset off through a bounce buffer, the last
+ * block padded (the extent has room: extents are whole blocks). */
+static int bounced_io(dmem__disk_t *d, bool write, char *buf, uint64_t off, size_t len) {
+  size_t plen = round_up(len, DISK_ALIGN);
+  char *bb = bounce_get(d);
+  if (!bb) return ENOMEM;
+  if (write) {
+    memcpy(bb, buf, len);
+    memset(bb + len, 0, plen - len);
+  }
+  int e = rw_all(d, write, bb, off, plen, len);
+  if (e == 0 && !write) memcpy(buf, bb, len);
+  bounce_put(d, bb);
+  return e;
+}
+
+/* One chunk: len bytes at buf <-> file offset off. Under O_DIRECT an
+ * aligned buffer goes straight to the file but for a partial last block,
+ * which goes through a bounce buffer, as does an unaligned buffer (small
+ * pinned blocks; see runtime/memory/hostpool.c). Returns 0 or an errno. */
+static int chunk_io(dmem__disk_t *d, bool write, char *buf, uint64_t off, size_t len) {
+  if (dmem_atomic_load_relaxed(&d->direct)) {
+    int e;
+    if (((uintptr_t)buf & (DISK_ALIGN - 1)) == 0) {
+      size_t head = len & ~(DISK_ALIGN - 1);
+      e = head ? rw_all(d, write, buf, off, head, head) : 0;
+      if (e == 0 && head < len) e = bounced_io(d, write, buf + head, off + head, len - head);
+    } else {
+      e = bounced_io(d, write, buf, off, len);
+    }
+    if (e != EINVAL) return e;
+    go_buffered(d);
+  }
+  return rw_all(d, write, buf, off, len, len);
+}
+
+/* One read or write, split in chunks that the caller and I/O threads take
+ * in turn. Lives on the caller's stack until every helper that started
+ * has finished. */
+typedef struct disk_job disk_job_t;
+typedef struct disk_helper {
+  dmem__io_task_t task; /* first: the pool hands back &task */
+  disk_job_t *job;
+} disk_helper_t;
+
+struct disk_job {
+  dmem__disk_t *d;
+  bool write;
+  char *buf;
+  uint64_t off;
+  size_t n, nchunks;
+  dmem__disk_cancel_fn cancel;
+  void *cancel_arg;
+  _Atomic size_t next;  /* next chunk to take (relaxed: a ticket) */
+  _Atomic int stop;     /* a chunk failed or the caller cancelled (relaxed hint) */
+  pthread_mutex_t mu;   /* not ranked: a leaf, held for a few instructions */
+  pthread_cond_t cv;
+  unsigned running;     /* helpers started and not finished (under mu) */
+  int err;              /* first errno (under mu) */
+  uint64_t err_off;     /* and where */
+  bool cancelled;       /* cancel() said stop (under mu) */
+  disk_helper_t helpers[DMEM__IO_THREADS];
+};
+
+static void job_fail(disk_job_t *j, int err, uint64_t off, bool cancelled) {
+  pthread_mutex_lock(&j->mu);
+  if (j->err == 0 && !j->cancelled) {
+    j->err = err;
+    j->err_off = off;
+    j->cancelled = cancelled;
+  }
+  pthread_mutex_unlock(&j->mu);
+  dmem_atomic_store_relaxed(&j->stop, 1);
+}
+
+static void job_work(disk_job_t *j) {
+  for (;;) {
+    if (dmem_atomic_load_relaxed(&j->stop)) return;
+    size_t i = dmem_atomic_add_relaxed(&j->next, 1);
+    if (i >= j->nchunks) return;
+    size_t at = i * DISK_CHUNK;
+    if (j->cancel && j->cancel(j->cancel_arg)) {
+      job_fail(j, 0, j->off + at, true);
+      return;
+    }
+    size_t len = j->n - at < DISK_CHUNK ? j->n - at : DISK_CHUNK;
+    int e = chunk_io(j->d, j->write, j->buf + at, j->off + at, len);
+    if (e != 0) {
+      job_fail(j, e, j->off + at, false);
+      return;
+    }
+  }
+}
+
+static void helper_run(dmem__io_task_t *t) {
+  disk_job_t *j = ((disk_helper_t *)t)->job;
+  job_work(j);
+  pthread_mutex_lock(&j->mu);
+  j->running--;
+  pthread_cond_signal(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+}
+
+static dmem_status_t job_run(dmem__disk_t *d, bool write, void *buf, uint64_t off, size_t n,
+                             dmem__disk_cancel_fn cancel, void *cancel_arg) {
+  disk_job_t j;
+  memset(&j, 0, sizeof j);
+  j.d = d;
+  j.write = write;
+  j.buf = buf;
+  j.off = off;
+  j.n = n;
+  j.nchunks = (n + DISK_CHUNK - 1) / DISK_CHUNK;
+  j.cancel = cancel;
+  j.cancel_arg = cancel_arg;
+  pthread_mutex_init(&j.mu, NULL);
+  pthread_cond_init(&j.cv, NULL);
+  /* Helpers for the chunks beyond the caller's first. */
+  size_t nh = j.nchunks > 1 ? j.nchunks - 1 : 0;
+  if (nh > DMEM__IO_THREADS) nh = DMEM__IO_THREADS;
+  if (!d->io) nh = 0;
+  size_t posted = 0;
+  for (; posted < nh; posted++) {
+    j.helpers[posted].task.run = helper_run;
+    j.helpers[posted].job = &j;
+    pthread_mutex_lock(&j.mu);
+    j.running++;
+    pthread_mutex_unlock(&j.mu);
+    if (!dmem__io_submit(d->io, &j.helpers[posted].task)) {
+      pthread_mutex_lock(&j.mu);
+      j.running--;
+      pthread_mutex_unlock(&j.mu);
+      break;
+    }
+  }
+  job_work(&j);
+  /* Helpers no thread has started are withdrawn; the others finish their
+   * chunk and stop. */
+  for (size_t i = 0; i < posted; i++) {
+    if (dmem__io_withdraw(d->io, &j.helpers[i].task)) {
+      pthread_mutex_lock(&j.mu);
+      j.running--;
+      pthread_mutex_unlock(&j.mu);
+    }
+  }
+  pthread_mutex_lock(&j.mu);
+  while (j.running > 0) pthread_cond_wait(&j.cv, &j.mu);
+  int err = j.err;
+  uint64_t err_off = j.err_off;
+  bool cancelled = j.cancelled;
+  pthread_mutex_unlock(&j.mu);
+  pthread_cond_destroy(&j.cv);
+  pthread_mutex_destroy(&j.mu);
+  if (cancelled)
+    return dmem__error(DMEM_ERR_BUSY, "disk %s of %zu bytes stopped at offset %llu: cancelled",
+                       write ? "write" : "read", n, (unsigned long long)(err_off - off));
+  if (err != 0)
+    return dmem__error(DMEM_ERR_IO, "disk tier %s of %zu bytes at +%llu in %s: %s",
+                       write ? "pwrite" : "pread", n, (unsigned long long)(err_off - off), d->dir,
+                       err == ENODATA ? "file too short" : strerror(err));
   return DMEM_OK;
 }
 
-void dmem__disk_remove(dmem__disk_t *d, uint64_t key) {
-  if (!d) return;
-  char path[4200];
-  file_name(d, key, path, sizeof path);
-  unlink(path);
+dmem_status_t dmem__disk_write(dmem__disk_t *d, uint64_t off, const void *data, size_t n,
+                               dmem__disk_cancel_fn cancel, void *cancel_arg) {
+  return job_run(d, true, (void *)data, off, n, cancel, cancel_arg);
 }
 
-void dmem__disk_destroy(dmem__disk_t *d) {
-  if (!d) return;
-  /* Files of live buffers are removed at their reclaim; remove any left
-   * over, then the directory. */
-  DIR *dir = opendir(d->dir);
-  if (dir) {
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      char path[4400];
-      snprintf(path, sizeof path, "%s/%s", d->dir, e->d_name);
-      unlink(path);
-    }
-    closedir(dir);
-  }
-  rmdir(d->dir);
-  free(d);
+dmem_status_t dmem__disk_read(dmem__disk_t *d, uint64_t off, void *data, size_t n) {
+  return job_run(d, false, data, off, n, NULL, NULL);
 }

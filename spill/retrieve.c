@@ -137,6 +137,8 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
       return DMEM_OK;
     }
     if (moving) {
+      /* a host->disk write of it stops at its next chunk (tier_disk.c) */
+      if (s == DMEM_STATE_DEFERRED_HOST) dmem_atomic_store_relaxed(&b->io_cancel, 1);
       dmem__transit_wait(rt, b, w);
       w = dmem_atomic_load_acquire(&b->word); /* partner: dmem__transit_end */
       continue;

@@ -23,9 +23,12 @@ typedef struct dmem__tier_ops {
    * `data`, load has nothing to do); the others copy out and in. */
   bool adopts_staging;
   /* Keep the buffer's size bytes, now at `data` (pinned). The host tier
-   * adopts `data` as b->host, charging host_used (DMEM_ERR_HOST_OUT_OF_MEMORY
-   * when that would pass the host limit); the others copy it out and leave
-   * `data` to the caller. */
+   * adopts `data` as b->host, charging host_used; past the host limit it
+   * kicks the push-down to disk, and it refuses (DMEM_ERR_HOST_OUT_OF_MEMORY:
+   * the caller goes straight to disk) a buffer larger than the limit or one
+   * that would take the tier more than half the limit past it. The others
+   * copy it out and leave `data` to the caller; the disk tier's write stops
+   * (DMEM_ERR_BUSY) when a lock cancels the move. */
   dmem_status_t (*store)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, void *data);
   /* Bring the bytes back into pinned memory at b->host (the host tier: they
    * are there already). On failure b->host is as it was. */
@@ -49,15 +52,93 @@ dmem_tier_t dmem__tier_public(unsigned s);
 /* Free the pinned memory at b->host, if any (host copy or staging; its
  * accounting went with the tier's drop). */
 void dmem__host_copy_release(dmem_runtime_t *rt, dmem__buffer_t *b);
-/* The disk tier's file store, created on first use. */
+/* The disk tier's file, created on first use. */
 dmem_status_t dmem__disk_get(dmem_runtime_t *rt, dmem__disk_t **disk_out);
 
-/* ---- the disk tier's files (disk.c) -------------------------------------------- */
-dmem_status_t dmem__disk_create(const char *parent, dmem__disk_t **disk_out);
+/* ---- the disk tier's file (disk.c) ---------------------------------------------- */
+
+/* Make the private directory (0700) under `parent` (NULL: $TMPDIR or /tmp)
+ * and open the unnamed spill file (0600) in it. DMEM_ERR_IO (the detail
+ * names the directory and the errno) when the parent is not writable.
+ * `io` (may be NULL) lends its threads to large reads and writes. */
+dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t **disk_out);
+/* Close the file (its blocks go back to the filesystem) and remove the
+ * directory. */
 void dmem__disk_destroy(dmem__disk_t *disk);
-dmem_status_t dmem__disk_write(dmem__disk_t *disk, uint64_t key, const void *data, size_t n);
-dmem_status_t dmem__disk_read(dmem__disk_t *disk, uint64_t key, void *data, size_t n);
-void dmem__disk_remove(dmem__disk_t *disk, uint64_t key);
+/* Whether the file is read and written with O_DIRECT. */
+bool dmem__disk_direct(const dmem__disk_t *disk);
+/* Reserve an extent for n bytes; *off_out is its file offset.
+ * DMEM_ERR_IO when the filesystem has no room. */
+dmem_status_t dmem__disk_alloc(dmem__disk_t *disk, size_t n, uint64_t *off_out);
+/* Give back an extent of n bytes at off (its blocks go back to the
+ * filesystem). disk NULL: nothing. */
+void dmem__disk_free(dmem__disk_t *disk, uint64_t off, size_t n);
+/* Asked between chunks of a write: true stops it (DMEM_ERR_BUSY). Runs on
+ * the writing thread or an I/O thread. */
+typedef bool (*dmem__disk_cancel_fn)(void *arg);
+/* Write / read n bytes at file offset off of an extent, in chunks shared
+ * with the I/O threads. DMEM_ERR_IO on a failed or short pread/pwrite;
+ * DMEM_ERR_BUSY when `cancel` (may be NULL) said stop. */
+dmem_status_t dmem__disk_write(dmem__disk_t *disk, uint64_t off, const void *data, size_t n,
+                               dmem__disk_cancel_fn cancel, void *cancel_arg);
+dmem_status_t dmem__disk_read(dmem__disk_t *disk, uint64_t off, void *data, size_t n);
+
+/* Test hook (internal; tests only, never the public API): called before
+ * each disk operation with its kind, file offset and length; a non-zero
+ * return is the errno the operation fails with (DIRECT: the file is used
+ * buffered, as on a filesystem that rejects O_DIRECT). fn NULL removes
+ * it. Process-wide. */
+typedef enum dmem__disk_op {
+  DMEM__DISK_OP_DIR,    /* making the private directory */
+  DMEM__DISK_OP_DIRECT, /* turning O_DIRECT on for the file */
+  DMEM__DISK_OP_ALLOC,  /* reserving an extent (fallocate) */
+  DMEM__DISK_OP_WRITE,  /* one pwrite */
+  DMEM__DISK_OP_READ    /* one pread */
+} dmem__disk_op_t;
+typedef int (*dmem__disk_hook_fn)(void *user, dmem__disk_op_t op, uint64_t off, size_t len);
+void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user);
+
+/* ---- I/O threads (io.c) ------------------------------------------------------------ */
+
+#define DMEM__IO_THREADS 4
+
+/* A unit of urgent work for the I/O threads; run(t) is called once, on an
+ * I/O thread, with no runtime mutex held. */
+typedef struct dmem__io_task {
+  struct dmem__io_task *next;
+  void (*run)(struct dmem__io_task *t);
+} dmem__io_task_t;
+
+/* The pool. `background` is the job run after dmem__io_kick (the
+ * push-down); it returns whether it wants to run again. No thread starts
+ * before work arrives. */
+dmem_status_t dmem__io_create(dmem_runtime_t *rt, bool (*background)(dmem_runtime_t *rt),
+                              dmem__io_t **io_out);
+/* Stop: a background run in progress ends early (dmem__io_stopping), the
+ * threads are joined. Queued tasks must have been withdrawn. */
+void dmem__io_destroy(dmem__io_t *io);
+/* Queue t. False when the pool is stopping (t is not queued). */
+bool dmem__io_submit(dmem__io_t *io, dmem__io_task_t *t);
+/* Take t back if no thread has started it (true); false: it has started
+ * or finished. */
+bool dmem__io_withdraw(dmem__io_t *io, dmem__io_task_t *t);
+/* Have the background job run (again). Never blocks on I/O. */
+void dmem__io_kick(dmem__io_t *io);
+/* True once destroy began. */
+bool dmem__io_stopping(dmem__io_t *io);
+/* Wait until no task is queued or running and the background job has
+ * nothing left to do (tests, benchmarks). */
+void dmem__io_quiesce(dmem__io_t *io);
+/* True on an I/O thread while it runs the background job. */
+extern _Thread_local bool dmem__io_tl_background;
+
+/* ---- the host tier's push-down to disk (pushdown.c) ------------------------------ */
+
+/* The I/O pool's background job: while the host tier holds more than
+ * host_limit bytes (not counting those being written down now), move its
+ * least recently used buffers (lowest priority first) to disk. Returns
+ * whether it should run again. */
+bool dmem__pushdown_run(dmem_runtime_t *rt);
 
 /* ---- reclaim and the end of moves (reclaim.c) ----------------------------------- */
 

@@ -1,17 +1,45 @@
 /*
  * spill/tier_host.c - the host tier: the spilled bytes stay in the pinned
- * staging memory the spill copy wrote (b->host), charged to host_used up to
- * the host limit. Retrieve copies straight from it.
+ * staging memory the spill copy wrote (b->host), charged to host_used.
+ * Retrieve copies straight from it.
+ *
+ * host_limit (0: none) is the tier's target, not a wall: a spill that takes
+ * the tier past it is admitted and kicks the push-down (spill/pushdown.c),
+ * which moves the least recently used host-tier buffers to disk on the I/O
+ * threads, so that neither the spiller nor anyone else waits for a disk
+ * write. While the push-down catches up the tier may hold up to half the
+ * limit more; past that (the disk is slower than the spills, or failing),
+ * and for a buffer larger than the limit, the store refuses
+ * (DMEM_ERR_HOST_OUT_OF_MEMORY) and the spill goes straight to disk, as a
+ * brake that keeps pinned memory bounded.
  */
 #include "runtime/internal.h"
 
+/* How far past its limit the host tier may go while the push-down runs. */
+static size_t host_cap(size_t limit) {
+  return limit > SIZE_MAX / 3 * 2 ? SIZE_MAX : limit + limit / 2;
+}
+
 static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                 void *data) {
-  size_t size = dmem__bsize(b);
-  if (!dmem__reserve(&rt->host_used, rt->host_limit ? rt->host_limit : SIZE_MAX, size, NULL))
+  size_t size = dmem__bsize(b), limit = rt->host_limit;
+  if (!limit) {
+    dmem_atomic_add_relaxed(&rt->host_used, size);
+    b->host = data;
+    return DMEM_OK;
+  }
+  if (size > limit)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
-                       "host tier full: %zu bytes for 0x%016llx over the host limit of %zu",
-                       size, (unsigned long long)h, rt->host_limit);
+                       "0x%016llx (%zu bytes) is larger than the host limit of %zu",
+                       (unsigned long long)h, size, limit);
+  bool admitted = dmem__reserve(&rt->host_used, host_cap(limit), size, NULL);
+  if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
+  if (!admitted)
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
+                       "host tier full: %zu bytes for 0x%016llx with %zu of %zu held and the "
+                       "push-down to disk behind",
+                       size, (unsigned long long)h, dmem_atomic_load_relaxed(&rt->host_used),
+                       limit);
   b->host = data;
   return DMEM_OK;
 }

@@ -225,3 +225,33 @@ TEST_CASE(host_trim_public) {
   CHECK_STATUS(dmem_host_trim(NULL, 0, NULL), DMEM_ERR_INVALID_ARGUMENT);
   dmem_runtime_destroy(rt);
 }
+
+/* Blocks of 64 KiB and more start on a page (the disk tier's O_DIRECT I/O
+ * then needs no bounce copy); the bytes skipped in front stay usable, and a
+ * range that only holds the block unaligned is still used rather than
+ * growing the pool. */
+TEST_CASE(large_blocks_start_on_a_page) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  void *small = NULL, *big[3] = {NULL, NULL, NULL}, *after = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, 100, &small), DMEM_OK);
+  for (int i = 0; i < 3; i++) {
+    REQUIRE_EQ(dmem__hostpool_alloc(p, (64 << 10) + 1000 * (size_t)i, &big[i]), DMEM_OK);
+    CHECK_UEQ((uintptr_t)big[i] % 4096, 0);
+    memset(big[i], i + 1, (64 << 10) + 1000 * (size_t)i);
+  }
+  fake_fail = 1; /* no growth from here on */
+  /* a small block fits in the gap in front of a page-aligned one */
+  REQUIRE_EQ(dmem__hostpool_alloc(p, 1000, &after), DMEM_OK);
+  CHECK_TRUE((char *)after < (char *)big[2]);
+  dmem__hostpool_free(p, after);
+  for (int i = 0; i < 3; i++) dmem__hostpool_free(p, big[i]);
+  dmem__hostpool_free(p, small);
+  /* the whole chunk again: only unaligned at the chunk's start, no growth */
+  void *whole = NULL;
+  CHECK_STATUS(dmem__hostpool_alloc(p, (1 << 20) - 512, &whole), DMEM_OK);
+  dmem__hostpool_free(p, whole);
+  fake_fail = 0;
+  dmem__hostpool_destroy(p);
+}

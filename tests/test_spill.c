@@ -237,63 +237,6 @@ TEST_CASE(evict_by_policy) {
   dmem_runtime_destroy(rt);
 }
 
-TEST_CASE(host_limit_pushes_to_disk) {
-  dmem_runtime_t *rt = runtime_with(8 * MiB, 2 * MiB, NULL);
-  dmem_handle_t h[4];
-  for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
-    check_put(rt, h[i], MiB, 50 + (uint64_t)i);
-  }
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
-  dmem_stats_t s;
-  CHECK_OK(dmem_stats(rt, &s));
-  CHECK_UEQ(s.host_used, 2 * MiB); /* never above the limit */
-  CHECK_UEQ(s.disk_used, 2 * MiB);
-  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_DISK);
-  for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
-  dmem_runtime_destroy(rt);
-}
-
-static int count_entries(const char *dir, char *first, size_t n) {
-  DIR *d = opendir(dir);
-  if (!d) return -1;
-  int count = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] == '.') continue;
-    if (count == 0 && first) snprintf(first, n, "%s/%s", dir, e->d_name);
-    count++;
-  }
-  closedir(d);
-  return count;
-}
-
-TEST_CASE(disk_tier_private_and_cleaned) {
-  char parent[] = "/tmp/dmem-test-XXXXXX";
-  REQUIRE_TRUE(mkdtemp(parent) != NULL);
-  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, parent);
-  dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  check_put(rt, h, MiB, 3);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
-  char sub[512] = "", file[1024] = "";
-  CHECK_EQ(count_entries(parent, sub, sizeof sub), 1);
-  struct stat st;
-  REQUIRE_EQ(stat(sub, &st), 0);
-  CHECK_EQ(st.st_mode & 0777, 0700);
-  CHECK_EQ(count_entries(sub, file, sizeof file), 1);
-  REQUIRE_EQ(stat(file, &st), 0);
-  CHECK_EQ(st.st_mode & 0777, 0600);
-  CHECK_EQ((size_t)st.st_size, MiB);
-  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 3), 0);
-  CHECK_EQ(count_entries(sub, NULL, 0), 0); /* removed on unspill */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
-  dmem_runtime_destroy(rt); /* removes files and directory */
-  CHECK_EQ(count_entries(parent, NULL, 0), 0);
-  rmdir(parent);
-}
-
 TEST_CASE(disk_failure_keeps_data) {
   dmem_runtime_t *rt = runtime_with(8 * MiB, 0, "/nonexistent/dmem-dir");
   dmem_handle_t h;

@@ -7,9 +7,13 @@
  *   DMEM_DEVICE        device ordinal (non-negative integer)
  *   DMEM_DEVICE_LIMIT  bytes, with optional K/M/G/T suffix (powers of 1024),
  *                      or "N%" of the device's capacity (0 < N <= 100)
- *   DMEM_HOST_LIMIT    bytes, with optional K/M/G/T suffix; 0 = unlimited
+ *   DMEM_HOST_LIMIT    bytes, with optional K/M/G/T suffix; 0 = unlimited:
+ *                      the host tier's size, beyond which the least recently
+ *                      used host-tier buffers are pushed down to disk
+ *                      (see dmem_config_t.host_limit)
  *   DMEM_SPILL_DIR     directory under which the private spill directory is
- *                      made (default: $TMPDIR or /tmp)
+ *                      made (default: $TMPDIR or /tmp); it must be writable
+ *                      when the disk tier is first used
  *   DMEM_LOG           off | error | warn | info | debug, or 0..4
  *   DMEM_STATS         0 | 1: print statistics to stderr at destroy
  *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
@@ -47,8 +51,22 @@ typedef struct dmem_config {
   int device;                    /**< CUDA device ordinal, default 0 */
   size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity */
   double device_limit_fraction;  /**< 0 < f <= 1: limit = f * capacity (used when device_limit is 0) */
-  size_t host_limit;             /**< bytes of spilled data kept in host memory; 0: unlimited */
-  const char *spill_dir;         /**< parent of the private spill directory; NULL: $TMPDIR or /tmp */
+  /** Bytes of spilled data kept in (pinned) host memory; 0: unlimited.
+   *  Spills go to the host tier; when it holds more than host_limit, the
+   *  runtime's I/O threads move its least recently used buffers (lowest
+   *  priority first) to disk in the background, so that no spill or lock
+   *  waits for that write. While they catch up the host tier may hold up to
+   *  host_limit / 2 more; past that (the disk slower than the spills, or
+   *  failing), and for a buffer larger than host_limit, a spill goes
+   *  straight to disk and the spilling thread writes it. */
+  size_t host_limit;
+  /** Parent of the private spill directory (mode 0700, made on first use
+   *  of the disk tier; NULL: $TMPDIR or /tmp). The disk tier keeps its
+   *  bytes in one file there that has no name (O_TMPFILE, or unlinked as
+   *  soon as it is open; mode 0600), read and written with O_DIRECT where
+   *  the filesystem allows it: nothing is left on disk when the process
+   *  ends, even by SIGKILL (but the empty directory). */
+  const char *spill_dir;
   dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
   bool print_stats;              /**< print statistics to stderr at destroy */
   size_t host_backend_capacity;  /**< simulated device memory of the host backend; default 1 GiB */

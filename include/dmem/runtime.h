@@ -33,10 +33,13 @@ DMEM_API dmem_status_t dmem_runtime_create(const dmem_config_t *cfg,
                                            dmem_runtime_t **rt_out);
 
 /**
- * Destroy a runtime: waits for the runtime's streams, frees every buffer
- * (locked ones too), the pinned host pool and the spill directory with its
- * files. rt == NULL is a no-op. Not thread-safe with respect to other calls
- * on the same runtime: no other thread may use rt during or after this call.
+ * Destroy a runtime: stops and joins its I/O threads (a push-down to disk in
+ * progress stops at its next chunk; the buffer stays in the host tier),
+ * waits for the runtime's streams, frees every buffer (locked ones too), the
+ * pinned host pool, and removes the spill directory (its one file has no
+ * name and goes with the process in any case). rt == NULL is a no-op. Not
+ * thread-safe with respect to other calls on the same runtime: no other
+ * thread may use rt during or after this call.
  */
 DMEM_API void dmem_runtime_destroy(dmem_runtime_t *rt);
 

@@ -18,6 +18,16 @@ extern "C" {
  * disk or to the controller. Spilling to the tier the buffer is already in is
  * a no-op. A lock arriving during the copy cancels the spill; this call then
  * returns DMEM_ERR_BUSY and the buffer stays resident with its data intact.
+ * A lock arriving during a write to disk stops it at its next chunk (8 MiB)
+ * the same way, whether the buffer came from the device or the host tier.
+ *
+ * To the host tier with a host limit (dmem_config_t.host_limit): the spill
+ * may take the tier past its limit, and the runtime's I/O threads then push
+ * the least recently used host-tier buffers down to disk in the background;
+ * when the tier is too far past it, the buffer goes straight to disk. A
+ * write to disk that fails (the spill directory not writable, the disk full,
+ * an I/O error) is DMEM_ERR_IO, the detail says which, and the buffer stays
+ * where it was (on the device or in the host tier), data intact.
  *
  * @param tier DMEM_TIER_HOST, DMEM_TIER_DISK or DMEM_TIER_CONTROLLER (the
  *             latter only with a controller that has store and retrieve).
@@ -37,7 +47,10 @@ DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier
 /**
  * Bring a deferred buffer back to the device, with the host->device copy
  * ordered on `stream` (returns once it is enqueued). A resident buffer is left
- * as it is. Does not lock.
+ * as it is. Does not lock. A buffer on disk is read into pinned staging
+ * (this call waits for the read) and copied to the device from there; it
+ * does not become a host-tier copy. A buffer being pushed down to disk stops
+ * that write at its next chunk and comes back from the host tier.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (another thread is moving it,

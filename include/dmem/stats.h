@@ -32,7 +32,8 @@ typedef struct dmem_stats {
    *  (the copy completes asynchronously, before any retrieve of the buffer),
    *  so this measures the same thing as seconds_unspilling. To disk or the
    *  controller a spill also waits for the copy and the write or store.
-   *  Tier changes (host -> disk) count too. */
+   *  Tier changes (host -> disk) count too, the I/O threads' push-downs
+   *  included. */
   double seconds_spilling;
   /** Wall time of the retrieves, summed over threads, up to the moment the
    *  host->device copy is enqueued on the locker's stream: device memory
@@ -79,6 +80,36 @@ typedef struct dmem_stats {
   uint64_t host_pool_grows;         /**< chunks added (cudaMallocHost calls) */
   uint64_t host_pool_background_grows; /**< of which by the background thread */
   uint64_t host_pool_trims;         /**< chunks given back (trim, idle) */
+  /* ---- the disk tier: host -> disk and disk -> device moves ---------------- */
+  /** Buffers written to the disk tier: pushed down from the host tier by the
+   *  host limit, moved there by dmem_spill(DMEM_TIER_DISK), or spilled from
+   *  the device straight to disk (their bytes go through pinned staging, so
+   *  every disk write is a host -> disk move). */
+  uint64_t host_to_disk_count;
+  uint64_t host_to_disk_bytes;
+  /** Wall time of those writes (extent reservation and pwrite, chunks shared
+   *  with the I/O threads), summed over the writing threads. Push-downs run
+   *  on the I/O threads: no caller waits for them. */
+  double seconds_host_to_disk;
+  /** Of host_to_disk_count, buffers pushed down by the host limit (the I/O
+   *  threads move the least recently used host-tier buffers to disk while
+   *  the host tier holds more than host_limit). */
+  uint64_t host_to_disk_pushdowns;
+  /** Retrieves from the disk tier: a lock (or dmem_unspill) reads the bytes
+   *  into pinned staging and copies them to the device; they never become a
+   *  host-tier copy. */
+  uint64_t disk_to_device_count;
+  uint64_t disk_to_device_bytes;
+  /** Wall time of those reads (the retrieving thread and the I/O threads
+   *  helping it), summed over retrieving threads. The host -> device copy
+   *  that follows is ordered on the locker's stream and not included. */
+  double seconds_disk_to_device;
+  /** Disk writes that failed (DMEM_ERR_IO: disk full, I/O error); the
+   *  buffer stayed where it was (host tier or device). */
+  uint64_t disk_write_failures;
+  /** 1 while the disk tier's file is read and written with O_DIRECT; 0 when
+   *  it is buffered (the filesystem rejects O_DIRECT) or not made yet. */
+  uint64_t disk_direct_io;
 } dmem_stats_t;
 
 /**

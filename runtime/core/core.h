@@ -41,7 +41,9 @@
  *   8 hostpool  the pinned host pool's mutex
  *   9 events    rt->evpool_mu
  *  10 raw       a shard of the raw-allocation table (memory/raw.c)
- *  11 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
+ *  11 io        the I/O threads' queue (spill/io.c)
+ *  12 diskspace the disk tier's extents and bounce buffers (spill/disk.c)
+ *  13 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
  *                                 is taken under it)
  *
  * The device pool's mutexes (memory/pool.c) and the backends' own are
@@ -97,6 +99,8 @@ typedef enum dmem__rank {
   DMEM__RANK_HOSTPOOL,
   DMEM__RANK_EVENTS,
   DMEM__RANK_RAW,
+  DMEM__RANK_IO,
+  DMEM__RANK_DISK_SPACE,
   DMEM__RANK_AHEAD
 } dmem__rank_t;
 
@@ -193,6 +197,15 @@ typedef struct dmem__buffer {
    * before SPILL_COPY is set with release; read after an acquire that saw
    * SPILL_COPY. */
   _Atomic(void *) spill_event;
+  /* The disk tier's extent (file offset) while the tier holds the buffer:
+   * written by the TRANSIT owner's store, read by the next owner's load and
+   * drop, or by reclaim. */
+  uint64_t disk_off;
+  /* Set (relaxed) by a locker that finds the buffer DEFERRED_HOST and being
+   * moved: a host->disk write of it then stops at its next chunk
+   * (spill/tier_disk.c), so the lock does not wait for the whole write. The
+   * writer clears it when it starts. */
+  _Atomic uint32_t io_cancel;
   uint32_t slot;      /* index in the table; set once when the chunk is made */
   uint32_t next_free; /* free-list link, under the table mutex */
 } dmem__buffer_t;

@@ -29,6 +29,11 @@
 
 #define POOL_ALIGN 256u
 #define POOL_HEADER POOL_ALIGN /* keeps blocks POOL_ALIGN-aligned */
+/* Blocks of at least POOL_PAGE_MIN bytes start on a POOL_PAGE boundary, so
+ * that the disk tier reads and writes them with O_DIRECT without a bounce
+ * copy (spill/disk.c). */
+#define POOL_PAGE ((size_t)4096)
+#define POOL_PAGE_MIN ((size_t)64 << 10)
 
 typedef struct pool_chunk {
   struct pool_chunk *next;
@@ -229,15 +234,51 @@ static bool running_low(const dmem__hostpool_t *p) {
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_out) {
   if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
   size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
+  size_t align = size >= POOL_PAGE_MIN ? POOL_PAGE : POOL_ALIGN;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   p->last_alloc_ns = mono_ns();
   for (;;) {
+    /* First fit at the block's alignment; failing that, a range that holds
+     * the block only unaligned (the disk tier bounces such a block) rather
+     * than growing the pool. */
+    free_range_t **fit = NULL, **fit_unaligned = NULL;
+    size_t front = 0;
     for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
       free_range_t *f = *pp;
-      if (f->size < need) continue;
-      char *addr = f->addr;
+      /* the block starts `front` bytes into the range (0 unless aligned to
+       * a page); that front stays free */
+      size_t fr = round_up((size_t)(uintptr_t)f->addr + POOL_HEADER, align) - POOL_HEADER -
+                  (size_t)(uintptr_t)f->addr;
+      if (f->size >= fr + need) {
+        fit = pp;
+        front = fr;
+        break;
+      }
+      if (!fit_unaligned && f->size >= need) fit_unaligned = pp;
+    }
+    if (!fit) fit = fit_unaligned;
+    /* a page-aligned block in the middle of a range splits it in two: one
+     * more range record (without it, the block goes unaligned) */
+    free_range_t *back_rec = NULL;
+    if (fit && front > 0 && (*fit)->size > front + need) {
+      back_rec = malloc(sizeof *back_rec);
+      if (!back_rec) front = 0;
+    }
+    if (fit) {
+      free_range_t **pp = fit, *f = *fit;
+      char *addr = f->addr + front;
       pool_chunk_t *c = f->chunk;
-      if (f->size == need) {
+      if (front > 0) {
+        size_t back = f->size - front - need;
+        f->size = front;
+        if (back_rec) {
+          back_rec->addr = addr + need;
+          back_rec->size = back;
+          back_rec->chunk = c;
+          back_rec->next = f->next;
+          f->next = back_rec;
+        }
+      } else if (f->size == need) {
         *pp = f->next;
         free(f);
       } else {
@@ -256,11 +297,12 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
       *ptr_out = addr + POOL_HEADER;
       return DMEM_OK;
     }
+    free(back_rec);
     if (p->growing) { /* someone is adding a chunk: wait for it, look again */
       pthread_cond_wait(&p->cv, &p->mu);
       continue;
     }
-    size_t csize = next_chunk(p, need);
+    size_t csize = next_chunk(p, need + align);
     if (csize == 0) {
       size_t reserved = p->reserved;
       dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);

@@ -2,6 +2,7 @@
 statistics and the error classes."""
 
 import os
+import time
 
 import pytest
 
@@ -20,6 +21,10 @@ STATS_FIELDS = {
     "evict_passes", "ahead_passes", "ahead_evictions", "ahead_bytes", "prefetch_count",
     "prefetch_bytes", "spill_ahead_high", "spill_ahead_low", "host_pool_reserved",
     "host_pool_free", "host_pool_grows", "host_pool_background_grows", "host_pool_trims",
+    # the disk tier
+    "host_to_disk_count", "host_to_disk_bytes", "seconds_host_to_disk",
+    "host_to_disk_pushdowns", "disk_to_device_count", "disk_to_device_bytes",
+    "seconds_disk_to_device", "disk_write_failures", "disk_direct_io",
 }
 
 
@@ -125,17 +130,23 @@ def test_device_limit_string_same_as_environment(monkeypatch, text, expect):
     assert from_arg == from_env == expect
 
 
-def _tiers_after_spilling(spill_dir, **kwargs):
+def _tiers_after_spilling(spill_dir, on_host, **kwargs):
     """Spill eight 256 KiB buffers to the host tier; the host limit decides
-    how many stay there (the rest go straight to disk). stats() has no host
-    limit field: this is how the limit shows."""
+    how many stay there (the I/O threads push the rest down to disk). stats()
+    has no host limit field: this is how the limit shows. Waits (at most 10 s)
+    for the push-down to bring the host tier to on_host buffers."""
     with dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir),
                       **kwargs) as rt:
         bufs = [rt.alloc(256 << 10) for _ in range(8)]
         for b in bufs:
             b.spill("host")
+        deadline = time.monotonic() + 10
+        while rt.stats()["host_used"] > on_host * (256 << 10) and time.monotonic() < deadline:
+            time.sleep(0.001)
         s = rt.stats()
-        return [b.state for b in bufs], s["host_used"], s["disk_used"]
+        states = [b.state for b in bufs]
+        return (states.count("deferred_host"), states.count("deferred_disk"), s["host_used"],
+                s["disk_used"])
 
 
 @pytest.mark.parametrize("text, on_host", [
@@ -146,11 +157,10 @@ def _tiers_after_spilling(spill_dir, **kwargs):
 ])
 def test_host_limit_string_same_as_environment(monkeypatch, spill_dir, text, on_host):
     monkeypatch.delenv("DMEM_HOST_LIMIT", raising=False)
-    from_arg = _tiers_after_spilling(spill_dir, host_limit=text)
+    from_arg = _tiers_after_spilling(spill_dir, on_host, host_limit=text)
     monkeypatch.setenv("DMEM_HOST_LIMIT", text)
-    from_env = _tiers_after_spilling(spill_dir)
-    expect = (["deferred_host"] * on_host + ["deferred_disk"] * (8 - on_host),
-              on_host * (256 << 10), (8 - on_host) * (256 << 10))
+    from_env = _tiers_after_spilling(spill_dir, on_host)
+    expect = (on_host, 8 - on_host, on_host * (256 << 10), (8 - on_host) * (256 << 10))
     assert from_arg == from_env == expect
 
 
@@ -221,11 +231,18 @@ def test_spill_dir_pathlike_and_files_removed(tmp_path):
     b.write(b"z" * 4096)
     b.spill("disk")
     assert b.state == "deferred_disk"
+    assert rt.stats()["disk_used"] == 4096
+    # a private directory, and no named file in it: the spill file was
+    # unlinked when it was opened
+    private = [os.path.join(d, x) for d, xs, _ in os.walk(parent) for x in xs]
+    assert len(private) == 1 and os.stat(private[0]).st_mode & 0o777 == 0o700
     files = [os.path.join(d, f) for d, _, fs in os.walk(parent) for f in fs]
-    assert files, "disk tier wrote nothing under spill_dir"
+    assert files == []
+    with b.lock():
+        pass
+    assert b.read(4096) == b"z" * 4096
     rt.close()
-    leftover = [os.path.join(d, f) for d, _, fs in os.walk(parent) for f in fs]
-    assert leftover == []
+    assert os.listdir(parent) == []
 
 
 def test_cuda_backend_without_device():

@@ -1,0 +1,293 @@
+/*
+ * bench/bench_disk.c - throughput of dmem's disk tier against a plain
+ * sequential dd-like pwrite/pread of the same directory with the same
+ * sizes, measured in the same run:
+ *
+ *   dmem write   dmem_spill(h, DMEM_TIER_DISK) of host-tier buffers, one
+ *                after the other from one thread: the host -> disk move the
+ *                push-down makes (extent reservation, chunked pwrite, the
+ *                bookkeeping)
+ *   raw write    one file in the same directory, the same mode (O_DIRECT
+ *                when dmem's file got it, else buffered), one pwrite per
+ *                buffer (pieces of at most 1 GiB) from an aligned buffer
+ *   dmem read    dmem_unspill(h, stream) of the disk-tier buffers, then one
+ *                dmem_stream_synchronize: disk -> pinned staging -> device,
+ *                the host -> device copies ordered on the stream
+ *   raw read     one pread per buffer into an aligned buffer
+ *
+ * and prints dmem/raw for each (target: >= 0.80), and beside it dmem's
+ * throughput counting only the time in its disk I/O (dmem_stats:
+ * seconds_host_to_disk, seconds_disk_to_device), which tells the I/O from
+ * the bookkeeping and the host -> device copies (a CPU memcpy competing for
+ * the cores on the host backend; DMA under CUDA). Each figure is the best
+ * of the repetitions. Backend: DMEM_BACKEND (auto: CUDA when a device is
+ * present), so the same binary runs in CI on the host backend (--quick) and
+ * on the GPU machine.
+ *
+ *   bench_disk [--quick] [--dir DIR] [--total BYTES] [--reps N]
+ *
+ * --dir: parent of the spill directory and of the raw file (default:
+ * DMEM_SPILL_DIR, $TMPDIR or /tmp). --total: bytes per buffer size
+ * (default 2G; --quick 32M). Exit 1 on any dmem or I/O error (never on
+ * speed), 77 when DMEM_BACKEND asks for a device that is not there.
+ */
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dmem/dmem.h>
+
+#define MiB ((size_t)1 << 20)
+#define ALIGN ((size_t)4096)
+#define RAW_PIECE ((size_t)1 << 30)
+
+static const char *g_dir;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what, dmem_status_t st) {
+  fprintf(stderr, "bench_disk: %s: %s (%s)\n", what, dmem_status_name(st),
+          dmem_last_error_detail());
+  exit(st == DMEM_ERR_NO_DEVICE ? 77 : 1);
+}
+
+static void die_errno(const char *what) {
+  fprintf(stderr, "bench_disk: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+#define TRY(call)                        \
+  do {                                   \
+    dmem_status_t st_ = (call);          \
+    if (st_ != DMEM_OK) die(#call, st_); \
+  } while (0)
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* ---- raw: a plain sequential pwrite/pread of one file ------------------------------ */
+
+static int raw_open(bool direct) {
+  int fd = open(g_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bench-disk-XXXXXX", g_dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd < 0) die_errno("raw file");
+    unlink(path);
+  }
+  if (direct) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) != 0) die_errno("raw file: O_DIRECT");
+  }
+  return fd;
+}
+
+static void raw_io(int fd, bool write, char *buf, size_t len, off_t off) {
+  size_t done = 0;
+  while (done < len) {
+    size_t piece = len - done < RAW_PIECE ? len - done : RAW_PIECE;
+    ssize_t r = write ? pwrite(fd, buf + done, piece, off + (off_t)done)
+                      : pread(fd, buf + done, piece, off + (off_t)done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      if (r == 0) errno = EIO;
+      die_errno(write ? "raw pwrite" : "raw pread");
+    }
+    done += (size_t)r;
+  }
+}
+
+/* Seconds to write, then read, n buffers of `size` bytes. */
+static void raw_run(size_t size, size_t n, bool direct, double *write_s, double *read_s) {
+  size_t stride = round_up(size, ALIGN); /* O_DIRECT wants aligned offsets and lengths */
+  size_t len = direct ? stride : size;
+  char *buf = NULL;
+  if (posix_memalign((void **)&buf, ALIGN, stride) != 0) die_errno("raw buffer");
+  for (size_t i = 0; i < stride; i++) buf[i] = (char)(i * 131u);
+  int fd = raw_open(direct);
+  uint64_t t0 = now_ns();
+  for (size_t i = 0; i < n; i++) raw_io(fd, true, buf, len, (off_t)(i * stride));
+  uint64_t t1 = now_ns();
+  for (size_t i = 0; i < n; i++) raw_io(fd, false, buf, len, (off_t)(i * stride));
+  uint64_t t2 = now_ns();
+  close(fd);
+  free(buf);
+  *write_s = (double)(t1 - t0) * 1e-9;
+  *read_s = (double)(t2 - t1) * 1e-9;
+}
+
+/* ---- dmem: host tier -> disk, disk -> device ---------------------------------------- */
+
+typedef struct {
+  double write_s, read_s;       /* wall time of the moves */
+  double write_io_s, read_io_s; /* of which in the disk tier's I/O (dmem_stats) */
+  bool direct;
+} dmem_result_t;
+
+static dmem_result_t dmem_run(size_t size, size_t n, size_t total) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.spill_dir = g_dir;
+  cfg.host_limit = 0; /* the moves are explicit */
+  cfg.device_limit = total + 64 * MiB;
+  if (cfg.host_backend_capacity < total + 128 * MiB) cfg.host_backend_capacity = total + 128 * MiB;
+  dmem_runtime_t *rt;
+  TRY(dmem_runtime_create(&cfg, &rt));
+  dmem_stream_t s;
+  TRY(dmem_stream_create(rt, &s));
+  dmem_handle_t *h = calloc(n, sizeof *h);
+  char *pattern = malloc(size);
+  if (!h || !pattern) die_errno("malloc");
+  for (size_t i = 0; i < size; i++) pattern[i] = (char)(i * 131u);
+  for (size_t i = 0; i < n; i++) {
+    void *p;
+    TRY(dmem_alloc(rt, size, 0, &h[i]));
+    TRY(dmem_lock(rt, h[i], s, &p));
+    TRY(dmem_copy(rt, p, pattern, size, s));
+    TRY(dmem_stream_synchronize(rt, s));
+    TRY(dmem_unlock(rt, h[i]));
+  }
+  /* into the host tier (not timed: this also grows the pinned pool that
+   * the reads below take their staging from). Those device -> host copies
+   * run asynchronously on the runtime's one spill stream; a last small
+   * buffer spilled after them and moved to disk waits for its own copy,
+   * and so for theirs: the timed writes start with the bytes on the host. */
+  for (size_t i = 0; i < n; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  dmem_handle_t last;
+  TRY(dmem_alloc(rt, 4096, 0, &last));
+  TRY(dmem_spill(rt, last, DMEM_TIER_HOST));
+  TRY(dmem_spill(rt, last, DMEM_TIER_DISK));
+  TRY(dmem_free(rt, last));
+  dmem_result_t r;
+  uint64_t t0 = now_ns();
+  for (size_t i = 0; i < n; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  uint64_t t1 = now_ns();
+  for (size_t i = 0; i < n; i++) TRY(dmem_unspill(rt, h[i], s));
+  TRY(dmem_stream_synchronize(rt, s));
+  uint64_t t2 = now_ns();
+  r.write_s = (double)(t1 - t0) * 1e-9;
+  r.read_s = (double)(t2 - t1) * 1e-9;
+  dmem_stats_t st;
+  TRY(dmem_stats(rt, &st));
+  /* the disk I/O alone, from dmem's own statistics (the sentinel's write
+   * is in there too: 4 KiB, a few microseconds) */
+  r.write_io_s = st.seconds_host_to_disk;
+  r.read_io_s = st.seconds_disk_to_device;
+  r.direct = st.disk_direct_io != 0;
+  if (st.host_to_disk_bytes != (uint64_t)(n * size) + 4096 ||
+      st.disk_to_device_bytes != (uint64_t)(n * size)) {
+    fprintf(stderr, "bench_disk: stats say %llu bytes written and %llu read, expected %zu\n",
+            (unsigned long long)st.host_to_disk_bytes - 4096,
+            (unsigned long long)st.disk_to_device_bytes, n * size);
+    exit(1);
+  }
+  /* the bytes came back */
+  void *p;
+  char *back = malloc(size);
+  if (!back) die_errno("malloc");
+  for (size_t i = 0; i < n; i += n > 4 ? n / 4 : 1) {
+    TRY(dmem_lock(rt, h[i], s, &p));
+    TRY(dmem_copy(rt, back, p, size, s));
+    TRY(dmem_stream_synchronize(rt, s));
+    TRY(dmem_unlock(rt, h[i]));
+    if (memcmp(back, pattern, size) != 0) {
+      fprintf(stderr, "bench_disk: buffer %zu of %zu bytes came back wrong\n", i, size);
+      exit(1);
+    }
+  }
+  free(back);
+  for (size_t i = 0; i < n; i++) TRY(dmem_free(rt, h[i]));
+  TRY(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+  free(h);
+  free(pattern);
+  return r;
+}
+
+static double gbps(size_t bytes, double s) { return s > 0 ? (double)bytes / s * 1e-9 : 0; }
+
+int main(int argc, char **argv) {
+  bool quick = false;
+  size_t total = 0;
+  int reps = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) {
+      g_dir = argv[++i];
+    } else if (strcmp(argv[i], "--total") == 0 && i + 1 < argc) {
+      TRY(dmem_size_parse(argv[++i], &total, NULL));
+    } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = atoi(argv[++i]);
+    } else {
+      fprintf(stderr, "usage: %s [--quick] [--dir DIR] [--total BYTES] [--reps N]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!g_dir || !*g_dir) g_dir = getenv("DMEM_SPILL_DIR");
+  if (!g_dir || !*g_dir) g_dir = getenv("TMPDIR");
+  if (!g_dir || !*g_dir) g_dir = "/tmp";
+  if (!total) total = quick ? 32 * MiB : (size_t)2 << 30;
+  if (reps <= 0) reps = quick ? 1 : 2;
+  static const size_t full_sizes[] = {1 * MiB, 8 * MiB, 64 * MiB, 256 * MiB};
+  static const size_t quick_sizes[] = {1 * MiB, 8 * MiB + 4096 + 7};
+  const size_t *sizes = quick ? quick_sizes : full_sizes;
+  size_t nsizes = quick ? 2 : 4;
+
+  /* which backend? (a tiny runtime answers) */
+  dmem_runtime_t *probe;
+  TRY(dmem_runtime_create(NULL, &probe));
+  const char *backend = dmem_runtime_backend(probe) == DMEM_BACKEND_CUDA ? "cuda" : "host";
+  dmem_runtime_destroy(probe);
+
+  printf("bench_disk: %s backend, directory %s, %.0f MiB per size, best of %d\n", backend,
+         g_dir, (double)total / (double)MiB, reps);
+  printf("%10s %6s %6s | %10s %10s %6s %10s | %10s %10s %6s %10s\n", "size", "n", "I/O",
+         "raw write", "dmem h->d", "ratio", "(in I/O)", "raw read", "dmem d->dv", "ratio",
+         "(in I/O)");
+  double worst = 1e9;
+  for (size_t k = 0; k < nsizes; k++) {
+    size_t size = sizes[k];
+    size_t n = total / size ? total / size : 1;
+    double rw = 1e30, rr = 1e30, dw = 1e30, dr = 1e30, dwio = 1e30, drio = 1e30;
+    bool direct = false;
+    for (int rep = 0; rep < reps; rep++) {
+      dmem_result_t d = dmem_run(size, n, n * size); /* first: it finds out the I/O mode */
+      direct = d.direct;
+      double w, r;
+      raw_run(size, n, direct, &w, &r);
+      if (w < rw) rw = w;
+      if (r < rr) rr = r;
+      if (d.write_s < dw) dw = d.write_s;
+      if (d.read_s < dr) dr = d.read_s;
+      if (d.write_io_s < dwio) dwio = d.write_io_s;
+      if (d.read_io_s < drio) drio = d.read_io_s;
+    }
+    size_t bytes = n * size;
+    double wr = rw / dw, rr_ = rr / dr; /* dmem / raw throughput */
+    if (wr < worst) worst = wr;
+    if (rr_ < worst) worst = rr_;
+    printf("%8.2fMi %6zu %6s | %6.2f GB/s %6.2f GB/s %6.2f %5.2f GB/s | %6.2f GB/s %6.2f GB/s "
+           "%6.2f %5.2f GB/s\n",
+           (double)size / (double)MiB, n, direct ? "direct" : "buffer", gbps(bytes, rw),
+           gbps(bytes, dw), wr, gbps(bytes, dwio), gbps(bytes, rr), gbps(bytes, dr), rr_,
+           gbps(bytes, drio));
+    fflush(stdout);
+  }
+  printf("bench_disk: worst dmem/raw %.2f (target >= 0.80)%s\n", worst,
+         quick ? "; --quick sizes are too small to judge" : "");
+  return 0;
+}

@@ -1,0 +1,817 @@
+/* The disk tier: the host limit and its LRU push-down to disk on the I/O
+ * threads, a lock of a disk-tier buffer going straight to the device,
+ * permissions and unnamed files, I/O failures (a deterministic injection
+ * hook) leaving the buffer intact where it was, nothing left after SIGKILL,
+ * O_DIRECT and its fallback, and locks racing push-downs and retrieves.
+ *
+ * White-box where it must be: the failure hook (dmem__disk_hook_set) and
+ * waiting for the I/O threads (dmem__io_quiesce) are internal. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "runtime/internal.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
+  dmem_buffer_info_t info;
+  if (dmem_buffer_info(rt, h, &info) != DMEM_OK) return (dmem_state_t)-1;
+  return info.state;
+}
+
+static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char *spill_dir) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = limit;
+  cfg.host_limit = host_limit;
+  cfg.spill_dir = spill_dir;
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
+  if (st != DMEM_OK) abort();
+  return rt;
+}
+
+static dmem_stats_t stats_of(dmem_runtime_t *rt) {
+  dmem_stats_t s;
+  memset(&s, 0, sizeof s);
+  if (dmem_stats(rt, &s) != DMEM_OK) abort();
+  return s;
+}
+
+static void touch(dmem_runtime_t *rt, dmem_handle_t h) {
+  void *p;
+  if (dmem_lock(rt, h, NULL, &p) != DMEM_OK || dmem_unlock(rt, h) != DMEM_OK) abort();
+}
+
+/* A fresh parent directory for spill_dir (removed by rm_tree). */
+static void make_parent(char *buf, size_t n) {
+  snprintf(buf, n, "/tmp/dmem-disk-test-XXXXXX");
+  if (!mkdtemp(buf)) abort();
+}
+
+/* Regular files (and their bytes) anywhere under dir. */
+static int count_files(const char *dir, long long *bytes) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat st;
+    if (lstat(path, &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      n += count_files(path, bytes);
+    } else {
+      n++;
+      if (bytes) *bytes += st.st_size;
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+static int count_entries(const char *dir, char *first, size_t n) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    if (count == 0 && first) snprintf(first, n, "%s/%s", dir, e->d_name);
+    count++;
+  }
+  closedir(d);
+  return count;
+}
+
+static void rm_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      char path[1024];
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      struct stat st;
+      if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        chmod(path, 0700);
+        rm_tree(path);
+      } else {
+        unlink(path);
+      }
+    }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+/* ---- the failure hook ------------------------------------------------------------ */
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  dmem__disk_op_t op; /* the operation to act on */
+  uint64_t min_off;   /* ... at or past this file offset */
+  long skip;          /* let this many matching calls through first */
+  long fail;          /* then fail this many (-1: all) */
+  int err;            /* with this errno */
+  long calls, failed; /* matching calls seen, failed */
+  int gate_closed;    /* matching calls wait while set */
+  int entered;        /* a call waited at the gate */
+} hook_t;
+
+static hook_t the_hook;
+
+static int hook_fn(void *user, dmem__disk_op_t op, uint64_t off, size_t len) {
+  (void)len;
+  hook_t *k = user;
+  int ret = 0;
+  pthread_mutex_lock(&k->mu);
+  if (op == k->op && off >= k->min_off) {
+    while (k->gate_closed) {
+      k->entered = 1;
+      pthread_cond_broadcast(&k->cv);
+      pthread_cond_wait(&k->cv, &k->mu);
+    }
+    if (k->calls++ >= k->skip && (k->fail < 0 || k->failed < k->fail)) {
+      k->failed++;
+      ret = k->err;
+    }
+  }
+  pthread_mutex_unlock(&k->mu);
+  return ret;
+}
+
+static hook_t *hook_on(dmem__disk_op_t op, long skip, long fail, int err) {
+  hook_t *k = &the_hook;
+  dmem__disk_hook_set(NULL, NULL);
+  pthread_mutex_init(&k->mu, NULL);
+  pthread_cond_init(&k->cv, NULL);
+  k->op = op;
+  k->min_off = 0;
+  k->skip = skip;
+  k->fail = fail;
+  k->err = err;
+  k->calls = k->failed = 0;
+  k->gate_closed = k->entered = 0;
+  dmem__disk_hook_set(hook_fn, k);
+  return k;
+}
+
+static void hook_off(void) { dmem__disk_hook_set(NULL, NULL); }
+
+/* ---- the host limit and its push-down ------------------------------------------------ */
+
+TEST_CASE(pushdown_moves_least_recently_used_first) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(16 * MiB, 2 * MiB, parent);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 100 + (uint64_t)i);
+  }
+  /* use order 1, 0, 2, 3: h[1] least recently used, though spilled second */
+  touch(rt, h[1]);
+  touch(rt, h[0]);
+  touch(rt, h[2]);
+  touch(rt, h[3]);
+  CHECK_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_HOST));
+  dmem__io_quiesce(rt->io);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 2 * MiB); /* at the limit, not past it: nothing moves */
+  CHECK_UEQ(s.host_to_disk_count, 0);
+  /* past the limit: the spill itself goes to the host tier, and the least
+   * recently used host-tier buffer goes down */
+  CHECK_OK(dmem_spill(rt, h[2], DMEM_TIER_HOST));
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_HOST);
+  dmem__io_quiesce(rt->io);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_DISK);
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_HOST);
+  s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 2 * MiB);
+  CHECK_UEQ(s.disk_used, MiB);
+  CHECK_UEQ(s.host_to_disk_pushdowns, 1);
+  /* priority first, then LRU: h[0] (older than h[2]) is kept by its priority */
+  CHECK_OK(dmem_set_priority(rt, h[0], 10));
+  CHECK_OK(dmem_spill(rt, h[3], DMEM_TIER_HOST));
+  dmem__io_quiesce(rt->io);
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_DISK);
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_DEFERRED_HOST);
+  s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 2 * MiB);
+  CHECK_UEQ(s.disk_used, 2 * MiB);
+  CHECK_UEQ(s.host_to_disk_count, 2);
+  CHECK_UEQ(s.host_to_disk_pushdowns, 2);
+  CHECK_UEQ(s.host_to_disk_bytes, 2 * MiB);
+  CHECK_TRUE(s.seconds_host_to_disk > 0);
+  CHECK_UEQ(s.disk_write_failures, 0);
+  /* a lock of a disk-tier buffer brings it straight to the device: it
+   * never becomes a host-tier copy */
+  CHECK_UEQ(check_bad_bytes(rt, h[1], MiB, 101), 0);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
+  s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 2 * MiB);
+  CHECK_UEQ(s.disk_used, MiB);
+  CHECK_UEQ(s.disk_to_device_count, 1);
+  CHECK_UEQ(s.disk_to_device_bytes, MiB);
+  CHECK_TRUE(s.seconds_disk_to_device > 0);
+  for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 100 + (uint64_t)i), 0);
+  s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_UEQ(s.disk_to_device_count, 2);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+  CHECK_EQ(count_entries(parent, NULL, 0), 0);
+  rm_tree(parent);
+}
+
+/* On-demand spilling under a device limit feeds the host tier, and the
+ * push-down keeps the host tier at its limit: every byte survives. */
+TEST_CASE(on_demand_spills_feed_the_pushdown) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(4 * MiB, 2 * MiB, parent);
+  enum { N = 12 };
+  dmem_handle_t h[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i])); /* spills the oldest as it goes */
+    check_put(rt, h[i], MiB, 200 + (uint64_t)i);
+  }
+  dmem__io_quiesce(rt->io);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_LE(s.host_used, 2 * MiB);
+  CHECK_GE(s.disk_used, (N - 4 - 2) * MiB);
+  CHECK_UEQ(s.device_used + s.host_used + s.disk_used, N * MiB);
+  CHECK_GE(s.host_to_disk_pushdowns, 1);
+  for (int i = 0; i < N; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 200 + (uint64_t)i), 0);
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, h[i]));
+  s = stats_of(rt);
+  CHECK_UEQ(s.host_used + s.disk_used, 0);
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* ---- data and I/O paths ----------------------------------------------------------------- */
+
+static void sizes_round_trip(bool force_buffered) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  if (force_buffered) hook_on(DMEM__DISK_OP_DIRECT, 0, -1, EINVAL);
+  dmem_runtime_t *rt = runtime_with(96 * MiB, 0, parent);
+  /* odd sizes and odd host addresses take the bounce path under O_DIRECT;
+   * 20 MiB + 1 is three chunks, shared with the I/O threads */
+  const size_t sizes[] = {1, 4095, 4096, 4097, 3 * MiB + 5, 20 * MiB + 1};
+  enum { NS = sizeof sizes / sizeof sizes[0] };
+  dmem_handle_t h[NS];
+  for (int i = 0; i < NS; i++) {
+    REQUIRE_OK(dmem_alloc(rt, sizes[i], 0, &h[i]));
+    check_put(rt, h[i], sizes[i], 300 + (uint64_t)i);
+  }
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < NS; i++) {
+      if (round == 1) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST)); /* then host -> disk */
+      CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+      CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_DISK);
+    }
+    for (int i = 0; i < NS; i++)
+      CHECK_UEQ(check_bad_bytes(rt, h[i], sizes[i], 300 + (uint64_t)i), 0);
+  }
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.host_to_disk_count, 2 * NS);
+  CHECK_UEQ(s.disk_to_device_count, 2 * NS);
+  CHECK_UEQ(s.disk_used, 0);
+  if (force_buffered) CHECK_UEQ(s.disk_direct_io, 0);
+  fprintf(stderr, "disk tier in %s: %s I/O\n", parent, s.disk_direct_io ? "direct" : "buffered");
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+  hook_off();
+  rm_tree(parent);
+}
+
+TEST_CASE(odd_sizes_round_trip) { sizes_round_trip(false); }
+
+TEST_CASE(filesystem_without_o_direct_is_used_buffered) { sizes_round_trip(true); }
+
+/* The filesystem takes O_DIRECT at fcntl but rejects direct writes: the
+ * first EINVAL turns the file buffered and the write is done again. */
+TEST_CASE(direct_write_rejected_falls_back) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(16 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
+  check_put(rt, h, 2 * MiB, 7);
+  hook_on(DMEM__DISK_OP_WRITE, 0, 1, EINVAL);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  hook_off();
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.disk_direct_io, 0);
+  CHECK_UEQ(s.disk_write_failures, 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 7), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* ---- permissions, unnamed files -------------------------------------------------------- */
+
+TEST_CASE(spill_files_unnamed_and_private) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  mode_t old = umask(0777); /* dmem sets 0700 / 0600 itself, whatever the umask */
+  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  check_put(rt, h, MiB, 3);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  umask(old);
+  char sub[512] = "";
+  REQUIRE_EQ(count_entries(parent, sub, sizeof sub), 1);
+  struct stat st;
+  REQUIRE_EQ(stat(sub, &st), 0);
+  CHECK_TRUE(S_ISDIR(st.st_mode));
+  CHECK_EQ(st.st_mode & 0777, 0700);
+  CHECK_EQ(st.st_uid, geteuid());
+  CHECK_EQ(count_entries(sub, NULL, 0), 0); /* the data is in an unnamed file */
+  /* find that file among our descriptors */
+  int found = 0;
+  DIR *fds = opendir("/proc/self/fd");
+  REQUIRE_TRUE(fds != NULL);
+  struct dirent *e;
+  while ((e = readdir(fds)) != NULL) {
+    char link[300], target[1024];
+    snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    if (strncmp(target, sub, strlen(sub)) != 0) continue;
+    struct stat fst;
+    if (fstat(atoi(e->d_name), &fst) != 0 || !S_ISREG(fst.st_mode)) continue;
+    found++;
+    CHECK_EQ(fst.st_mode & 0777, 0600);
+    CHECK_EQ(fst.st_nlink, 0);
+    CHECK_GE(fst.st_size, (long long)MiB);
+  }
+  closedir(fds);
+  CHECK_EQ(found, 1);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 3), 0);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  dmem_runtime_destroy(rt); /* closes the file, removes the directory */
+  CHECK_EQ(count_entries(parent, NULL, 0), 0);
+  rm_tree(parent);
+}
+
+/* A spill_dir that cannot hold the spill directory: DMEM_ERR_IO naming it,
+ * and the buffer stays where it was. */
+static void check_unusable_dir(const char *dir, const char *words) {
+  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, dir);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  check_put(rt, h, MiB, 8);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), dir) != NULL);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), words) != NULL);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.host_used, MiB);
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(spill_dir_not_writable) {
+  char parent[64], path[128];
+  make_parent(parent, sizeof parent);
+  /* a regular file where a directory should be */
+  snprintf(path, sizeof path, "%s/file", parent);
+  int fd = open(path, O_CREAT | O_WRONLY, 0600);
+  REQUIRE_TRUE(fd >= 0);
+  close(fd);
+  check_unusable_dir(path, "not usable");
+  check_unusable_dir("/nonexistent/dmem-dir", "not usable");
+  /* a directory without write permission (root writes anyway: then the
+   * hook stands in for the kernel's EACCES) */
+  snprintf(path, sizeof path, "%s/readonly", parent);
+  REQUIRE_EQ(mkdir(path, 0500), 0);
+  if (geteuid() == 0) hook_on(DMEM__DISK_OP_DIR, 0, -1, EACCES);
+  check_unusable_dir(path, "not writable");
+  hook_off();
+  CHECK_EQ(count_entries(path, NULL, 0), 0);
+  rm_tree(parent);
+}
+
+/* ---- failed I/O leaves the buffer intact where it was -------------------------------- */
+
+TEST_CASE(failed_write_keeps_buffer) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(64 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 20 * MiB, 0, &h));
+  check_put(rt, h, 20 * MiB, 11);
+  /* disk full when the extent is reserved: device -> disk */
+  hook_on(DMEM__DISK_OP_ALLOC, 0, -1, ENOSPC);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), strerror(ENOSPC)) != NULL);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(check_bad_bytes(rt, h, 20 * MiB, 11), 0);
+  /* an I/O error in the second chunk: host -> disk */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  hook_t *k = hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
+  pthread_mutex_lock(&k->mu);
+  k->min_off = 8 * MiB;
+  pthread_mutex_unlock(&k->mu);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "pwrite") != NULL);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  hook_off();
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.disk_write_failures, 2);
+  CHECK_UEQ(s.host_to_disk_count, 0);
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_UEQ(s.host_used, 20 * MiB);
+  CHECK_UEQ(check_bad_bytes(rt, h, 20 * MiB, 11), 0);
+  /* and the disk works again */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_UEQ(check_bad_bytes(rt, h, 20 * MiB, 11), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+TEST_CASE(failed_pushdown_keeps_host_copy) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(16 * MiB, 2 * MiB, parent);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 400 + (uint64_t)i);
+  }
+  hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  dmem__io_quiesce(rt->io);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 3 * MiB); /* past the limit: the push-down failed */
+  CHECK_GE(s.disk_write_failures, 1);
+  CHECK_UEQ(s.host_to_disk_count, 0);
+  for (int i = 0; i < 3; i++) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_HOST);
+  /* half the limit past it: the next spill goes straight to disk, which
+   * fails too, and the buffer stays on the device */
+  CHECK_STATUS(dmem_spill(rt, h[3], DMEM_TIER_HOST), DMEM_ERR_IO);
+  CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
+  hook_off();
+  /* the disk is back: that spill works, and the push-down catches up */
+  CHECK_OK(dmem_spill(rt, h[3], DMEM_TIER_HOST));
+  dmem__io_quiesce(rt->io);
+  s = stats_of(rt);
+  CHECK_LE(s.host_used, 2 * MiB);
+  CHECK_UEQ(s.host_used + s.disk_used, 4 * MiB);
+  CHECK_GE(s.host_to_disk_pushdowns, 1);
+  for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 400 + (uint64_t)i), 0);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+TEST_CASE(failed_read_keeps_disk_copy) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(16 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 3 * MiB, 0, &h));
+  check_put(rt, h, 3 * MiB, 12);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  hook_on(DMEM__DISK_OP_READ, 0, -1, EIO);
+  void *p;
+  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_IO);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "pread") != NULL);
+  CHECK_STATUS(dmem_unspill(rt, h, NULL), DMEM_ERR_IO);
+  hook_off();
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_UEQ(s.disk_used, 3 * MiB);
+  CHECK_UEQ(s.disk_to_device_count, 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 12), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* ---- a push-down blocks nobody ------------------------------------------------------------ */
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  size_t n;
+  uint64_t seed;
+  size_t bad;
+  atomic_int done;
+} locker_t;
+
+static void *locker_thread(void *arg) {
+  locker_t *l = arg;
+  l->bad = check_bad_bytes(l->rt, l->h, l->n, l->seed);
+  atomic_store(&l->done, 1);
+  return NULL;
+}
+
+TEST_CASE(pushdown_blocks_no_other_lock_and_yields_to_its_own) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  alarm(60); /* a lock that waited for the blocked write would hang here */
+  dmem_runtime_t *rt = runtime_with(96 * MiB, 40 * MiB, parent);
+  dmem_handle_t x, y, z;
+  REQUIRE_OK(dmem_alloc(rt, 40 * MiB, 0, &x)); /* 5 chunks: more than the I/O threads take at once */
+  REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &y));
+  REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &z));
+  check_put(rt, x, 40 * MiB, 21);
+  check_put(rt, y, 8 * MiB, 22);
+  check_put(rt, z, 8 * MiB, 23);
+  /* every write waits at the gate */
+  hook_t *k = hook_on(DMEM__DISK_OP_WRITE, 0, 0, 0);
+  pthread_mutex_lock(&k->mu);
+  k->gate_closed = 1;
+  pthread_mutex_unlock(&k->mu);
+  CHECK_OK(dmem_spill(rt, x, DMEM_TIER_HOST));
+  CHECK_OK(dmem_spill(rt, y, DMEM_TIER_HOST)); /* 48 MiB: x goes down */
+  pthread_mutex_lock(&k->mu);
+  while (!k->entered) pthread_cond_wait(&k->cv, &k->mu);
+  pthread_mutex_unlock(&k->mu);
+  /* x's write is stuck: other buffers' locks and moves go on */
+  CHECK_UEQ(check_bad_bytes(rt, y, 8 * MiB, 22), 0); /* host tier -> device */
+  CHECK_UEQ(check_bad_bytes(rt, z, 8 * MiB, 23), 0); /* resident */
+  CHECK_OK(dmem_spill(rt, z, DMEM_TIER_HOST));
+  CHECK_UEQ(check_bad_bytes(rt, z, 8 * MiB, 23), 0);
+  /* a lock of x itself stops the write at its next chunk */
+  locker_t l = {rt, x, 40 * MiB, 21, 1, 0};
+  pthread_t t;
+  pthread_create(&t, NULL, locker_thread, &l);
+  struct timespec ms20 = {0, 20 * 1000 * 1000};
+  nanosleep(&ms20, NULL); /* the locker asks the writer to stop */
+  CHECK_EQ(atomic_load(&l.done), 0);
+  pthread_mutex_lock(&k->mu);
+  k->gate_closed = 0;
+  pthread_cond_broadcast(&k->cv);
+  pthread_mutex_unlock(&k->mu);
+  pthread_join(t, NULL);
+  hook_off();
+  CHECK_UEQ(l.bad, 0);
+  CHECK_EQ(state_of(rt, x), DMEM_STATE_RESIDENT);
+  dmem__io_quiesce(rt->io);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.host_to_disk_count, 0); /* the write was abandoned, not finished */
+  CHECK_UEQ(s.disk_to_device_count, 0); /* x came back from the host tier */
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_GE(s.cancelled_spills, 1);
+  CHECK_OK(dmem_free(rt, x));
+  CHECK_OK(dmem_free(rt, y));
+  CHECK_OK(dmem_free(rt, z));
+  dmem_runtime_destroy(rt);
+  alarm(0);
+  rm_tree(parent);
+}
+
+/* ---- nothing left behind after SIGKILL ---------------------------------------------------- */
+
+static int kill_pipe[2];
+static atomic_int kill_signalled;
+
+/* The child's hook: the first write goes through; the next one (the
+ * spill's second chunk, on whichever thread) reports and then hangs. */
+static int hang_hook(void *user, dmem__disk_op_t op, uint64_t off, size_t len) {
+  (void)user;
+  (void)len;
+  if (op != DMEM__DISK_OP_WRITE || off == 0) return 0;
+  if (atomic_exchange(&kill_signalled, 1) == 0) (void)!write(kill_pipe[1], "w", 1);
+  for (;;) pause();
+}
+
+TEST_CASE(killed_mid_spill_leaves_nothing) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  REQUIRE_EQ(pipe(kill_pipe), 0);
+  pid_t pid = fork();
+  REQUIRE_TRUE(pid >= 0);
+  if (pid == 0) { /* the child: never returns to the test runner */
+    close(kill_pipe[0]);
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+    cfg.device_limit = 64 * MiB;
+    cfg.spill_dir = parent;
+    dmem_runtime_t *rt = NULL;
+    dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+    if (st != DMEM_OK) _exit(st == DMEM_ERR_NO_DEVICE ? 77 : 2);
+    dmem_handle_t h;
+    if (dmem_alloc(rt, 32 * MiB, 0, &h) != DMEM_OK) _exit(3);
+    check_put(rt, h, 32 * MiB, 5);
+    dmem__disk_hook_set(hang_hook, NULL);
+    dmem_spill(rt, h, DMEM_TIER_DISK); /* hangs mid-write */
+    _exit(4);
+  }
+  close(kill_pipe[1]);
+  /* data: the child is mid-write; end of file: it exited first */
+  struct pollfd pfd = {kill_pipe[0], POLLIN, 0};
+  int ready = poll(&pfd, 1, 60000);
+  char c = 0;
+  bool mid = ready == 1 && read(kill_pipe[0], &c, 1) == 1;
+  if (!mid) {
+    int status = 0;
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    close(kill_pipe[0]);
+    rm_tree(parent);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) SKIP("no device in the child");
+    CHECK_FAIL_(1, "the child never reached the write (status 0x%x)", status);
+  }
+  if (mid) {
+    /* mid-spill: the child holds an unnamed file with data in it, and no
+     * file under the parent has a name */
+    char fddir[64];
+    snprintf(fddir, sizeof fddir, "/proc/%d/fd", (int)pid);
+    int open_spill = 0;
+    DIR *fds = opendir(fddir);
+    struct dirent *e;
+    while (fds && (e = readdir(fds)) != NULL) {
+      char link[400], target[1024];
+      snprintf(link, sizeof link, "%s/%s", fddir, e->d_name);
+      ssize_t n = readlink(link, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      struct stat st;
+      if (strncmp(target, parent, strlen(parent)) != 0 || stat(link, &st) != 0) continue;
+      open_spill++;
+      CHECK_EQ(st.st_nlink, 0);
+      CHECK_GE(st.st_size, (long long)(32 * MiB)); /* reserved, part written */
+    }
+    if (fds) closedir(fds);
+    CHECK_EQ(open_spill, 1);
+    CHECK_EQ(count_files(parent, NULL), 0);
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE_EQ(waitpid(pid, &status, 0), pid);
+  CHECK_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  close(kill_pipe[0]);
+  /* the process is gone: no file, no byte of data anywhere under the
+   * parent (only its empty private directory is left) */
+  long long bytes = 0;
+  CHECK_EQ(count_files(parent, &bytes), 0);
+  CHECK_EQ(bytes, 0);
+  rm_tree(parent);
+}
+
+/* ---- locks racing push-downs and retrieves (stress; TSan) ---------------------------------- */
+
+#define RACE_N 20
+#define RACE_SIZE (512 * KiB)
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h[RACE_N];
+  pthread_mutex_t mu[RACE_N]; /* the test's writer locks, not dmem's */
+  uint64_t seed[RACE_N];      /* under mu[i] */
+  atomic_int stop;
+  atomic_long bad, errors, uses, moves;
+} race_t;
+
+typedef struct {
+  race_t *r;
+  unsigned id;
+} race_arg_t;
+
+static uint64_t next_rand(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+
+/* lock a random buffer (from any tier), check it, write a new pattern */
+static void *race_worker(void *arg) {
+  race_arg_t *a = arg;
+  race_t *r = a->r;
+  uint64_t x = 0x9E3779B97F4A7C15ull * (a->id + 1);
+  unsigned char *tmp = malloc(RACE_SIZE);
+  while (!atomic_load(&r->stop)) {
+    unsigned i = (unsigned)(next_rand(&x) % RACE_N);
+    pthread_mutex_lock(&r->mu[i]);
+    void *p;
+    dmem_status_t st = dmem_lock(r->rt, r->h[i], NULL, &p);
+    if (st == DMEM_OK) {
+      dmem_copy(r->rt, tmp, p, RACE_SIZE, NULL);
+      dmem_stream_synchronize(r->rt, NULL);
+      if (check_verify(tmp, RACE_SIZE, r->seed[i]) != 0) atomic_fetch_add(&r->bad, 1);
+      r->seed[i] = next_rand(&x);
+      check_fill(tmp, RACE_SIZE, r->seed[i]);
+      dmem_copy(r->rt, p, tmp, RACE_SIZE, NULL);
+      dmem_stream_synchronize(r->rt, NULL);
+      dmem_unlock(r->rt, r->h[i]);
+      atomic_fetch_add(&r->uses, 1);
+    } else {
+      fprintf(stderr, "lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+      atomic_fetch_add(&r->errors, 1);
+    }
+    pthread_mutex_unlock(&r->mu[i]);
+  }
+  free(tmp);
+  return NULL;
+}
+
+/* explicit moves of random buffers: to host, to disk, back (no lock) */
+static void *race_mover(void *arg) {
+  race_arg_t *a = arg;
+  race_t *r = a->r;
+  uint64_t x = 0xD1B54A32D192ED03ull;
+  while (!atomic_load(&r->stop)) {
+    unsigned i = (unsigned)(next_rand(&x) % RACE_N);
+    dmem_status_t st;
+    switch (next_rand(&x) % 3) {
+      case 0: st = dmem_spill(r->rt, r->h[i], DMEM_TIER_HOST); break;
+      case 1: st = dmem_spill(r->rt, r->h[i], DMEM_TIER_DISK); break;
+      default: st = dmem_unspill(r->rt, r->h[i], NULL); break;
+    }
+    /* BUSY: locked or moving; INVALID_ARGUMENT: disk -> host is no move */
+    if (st == DMEM_OK) atomic_fetch_add(&r->moves, 1);
+    else if (st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT) {
+      fprintf(stderr, "move: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+      atomic_fetch_add(&r->errors, 1);
+    }
+  }
+  return NULL;
+}
+
+TEST_CASE(locks_race_pushdowns_and_retrieves) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  /* device: 10 buffers (at most 4 held at once by the 3 lockers and the
+   * mover's unspill, so that there is always a victim); host tier: 4; the
+   * rest on disk */
+  race_t *r = calloc(1, sizeof *r);
+  r->rt = runtime_with(10 * RACE_SIZE, 4 * RACE_SIZE, parent);
+  for (int i = 0; i < RACE_N; i++) {
+    pthread_mutex_init(&r->mu[i], NULL);
+    REQUIRE_OK(dmem_alloc(r->rt, RACE_SIZE, 0, &r->h[i]));
+    r->seed[i] = 1000 + (uint64_t)i;
+    check_put(r->rt, r->h[i], RACE_SIZE, r->seed[i]);
+  }
+  enum { NW = 3 };
+  pthread_t t[NW + 1];
+  race_arg_t args[NW + 1];
+  for (unsigned i = 0; i <= NW; i++) {
+    args[i].r = r;
+    args[i].id = i;
+    pthread_create(&t[i], NULL, i < NW ? race_worker : race_mover, &args[i]);
+  }
+  struct timespec dur = {1, 0};
+  nanosleep(&dur, NULL);
+  atomic_store(&r->stop, 1);
+  for (unsigned i = 0; i <= NW; i++) pthread_join(t[i], NULL);
+  dmem__io_quiesce(r->rt->io);
+  dmem_stats_t s = stats_of(r->rt);
+  fprintf(stderr,
+          "uses %ld, moves %ld; pushdowns %llu, disk writes %llu, disk reads %llu, cancelled %llu\n",
+          atomic_load(&r->uses), atomic_load(&r->moves),
+          (unsigned long long)s.host_to_disk_pushdowns, (unsigned long long)s.host_to_disk_count,
+          (unsigned long long)s.disk_to_device_count, (unsigned long long)s.cancelled_spills);
+  CHECK_EQ(atomic_load(&r->bad), 0);
+  CHECK_EQ(atomic_load(&r->errors), 0);
+  CHECK_GT(atomic_load(&r->uses), 0);
+  CHECK_GT(s.host_to_disk_pushdowns, 0);
+  CHECK_GT(s.disk_to_device_count, 0);
+  CHECK_LE(s.host_used, 4 * RACE_SIZE);
+  CHECK_UEQ(s.device_used + s.host_used + s.disk_used, RACE_N * RACE_SIZE);
+  for (int i = 0; i < RACE_N; i++) CHECK_UEQ(check_bad_bytes(r->rt, r->h[i], RACE_SIZE, r->seed[i]), 0);
+  for (int i = 0; i < RACE_N; i++) CHECK_OK(dmem_free(r->rt, r->h[i]));
+  dmem_runtime_destroy(r->rt);
+  for (int i = 0; i < RACE_N; i++) pthread_mutex_destroy(&r->mu[i]);
+  free(r);
+  rm_tree(parent);
+}
