@@ -541,6 +541,13 @@ TEST_CASE(default_runtime_configure_before_first_use) {
 /* A forked child does not inherit the parent's default runtime (its threads
  * are gone): it gets its own, which works. */
 TEST_CASE(default_runtime_fresh_in_forked_child) {
+#if defined(__SANITIZE_THREAD__)
+  SKIP("ThreadSanitizer does not support threads started after a multi-threaded fork");
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  SKIP("ThreadSanitizer does not support threads started after a multi-threaded fork");
+#endif
+#endif
   setenv("DMEM_BACKEND", "host", 1);
   setenv("DMEM_HOST_CAPACITY", "64M", 1);
   dmem_runtime_t *parent = NULL;
