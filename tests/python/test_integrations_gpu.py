@@ -79,8 +79,10 @@ def test_three_libraries_through_dmem_match_their_own_allocators():
         for k in a.files:
             if a[k].dtype.kind in "iu" or k == "numba_axpb":
                 assert np.array_equal(a[k], b[k]), k
+            elif k.startswith("torch"):  # 20 SGD steps: atomics in backward may reorder sums
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
             else:  # same GPU, same kernels: equal up to reduction order at most
-                np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-9, err_msg=k)
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-9, atol=1e-12, err_msg=k)
 
 
 IPC_PARENT = r"""
