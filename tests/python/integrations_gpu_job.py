@@ -168,7 +168,8 @@ if "torch" in libs:
 if MODE == "dmem":
     pattern = bytes(range(256)) * (64 << 10)  # 16 MiB
     bufs = []
-    while rt.stats()["device_used"] + len(pattern) <= LIMIT:
+    while (rt.stats()["device_used"] + len(pattern) <= LIMIT
+           and len(bufs) < LIMIT // len(pattern)):
         b = rt.alloc(len(pattern))
         b.write(pattern)
         bufs.append(b)
