@@ -6,7 +6,7 @@
  * disowning them in a forked child, registering dmem.Controller.
  *
  * The other files, bottom up: errors.c, args.c, stream.c, view.c, buffer.c,
- * controller.c, launch.c, runtime.c (see pydmem.h).
+ * controller.c, launch.c, raw.c, runtime.c, hooks.c (see pydmem.h).
  */
 #include "pydmem.h"
 
@@ -47,6 +47,7 @@ static PyObject *pyd_mod_after_fork_child(PyObject *mod, PyObject *unused) {
     pyd_bindings_mark_closing(r);
     r = next;
   }
+  pyd_runtime_defaults_after_fork(); /* the child's first use makes new ones */
   Py_RETURN_NONE;
 }
 
@@ -73,6 +74,20 @@ static PyMethodDef pyd_mod_methods[] = {
     {"_set_controller_base", pyd_mod_set_controller_base, METH_O,
      "Register dmem.Controller, the class controllers must derive from."},
     {"status_name", pyd_mod_status_name, METH_O, "Name of a dmem status code."},
+    {"default_runtime", (PyCFunction)(void (*)(void))pyd_mod_default_runtime,
+     METH_VARARGS | METH_KEYWORDS,
+     "default_runtime(device=None) -> Runtime\n\n"
+     "The process-wide runtime of a device (dmem_runtime_default), shared with the\n"
+     "Numba, CuPy and PyTorch hooks and the C symbols dmem_torch_alloc/free. Created on\n"
+     "first use from configure(...) or the DMEM_* environment. device None: the one\n"
+     "given to configure(device=...), else DMEM_DEVICE, else 0. Never closed."},
+    {"configure", (PyCFunction)(void (*)(void))pyd_mod_configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(*, device_limit=None, host_limit=None, spill_dir=None, backend=None,\n"
+     "          device=None, host_capacity=None)\n\n"
+     "Configuration of the default runtimes, before their first use (BusyError after it).\n"
+     "Arguments as for Runtime(...); those left None come from the DMEM_* environment."},
+    {"_library_path", pyd_mod_library_path, METH_NOARGS,
+     "Path of the libdmem shared library loaded in this process."},
     {NULL, NULL, 0, NULL}};
 
 static int pyd_mod_traverse(PyObject *m, visitproc visit, void *arg) {
@@ -133,7 +148,8 @@ static int pyd_add_exceptions(PyObject *m) {
 PyMODINIT_FUNC PyInit__dmem(void) {
   if (PyType_Ready(&pyd_runtime_type) < 0 || PyType_Ready(&pyd_buffer_type) < 0 ||
       PyType_Ready(&pyd_stream_type) < 0 || pyd_view_type_ready() < 0 ||
-      pyd_controller_types_ready() < 0)
+      pyd_controller_types_ready() < 0 || PyType_Ready(&pyd_devmem_type) < 0 ||
+      PyType_Ready(&pyd_cupy_alloc_type) < 0)
     return NULL;
   PyObject *m = PyModule_Create(&pyd_module);
   if (!m) return NULL;
@@ -142,6 +158,9 @@ PyMODINIT_FUNC PyInit__dmem(void) {
       PyModule_AddObjectRef(m, "Buffer", (PyObject *)&pyd_buffer_type) < 0 ||
       PyModule_AddObjectRef(m, "Stream", (PyObject *)&pyd_stream_type) < 0 ||
       PyModule_AddObjectRef(m, "View", (PyObject *)&pyd_view_type) < 0 ||
+      PyModule_AddObjectRef(m, "DeviceMemory", (PyObject *)&pyd_devmem_type) < 0 ||
+      PyModule_AddObjectRef(m, "CupyAllocator", (PyObject *)&pyd_cupy_alloc_type) < 0 ||
+      PyModule_AddIntConstant(m, "IPC_HANDLE_SIZE", DMEM_IPC_HANDLE_SIZE) < 0 ||
       PyModule_AddIntConstant(m, "VERSION_MAJOR", DMEM_VERSION_MAJOR) < 0 ||
       PyModule_AddIntConstant(m, "VERSION_MINOR", DMEM_VERSION_MINOR) < 0 ||
       PyModule_AddIntConstant(m, "VERSION_PATCH", DMEM_VERSION_PATCH) < 0) {

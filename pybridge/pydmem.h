@@ -6,7 +6,7 @@
  * Layers, bottom up (a file calls only functions of its own and of the files
  * before it in this list; see README.md):
  *   errors -> args -> stream -> view -> buffer -> controller -> launch
- *   -> runtime -> module
+ *   -> raw -> runtime -> hooks -> module
  *
  * Threading model
  *  - Every C call that may spill, copy, synchronise or wait runs with the GIL
@@ -42,6 +42,7 @@ typedef struct pyd_runtime {
   dmem_backend_t backend;      /* DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
   int device;                  /* device ordinal (DLPack device_id) */
   int closing;                 /* close() has started: refuse new calls */
+  int is_default;              /* dmem_runtime_default's: never closed */
   Py_ssize_t active;           /* calls in flight with the GIL released */
   pyd_binding_t *bindings;     /* controller bindings, current first; freed at close */
   PyObject *weakreflist;
@@ -99,6 +100,20 @@ typedef struct pyd_view {
 } pyd_view_t;
 
 enum { PYD_VIEW_NEW = 0, PYD_VIEW_LOCKED = 1, PYD_VIEW_DONE = 2 };
+
+/* A raw allocation (dmem_device_malloc): the owner object that allocator
+ * hooks hand to Numba and CuPy; freed on `stream` when collected or by
+ * free(). */
+typedef struct pyd_devmem {
+  PyObject_HEAD
+  pyd_runtime_t *rt;           /* strong */
+  void *ptr;                   /* NULL once freed */
+  size_t size;
+  dmem_stream_t stream;        /* allocated for, freed on */
+  PyObject *stream_keep;       /* strong: a foreign stream object kept alive
+                                  until the free (then forgotten), or NULL */
+  PyObject *owner_stream;      /* strong: the dmem.Stream it is on, or NULL */
+} pyd_devmem_t;
 
 /* ---- errors.c: exceptions, the call context, callback errors ------------- */
 
@@ -240,6 +255,21 @@ PyObject *pyd_runtime_stream_release(pyd_runtime_t *self, PyObject *const *args,
                                      Py_ssize_t nargs);
 PyObject *pyd_runtime_synchronize(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* ---- raw.c: raw device memory (dmem.DeviceMemory) ------------------------------ */
+
+extern PyTypeObject pyd_devmem_type;
+/* Allocate `size` bytes for use on stream s (NULL: the default stream).
+ * keep: a foreign stream object (new reference taken) held until the free,
+ * which then also makes the pool forget s; NULL for the default stream, a
+ * dmem.Stream or an int. Holds the GIL throughout when the runtime has never
+ * had a Python controller (nothing can call back into Python then), else
+ * releases it. Returns a new DeviceMemory, or NULL with an exception. */
+PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep);
+/* Methods of dmem.Runtime (its method table is in runtime.c). */
+PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
+PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused);
+PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr);
+
 /* ---- runtime.c: dmem.Runtime ------------------------------------------------- */
 
 extern PyTypeObject pyd_runtime_type;
@@ -247,5 +277,20 @@ extern PyTypeObject pyd_runtime_type;
  * wait for calls in flight as long as needed). */
 extern pyd_runtime_t *pyd_live_runtimes;
 int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s);
+/* The default runtime of `device` (dmem_runtime_default) as a Runtime; a
+ * new reference, or NULL with an exception. device < 0: the configured
+ * device (configure(device=...), else DMEM_DEVICE, else 0). */
+pyd_runtime_t *pyd_runtime_default(int device);
+/* dmem.default_runtime(device=None) and dmem.configure(**kwargs). */
+PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds);
+PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds);
+/* In a forked child: forget the default runtimes (module.c's fork hook). */
+void pyd_runtime_defaults_after_fork(void);
+
+/* ---- hooks.c: allocator hooks (CuPy's fast path, the library's path) -------- */
+
+extern PyTypeObject pyd_cupy_alloc_type;
+/* dmem._dmem._library_path(): the file of the loaded libdmem (dladdr). */
+PyObject *pyd_mod_library_path(PyObject *mod, PyObject *unused);
 
 #endif /* PYDMEM_H */

@@ -29,70 +29,83 @@ static void pyd_live_unlink(pyd_runtime_t *r) {
   r->live_prev = r->live_next = NULL;
 }
 
-static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+/* The keyword arguments of Runtime(...) and configure(...) into cfg (from
+ * dmem_config_init). *dir_bytes receives the encoded spill_dir (cfg->spill_dir
+ * points into it; the caller drops it); *device_given is set when device was
+ * given. -1 with an exception on error. */
+static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dmem_config_t *cfg,
+                            PyObject **dir_bytes, int *device_given) {
   static char *kwlist[] = {"backend", "device", "device_limit", "host_limit",
                            "spill_dir", "host_capacity", NULL};
   PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
            *spill_dir = Py_None, *host_capacity = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOOOOO:Runtime", kwlist, &backend, &device,
+  *dir_bytes = NULL;
+  if (device_given) *device_given = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &backend, &device,
                                    &device_limit, &host_limit, &spill_dir, &host_capacity))
-    return NULL;
-
-  dmem_config_t cfg;
-  dmem_config_init(&cfg);
+    return -1;
   if (backend != Py_None) {
     if (!PyUnicode_Check(backend)) {
       PyErr_Format(PyExc_TypeError, "backend must be a str, not %.100s", Py_TYPE(backend)->tp_name);
-      return NULL;
+      return -1;
     }
-    if (PyUnicode_CompareWithASCIIString(backend, "auto") == 0) cfg.backend = DMEM_BACKEND_AUTO;
-    else if (PyUnicode_CompareWithASCIIString(backend, "cuda") == 0) cfg.backend = DMEM_BACKEND_CUDA;
-    else if (PyUnicode_CompareWithASCIIString(backend, "host") == 0) cfg.backend = DMEM_BACKEND_HOST;
+    if (PyUnicode_CompareWithASCIIString(backend, "auto") == 0) cfg->backend = DMEM_BACKEND_AUTO;
+    else if (PyUnicode_CompareWithASCIIString(backend, "cuda") == 0) cfg->backend = DMEM_BACKEND_CUDA;
+    else if (PyUnicode_CompareWithASCIIString(backend, "host") == 0) cfg->backend = DMEM_BACKEND_HOST;
     else {
       PyErr_Format(PyExc_ValueError, "backend must be 'auto', 'cuda' or 'host', not %R", backend);
-      return NULL;
+      return -1;
     }
   }
   if (device != Py_None) {
     if (!PyLong_Check(device) || PyBool_Check(device)) {
       PyErr_Format(PyExc_TypeError, "device must be an int, not %.100s", Py_TYPE(device)->tp_name);
-      return NULL;
+      return -1;
     }
     int ovf = 0;
     long d = PyLong_AsLongAndOverflow(device, &ovf);
-    if (d == -1 && PyErr_Occurred()) return NULL;
+    if (d == -1 && PyErr_Occurred()) return -1;
     if (ovf || d < 0 || d > 1 << 20) {
       PyErr_Format(PyExc_ValueError, "device must be a non-negative ordinal, not %R", device);
-      return NULL;
+      return -1;
     }
-    cfg.device = (int)d;
+    cfg->device = (int)d;
+    if (device_given) *device_given = 1;
   }
   if (device_limit != Py_None) {
     size_t b = 0;
     double f = 0.0;
-    if (pyd_size_arg(device_limit, "device_limit", &b, &f) < 0) return NULL;
-    cfg.device_limit = b;
+    if (pyd_size_arg(device_limit, "device_limit", &b, &f) < 0) return -1;
+    cfg->device_limit = b;
+    cfg->device_limit_fraction = 0.0;
     if (f > 0.0) {
-      cfg.device_limit = 0;
-      cfg.device_limit_fraction = f;
+      cfg->device_limit = 0;
+      cfg->device_limit_fraction = f;
     }
   }
-  if (host_limit != Py_None && pyd_size_arg(host_limit, "host_limit", &cfg.host_limit, NULL) < 0)
-    return NULL;
+  if (host_limit != Py_None && pyd_size_arg(host_limit, "host_limit", &cfg->host_limit, NULL) < 0)
+    return -1;
   if (host_capacity != Py_None) {
     size_t b = 0;
-    if (pyd_size_arg(host_capacity, "host_capacity", &b, NULL) < 0) return NULL;
+    if (pyd_size_arg(host_capacity, "host_capacity", &b, NULL) < 0) return -1;
     if (b == 0) {
       PyErr_SetString(PyExc_ValueError, "host_capacity must be positive");
-      return NULL;
+      return -1;
     }
-    cfg.host_backend_capacity = b;
+    cfg->host_backend_capacity = b;
   }
-  PyObject *dir_bytes = NULL;
   if (spill_dir != Py_None) {
-    if (!PyUnicode_FSConverter(spill_dir, &dir_bytes)) return NULL;
-    cfg.spill_dir = PyBytes_AS_STRING(dir_bytes);
+    if (!PyUnicode_FSConverter(spill_dir, dir_bytes)) return -1;
+    cfg->spill_dir = PyBytes_AS_STRING(*dir_bytes);
   }
+  return 0;
+}
+
+static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  PyObject *dir_bytes = NULL;
+  if (pyd_config_parse(args, kwds, "|OOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
 
   pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
   if (!self) {
@@ -122,6 +135,12 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
  * callback of this runtime, or calls still in flight at the timeout). */
 int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s) {
   if (!self->rt) return 0;
+  if (self->is_default) {
+    pyd_raise(DMEM_ERR_INVALID_ARGUMENT,
+              "the default runtime lives until the process exits (allocator hooks free into "
+              "it until then): it cannot be closed");
+    return -1;
+  }
   for (pyd_ctx_t *c = pyd_tls_ctx; c; c = c->prev) {
     if (c->rt == self) {
       pyd_raise(DMEM_ERR_BUSY, "Runtime.close() called from a callback of this runtime");
@@ -173,7 +192,7 @@ static int pyd_runtime_clear(pyd_runtime_t *self) {
 static void pyd_runtime_dealloc(pyd_runtime_t *self) {
   PyObject_GC_UnTrack(self);
   if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
-  if (self->rt) {
+  if (self->rt && !self->is_default) {
     /* No Buffer, Stream or call refers to us any more: nothing in flight. */
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
@@ -196,6 +215,7 @@ static PyObject *pyd_runtime_enter(pyd_runtime_t *self, PyObject *unused) {
 }
 
 static PyObject *pyd_runtime_exit(pyd_runtime_t *self, PyObject *args) {
+  if (self->is_default) Py_RETURN_FALSE; /* `with dmem.default_runtime() as rt:` keeps it */
   if (pyd_runtime_close_impl(self, -1.0) < 0) return NULL;
   Py_RETURN_FALSE;
 }
@@ -487,6 +507,109 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
   return d;
 }
 
+/* ---- the default runtimes ------------------------------------------------------ */
+
+#define PYD_MAX_DEVICES 64 /* dmem_runtime_default's range */
+
+/* The Runtime objects of dmem_runtime_default, by device (strong; GIL). They
+ * are never closed, and not on the list of open runtimes (atexit leaves
+ * them: allocator hooks free into them until the process exits). */
+static pyd_runtime_t *pyd_defaults[PYD_MAX_DEVICES];
+static int pyd_default_device = -1; /* configure(device=...), else -1 */
+
+pyd_runtime_t *pyd_runtime_default(int device) {
+  if (device < 0) {
+    device = pyd_default_device;
+    if (device < 0) {
+      dmem_config_t cfg;
+      dmem_config_init(&cfg); /* DMEM_DEVICE, else 0 */
+      device = cfg.device;
+    }
+  }
+  if (device < PYD_MAX_DEVICES && pyd_defaults[device]) {
+    Py_INCREF(pyd_defaults[device]);
+    return pyd_defaults[device];
+  }
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st;
+  Py_BEGIN_ALLOW_THREADS
+  st = dmem_runtime_default(device, &rt); /* device >= 64: INVALID_ARGUMENT */
+  Py_END_ALLOW_THREADS
+  if (st != DMEM_OK) return (pyd_runtime_t *)pyd_raise(st, NULL);
+  if (!pyd_defaults[device]) { /* another thread may have made it meanwhile */
+    pyd_runtime_t *self = (pyd_runtime_t *)pyd_runtime_type.tp_alloc(&pyd_runtime_type, 0);
+    if (!self) return NULL;
+    self->rt = rt;
+    self->backend = dmem_runtime_backend(rt);
+    self->device = device;
+    self->is_default = 1;
+    pyd_defaults[device] = self;
+  }
+  Py_INCREF(pyd_defaults[device]);
+  return pyd_defaults[device];
+}
+
+PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"device", NULL};
+  PyObject *device = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:default_runtime", kwlist, &device))
+    return NULL;
+  int d = -1;
+  if (device != Py_None) {
+    if (!PyLong_Check(device) || PyBool_Check(device)) {
+      PyErr_Format(PyExc_TypeError, "device must be an int or None, not %.100s",
+                   Py_TYPE(device)->tp_name);
+      return NULL;
+    }
+    int ovf = 0;
+    long v = PyLong_AsLongAndOverflow(device, &ovf);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (ovf || v < 0 || v >= PYD_MAX_DEVICES) {
+      PyErr_Format(PyExc_ValueError, "device must be an ordinal in 0..%d, not %R",
+                   PYD_MAX_DEVICES - 1, device);
+      return NULL;
+    }
+    d = (int)v;
+  }
+  return (PyObject *)pyd_runtime_default(d);
+}
+
+PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  PyObject *dir_bytes = NULL;
+  int device_given = 0;
+  if (pyd_config_parse(args, kwds, "|$OOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
+    return NULL;
+  for (int d = 0; d < PYD_MAX_DEVICES; d++) {
+    if (pyd_defaults[d]) {
+      Py_XDECREF(dir_bytes);
+      return pyd_raise(DMEM_ERR_BUSY,
+                       "configure() after the first use of the default runtime: call it before "
+                       "dmem.default_runtime() and before Numba, CuPy or PyTorch allocate "
+                       "through dmem");
+    }
+  }
+  dmem_status_t st = dmem_runtime_default_configure(&cfg); /* copies spill_dir */
+  Py_XDECREF(dir_bytes);
+  if (st != DMEM_OK) return pyd_raise(st, NULL);
+  pyd_default_device = device_given ? cfg.device : -1;
+  Py_RETURN_NONE;
+}
+
+void pyd_runtime_defaults_after_fork(void) {
+  for (int d = 0; d < PYD_MAX_DEVICES; d++) {
+    pyd_runtime_t *r = pyd_defaults[d];
+    if (!r) continue;
+    pyd_defaults[d] = NULL;
+    r->rt = NULL; /* the C library forgets it in the child too */
+    r->active = 0;
+    r->closing = 1;
+    pyd_bindings_mark_closing(r);
+    Py_DECREF(r);
+  }
+}
+
 /* ---- properties and the type ------------------------------------------------ */
 
 static PyObject *pyd_runtime_get_backend(pyd_runtime_t *self, void *closure) {
@@ -501,9 +624,14 @@ static PyObject *pyd_runtime_get_device(pyd_runtime_t *self, void *closure) {
   return PyLong_FromLong(self->device);
 }
 
+static PyObject *pyd_runtime_get_is_default(pyd_runtime_t *self, void *closure) {
+  return PyBool_FromLong(self->is_default);
+}
+
 static PyObject *pyd_runtime_repr(pyd_runtime_t *self) {
   if (!self->rt) return PyUnicode_FromString("<dmem.Runtime closed>");
-  return PyUnicode_FromFormat("<dmem.Runtime backend=%s device=%d>",
+  return PyUnicode_FromFormat("<dmem.Runtime%s backend=%s device=%d>",
+                              self->is_default ? " (default)" : "",
                               self->backend == DMEM_BACKEND_CUDA ? "cuda" : "host", self->device);
 }
 
@@ -543,6 +671,20 @@ static PyMethodDef pyd_runtime_methods[] = {
      "poll(): complete finished stream releases."},
     {"stats", (PyCFunction)pyd_runtime_stats, METH_NOARGS,
      "stats() -> dict: every field of dmem_stats_t."},
+    {"device_malloc", (PyCFunction)(void (*)(void))pyd_runtime_device_malloc,
+     METH_VARARGS | METH_KEYWORDS,
+     "device_malloc(nbytes, stream=None) -> DeviceMemory\n\n"
+     "Raw device memory (never spilled; counts against the device limit; spills buffers\n"
+     "when memory runs short), for use in stream order on `stream`. Freed on that stream\n"
+     "when the DeviceMemory is collected or freed. A foreign stream object (CuPy, PyTorch,\n"
+     "Numba) is kept alive until then; an int stream must outlive the block."},
+    {"memory_info", (PyCFunction)pyd_runtime_memory_info, METH_NOARGS,
+     "memory_info() -> (free, total): total is the device limit; free counts the bytes\n"
+     "that spilling unlocked buffers would give (dmem_device_memory_info)."},
+    {"ipc_handle", (PyCFunction)pyd_runtime_ipc_handle, METH_O,
+     "ipc_handle(ptr) -> (handle: bytes of 64, offset): the CUDA IPC handle of the pool\n"
+     "slab that holds ptr (an address of a raw allocation, or a DeviceMemory) and ptr's\n"
+     "offset in it. NoDeviceError on the host backend."},
     {"set_controller", (PyCFunction)pyd_runtime_set_controller, METH_O,
      "set_controller(controller): install a dmem.Controller (None removes it)."},
     {"close", (PyCFunction)pyd_runtime_close, METH_NOARGS,
@@ -555,6 +697,8 @@ static PyGetSetDef pyd_runtime_getset[] = {
     {"backend", (getter)pyd_runtime_get_backend, NULL, "'cuda' or 'host'", NULL},
     {"closed", (getter)pyd_runtime_get_closed, NULL, "True after close()", NULL},
     {"device", (getter)pyd_runtime_get_device, NULL, "device ordinal", NULL},
+    {"is_default", (getter)pyd_runtime_get_is_default, NULL,
+     "True for the process-wide runtime of dmem.default_runtime() (never closed)", NULL},
     {"controller", (getter)pyd_runtime_get_controller, NULL, "the installed controller or None",
      NULL},
     {NULL, NULL, NULL, NULL, NULL}};

@@ -5,7 +5,9 @@
  * raw memory is written and read with dmem_copy on its stream. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "internal.h"
@@ -499,6 +501,81 @@ TEST_CASE(default_runtime_and_torch_symbols) {
   dmem_torch_free(q, 4096, 0, NULL);
   CHECK_UEQ(stats_of(a).raw_used, 0);
   unsetenv("DMEM_BACKEND");
+}
+
+/* configure before the first use sets the default runtimes' limits; after
+ * it, BUSY and nothing changes. */
+TEST_CASE(default_runtime_configure_before_first_use) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_backend_capacity = 64 * MiB;
+  cfg.device_limit = 3 * MiB;
+  cfg.device = 7; /* ignored: each device gets its own ordinal */
+  char dir[] = "/tmp/dmem-cfg-XXXXXX";
+  REQUIRE_TRUE(mkdtemp(dir) != NULL);
+  cfg.spill_dir = dir;
+  dmem_config_t bad = cfg;
+  bad.struct_size = 8;
+  CHECK_STATUS(dmem_runtime_default_configure(&bad), DMEM_ERR_INVALID_ARGUMENT);
+  REQUIRE_OK(dmem_runtime_default_configure(&cfg));
+  memset(dir + 5, 'x', 3); /* the runtime must have copied the string */
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_default(0, &rt));
+  CHECK_UEQ(stats_of(rt).device_limit, 3 * MiB);
+  CHECK_EQ(dmem_runtime_backend(rt), DMEM_BACKEND_HOST);
+  void *p = NULL;
+  CHECK_STATUS(dmem_device_malloc(rt, 4 * MiB, NULL, &p), DMEM_ERR_OUT_OF_MEMORY);
+  dmem_config_t other = cfg;
+  other.device_limit = 5 * MiB;
+  CHECK_STATUS(dmem_runtime_default_configure(&other), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_runtime_default_configure(NULL), DMEM_ERR_BUSY);
+  dmem_runtime_t *rt1 = NULL;
+  REQUIRE_OK(dmem_runtime_default(1, &rt1)); /* another device: the same configuration */
+  CHECK_TRUE(rt1 != rt);
+  CHECK_UEQ(stats_of(rt1).device_limit, 3 * MiB);
+  memcpy(dir + 5, "cfg", 3);
+  rmdir(dir);
+}
+
+/* A forked child does not inherit the parent's default runtime (its threads
+ * are gone): it gets its own, which works. */
+TEST_CASE(default_runtime_fresh_in_forked_child) {
+#if defined(__SANITIZE_THREAD__)
+  SKIP("ThreadSanitizer does not support threads started after a multi-threaded fork");
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  SKIP("ThreadSanitizer does not support threads started after a multi-threaded fork");
+#endif
+#endif
+  setenv("DMEM_BACKEND", "host", 1);
+  setenv("DMEM_HOST_CAPACITY", "64M", 1);
+  dmem_runtime_t *parent = NULL;
+  REQUIRE_OK(dmem_runtime_default(0, &parent));
+  void *p = dmem_torch_alloc(4096, 0, NULL);
+  REQUIRE_TRUE(p != NULL);
+  pid_t pid = fork();
+  REQUIRE_TRUE(pid >= 0);
+  if (pid == 0) {
+    dmem_runtime_t *child = NULL;
+    int bad = dmem_runtime_default(0, &child) != DMEM_OK || child == parent;
+    void *q = NULL;
+    bad |= dmem_device_malloc(child, 1000, NULL, &q) != DMEM_OK;
+    bad |= stats_of(child).raw_used != 1000;
+    bad |= dmem_device_free(child, q, NULL) != DMEM_OK;
+    _exit(bad);
+  }
+  int status = 0;
+  REQUIRE_TRUE(waitpid(pid, &status, 0) == pid);
+  CHECK_TRUE(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+  dmem_runtime_t *again = NULL;
+  REQUIRE_OK(dmem_runtime_default(0, &again));
+  CHECK_TRUE(again == parent);
+  CHECK_UEQ(stats_of(parent).raw_used, 4096);
+  dmem_torch_free(p, 4096, 0, NULL);
+  unsetenv("DMEM_BACKEND");
+  unsetenv("DMEM_HOST_CAPACITY");
 }
 
 /* ---- the allocator's own cost on the host backend -------------------------------- */

@@ -13,6 +13,7 @@
 #ifndef DMEM_DEVICE_H
 #define DMEM_DEVICE_H
 
+#include "dmem/config.h"
 #include "dmem/types.h"
 
 #ifdef __cplusplus
@@ -135,17 +136,39 @@ DMEM_API dmem_status_t dmem_host_trim(dmem_runtime_t *rt, size_t keep_bytes,
 
 /**
  * The process-wide runtime of CUDA device `device`, created on first use
- * from the DMEM_* environment (dmem_config_init, with cfg.device = device).
+ * from the configuration given to dmem_runtime_default_configure, else from
+ * the DMEM_* environment (dmem_config_init), with cfg.device = device.
  * Every consumer in a process that uses it (the PyTorch symbols below, the
  * Numba and CuPy hooks, dmem.default_runtime() in Python) shares one
  * accounting point. It lives until the process exits; never pass it to
- * dmem_runtime_destroy.
+ * dmem_runtime_destroy. In a child made by fork() the parent's default
+ * runtimes are forgotten (not destroyed: their threads are not there) and
+ * the child's first call creates its own.
  *
  * Thread-safe (the first calls race to create it; one wins).
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt_out NULL, device negative
  *         or >= 64); any status of dmem_runtime_create.
  */
 DMEM_API dmem_status_t dmem_runtime_default(int device, dmem_runtime_t **rt_out);
+
+/**
+ * Set the configuration of the default runtimes created from now on (every
+ * device; cfg->device is ignored: each gets its own ordinal). `cfg` comes
+ * from dmem_config_init (so the DMEM_* environment still applies to fields
+ * the caller leaves alone) and is copied, spill_dir included; NULL goes back
+ * to the environment. Must come before the first dmem_runtime_default of
+ * any device (dmem.configure() in Python calls it).
+ *
+ * Thread-safe.
+ * @return DMEM_OK;
+ *         DMEM_ERR_BUSY              a default runtime already exists (nothing
+ *                                    changes);
+ *         DMEM_ERR_INVALID_ARGUMENT  cfg->struct_size too small;
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY copying spill_dir failed.
+ * Errors in the configuration itself surface at creation, from
+ * dmem_runtime_default (as from dmem_runtime_create).
+ */
+DMEM_API dmem_status_t dmem_runtime_default_configure(const dmem_config_t *cfg);
 
 /**
  * PyTorch's pluggable allocator interface

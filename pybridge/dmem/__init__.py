@@ -9,6 +9,12 @@
         with buf.lock() as view:
             ...  # view.ptr, view.__dlpack__(), __cuda_array_interface__ (CUDA)
 
+One runtime per device is shared by the whole process:
+``dmem.default_runtime(device=None)`` (the runtime behind the C symbols
+dmem_runtime_default, dmem_torch_alloc and dmem_torch_free, and behind the
+allocator hooks ``dmem.numba``, ``dmem.cupy`` and ``dmem.torch``), created on
+first use from ``dmem.configure(...)`` or the DMEM_* environment.
+
 Errors are dmem.DmemError subclasses carrying ``.status``, ``.name`` and
 ``.detail``. Using a view outside its ``with`` block raises NotLockedError;
 using a freed Buffer (or one whose runtime was closed) raises StaleHandleError;
@@ -28,6 +34,7 @@ from ._dmem import (
     CallbackError,
     ConfigError,
     DeviceError,
+    DeviceMemory,
     DeviceFatalError,
     DmemError,
     HostOutOfMemoryError,
@@ -40,6 +47,8 @@ from ._dmem import (
     StaleHandleError,
     Stream,
     View,
+    configure,
+    default_runtime,
     status_name,
 )
 from .controller import Controller
@@ -61,6 +70,7 @@ __all__ = [
     "ConfigError",
     "Controller",
     "DeviceError",
+    "DeviceMemory",
     "DeviceFatalError",
     "DmemError",
     "HostOutOfMemoryError",
@@ -73,5 +83,7 @@ __all__ = [
     "StaleHandleError",
     "Stream",
     "View",
+    "configure",
+    "default_runtime",
     "status_name",
 ]

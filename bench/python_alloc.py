@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Allocation from Python through dmem's hooks against each library's own
+allocator and RMM's hooks, on the GPU, in one run (issue 10):
+
+  CuPy     cupy.cuda.alloc(n) (the MemoryPointer dropped at once) with the
+           allocator set to dmem.cupy.allocator, CuPy's default pool, and
+           rmm_cupy_allocator over an RMM pool;
+  Numba    memalloc(n) + drop of DmemNumbaManager, Numba's own manager and
+           RMM's RMMNumbaManager (each instantiated on the current context),
+           and cuda.device_array(n) through Numba's own manager;
+  PyTorch  torch.empty(n, dtype=uint8, device="cuda") + drop, and a small
+           MLP's training loop (200 steps), through dmem.torch and through
+           the caching allocator, each in its own process (an allocator is
+           fixed once PyTorch has allocated).
+
+Sizes 256 B, 1 MiB, 64 MiB. Each figure: the best of 5 runs of about 50 ms
+after a warm-up (the MLP: the whole loop, best of 3). Prints a table and the
+ratios dmem / baseline (below 1: dmem is faster). Libraries that do not
+import are left out. Usage, from the repository root after a `gpu` build:
+
+    PYTHONPATH=build/gpu/python python3 bench/python_alloc.py [--quick]
+
+Targets (issue 10): dmem.cupy.allocator <= CuPy's pool at each size; MLP
+loop through dmem.torch within 10 % of the caching allocator;
+DmemNumbaManager.memalloc >= 5x faster than Numba's own manager.
+"""
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+SIZES = (256, 1 << 20, 64 << 20)
+
+
+def label(n):
+    return f"{n} B" if n < 1024 else f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def per_call(fn, budget):
+    """Seconds per call of fn(k) (a loop of k calls): k grows until a run
+    takes budget/4 (warm-up), then the best of 5 runs that fill `budget`."""
+    k = 1
+    while True:
+        t0 = time.perf_counter()
+        fn(k)
+        dt = time.perf_counter() - t0
+        if dt >= budget / 4 or k >= 1 << 20:
+            break
+        k *= 4
+    k = max(1, min(1 << 20, int(budget / max(dt / k, 1e-9))))
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn(k)
+        best = min(best, time.perf_counter() - t0)
+    return best / k
+
+
+def fix_numpy():
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):  # numba-cuda 0.30 with numpy 2.5
+        np.row_stack = np.vstack
+
+
+def rmm_pool():
+    try:
+        import rmm
+
+        rmm.reinitialize(pool_allocator=True)
+        return rmm
+    except Exception as e:  # noqa: BLE001
+        print(f"rmm: not used ({type(e).__name__}: {e})")
+        return None
+
+
+# ---- CuPy ---------------------------------------------------------------------------------
+
+def bench_cupy(budget, rmm):
+    try:
+        import cupy as cp
+    except ImportError as e:
+        print(f"cupy: not used ({e})")
+        return {}
+    import dmem.cupy
+
+    allocators = {"dmem": dmem.cupy.allocator, "cupy pool": cp.get_default_memory_pool().malloc}
+    if rmm is not None:
+        from rmm.allocators.cupy import rmm_cupy_allocator
+
+        allocators["rmm"] = rmm_cupy_allocator
+    print(f"cupy: dmem.cupy.allocator takes the C path: {dmem.cupy.allocator.uses_c_api}")
+    out = {}
+    alloc = cp.cuda.alloc
+    for name, a in allocators.items():
+        cp.cuda.set_allocator(a)
+        for n in SIZES:
+            def loop(k, n=n):
+                for _ in range(k):
+                    alloc(n)
+            out[(name, n)] = per_call(loop, budget)
+    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
+    return out
+
+
+# ---- Numba --------------------------------------------------------------------------------
+
+def bench_numba(budget, rmm):
+    try:
+        fix_numpy()
+        from numba import cuda
+        from numba.cuda.cudadrv import driver
+    except ImportError as e:
+        print(f"numba: not used ({e})")
+        return {}
+    import dmem.numba
+
+    ctx = cuda.current_context()
+    managers = {"dmem": dmem.numba.DmemNumbaManager(context=ctx),
+                "numba": driver.NumbaCUDAMemoryManager(context=ctx)}
+    if rmm is not None:
+        from rmm.allocators.numba import RMMNumbaManager
+
+        managers["rmm"] = RMMNumbaManager(context=ctx)
+    out = {}
+    for name, mm in managers.items():
+        mm.initialize()
+        for n in SIZES:
+            def loop(k, n=n, m=mm.memalloc):
+                for _ in range(k):
+                    m(n)
+            out[(name, n)] = per_call(loop, budget)
+        mm.reset()
+    for n in SIZES:  # the user's path through the process's manager (Numba's own)
+        def loop(k, n=n):
+            for _ in range(k):
+                cuda.device_array(n, dtype="u1")
+        out[("numba device_array", n)] = per_call(loop, budget)
+    return out
+
+
+# ---- PyTorch (one process per allocator) ------------------------------------------------------
+
+def torch_worker(which, budget, steps):
+    import torch
+
+    if which == "dmem":
+        import dmem.torch
+
+        dmem.torch.use_dmem_for_torch()
+    res = {}
+    for n in SIZES:
+        def loop(k, n=n):
+            for _ in range(k):
+                torch.empty(n, dtype=torch.uint8, device="cuda")
+        res[str(n)] = per_call(loop, budget)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(256, 1024, device="cuda")
+    y = torch.randint(0, 10, (256,), device="cuda")
+
+    def train(k):
+        for _ in range(k):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+
+    train(20)  # warm-up (cuBLAS handles, Adam state)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        train(steps)
+        best = min(best, time.perf_counter() - t0)
+    res["mlp"] = best
+    print(json.dumps(res))
+
+
+def bench_torch(budget, steps):
+    out = {}
+    for which in ("dmem", "caching"):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", which,
+                            "--budget", str(budget), "--steps", str(steps)],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"torch ({which}): not used ({last})")
+            return {}
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        for k, v in res.items():
+            out[(which, k if k == "mlp" else int(k))] = v
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+def table(title, res, dmem_key, others, unit=1e-9, unit_name="ns"):
+    if not res:
+        return
+    cols = [dmem_key] + [o for o in others if any(k[0] == o for k in res)]
+    print(f"\n{title} ({unit_name} per alloc+free; ratio = dmem / column)")
+    print("| size | " + " | ".join(cols) + " | " +
+          " | ".join(f"dmem/{c}" for c in cols[1:]) + " |")
+    print("|" + "---|" * (1 + 2 * len(cols) - 1))
+    for n in SIZES:
+        if (dmem_key, n) not in res:
+            continue
+        vals = [res.get((c, n)) for c in cols]
+        cells = [f"{v / unit:.0f}" if v is not None else "-" for v in vals]
+        ratios = [f"{vals[0] / v:.2f}" if v else "-" for v in vals[1:]]
+        print(f"| {label(n)} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs (CI smoke)")
+    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--torch-worker", choices=("dmem", "caching"))
+    ap.add_argument("--only", choices=("cupy", "numba", "torch"), action="append")
+    a = ap.parse_args()
+    budget = a.budget or (0.01 if a.quick else 0.05)
+    if a.torch_worker:
+        return torch_worker(a.torch_worker, budget, a.steps)
+    only = set(a.only or ("cupy", "numba", "torch"))
+    gc.disable()  # no collection pauses inside the timed loops (refcounting frees)
+    rmm = rmm_pool() if only & {"cupy", "numba"} else None
+    cres = bench_cupy(budget, rmm) if "cupy" in only else {}
+    nres = bench_numba(budget, rmm) if "numba" in only else {}
+    gc.enable()
+    tres = bench_torch(budget, 20 if a.quick else a.steps) if "torch" in only else {}
+    table("CuPy: cupy.cuda.alloc(n) with each allocator set", cres, "dmem", ["cupy pool", "rmm"])
+    table("Numba: memalloc(n) of each EMM manager", nres, "dmem",
+          ["numba", "rmm", "numba device_array"], unit=1e-6, unit_name="us")
+    table("PyTorch: torch.empty(n, uint8, cuda)", tres, "dmem", ["caching"])
+    if ("dmem", "mlp") in tres:
+        d, c = tres[("dmem", "mlp")], tres[("caching", "mlp")]
+        steps = 20 if a.quick else a.steps
+        print(f"\nPyTorch MLP (1024-4096-4096-10, batch 256, Adam), {steps} steps: "
+              f"dmem.torch {d * 1e3:.1f} ms, caching allocator {c * 1e3:.1f} ms, "
+              f"ratio {d / c:.3f} (target <= 1.10)")
+    verdicts = []
+    for n in SIZES:
+        if ("dmem", n) in cres and ("cupy pool", n) in cres:
+            verdicts.append(f"cupy {label(n)} {'PASS' if cres[('dmem', n)] <= cres[('cupy pool', n)] else 'FAIL'}")
+        if ("dmem", n) in nres and ("numba", n) in nres:
+            verdicts.append(f"numba {label(n)} "
+                            f"{'PASS' if nres[('numba', n)] >= 5 * nres[('dmem', n)] else 'FAIL'}")
+    if ("dmem", "mlp") in tres:
+        verdicts.append(f"torch mlp {'PASS' if tres[('dmem', 'mlp')] <= 1.10 * tres[('caching', 'mlp')] else 'FAIL'}")
+    if verdicts:
+        print("\ntargets: " + "; ".join(verdicts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""dmem as Numba's device allocator: an External Memory Management (EMM)
+plugin (NBEP 7) for numba-cuda.
+
+    import dmem.numba
+    dmem.numba.use_dmem_for_numba()        # before Numba's first CUDA use
+
+or, without touching the program::
+
+    NUMBA_CUDA_MEMORY_MANAGER=dmem.numba python program.py
+
+Every device array Numba allocates is then a raw allocation of the
+process-wide dmem runtime of its device (``dmem.default_runtime(device)``):
+never spilled, counted against the same device limit as dmem's spillable
+buffers (which spill to make room for it), and freed back to dmem's
+stream-ordered pool when Numba drops it. Host allocations (pinned, mapped,
+managed) stay Numba's own (``HostOnlyCUDAMemoryManager``).
+
+Behaviour, method by method:
+
+- ``memalloc(size)``: a ``MemoryPointer`` whose pointer is a
+  ``cuda.bindings.driver.CUdeviceptr`` (what numba-cuda 0.30 expects), over
+  memory allocated for Numba's default stream (the legacy one, or the
+  per-thread one under ``NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM=1``). Its
+  finalizer frees it on that stream: the block is reusable at once in that
+  stream's order, by other streams after an event, never after a host wait.
+  Out of memory (after spilling whatever can be spilled) raises
+  ``dmem.OutOfMemoryError`` (a ``MemoryError``).
+- ``get_memory_info()``: dmem's ``(free, total)``: total is the runtime's
+  device limit; free counts the bytes of spillable buffers as obtainable.
+- ``get_ipc_handle(memory)``: an ``IpcHandle`` built from the CUDA IPC
+  handle of the pool slab that holds the pointer, with the pointer's offset
+  in that slab, so another process opens it like any Numba IPC handle.
+- ``initialize()`` and ``reset()`` call ``super()``. ``reset()`` frees the
+  raw allocations this context made (pointers Numba still holds become
+  invalid, as with Numba's own reset) and never touches spillable buffers.
+- ``defer_cleanup()``: while it is active (it nests),
+  frees of Numba's device arrays are kept pending: their memory stays
+  allocated, and no block is reused, until the outermost block ends, which
+  then frees them all. Host-side cleanup is deferred by ``super()`` as
+  usual. Use it around code that must not see memory reused (e.g. while a
+  kernel still reads an array whose last Python reference is gone); outside
+  it, frees cost one return to the pool each, so there is nothing to batch.
+- ``interface_version`` is 1.
+
+Importing this module imports neither Numba nor CUDA; the names below that
+need Numba (``DmemNumbaManager``, ``_numba_memory_manager``) are made on
+first access and raise ImportError naming numba-cuda when it is missing.
+"""
+
+import contextlib
+import ctypes
+import functools
+
+__all__ = ["DmemNumbaManager", "use_dmem_for_numba"]
+
+_manager_class = None
+
+
+def _import_numba():
+    try:
+        from numba import cuda  # noqa: F401  (numba-cuda provides numba.cuda)
+        from numba.cuda import HostOnlyCUDAMemoryManager, IpcHandle, MemoryPointer
+        from numba.cuda.cudadrv import driver
+    except ImportError as e:
+        raise ImportError(
+            "dmem.numba needs numba-cuda (the package 'numba-cuda', which provides "
+            f"numba.cuda): {e}"
+        ) from e
+    return HostOnlyCUDAMemoryManager, IpcHandle, MemoryPointer, driver
+
+
+def _ipc_mem_handle(binding, raw):
+    """A driver CUipcMemHandle holding the 64 bytes `raw`."""
+    h = binding.CUipcMemHandle()
+    try:
+        h.reserved = raw
+    except (TypeError, ValueError):  # older bindings take signed chars
+        h.reserved = [b - 256 if b > 127 else b for b in raw]
+    return h
+
+
+def _build():
+    HostOnlyCUDAMemoryManager, IpcHandle, MemoryPointer, driver = _import_numba()
+    import dmem
+
+    binding = getattr(driver, "binding", None)
+    if binding is not None and getattr(driver, "USE_NV_BINDING", True):
+        make_ptr = binding.CUdeviceptr
+    else:  # numba-cuda's ctypes binding (before 0.2x)
+        make_ptr = ctypes.c_uint64
+    MemoryInfo = driver.MemoryInfo
+    config = getattr(driver, "config", None)
+
+    class DmemNumbaManager(HostOnlyCUDAMemoryManager):
+        """Numba EMM plugin over dmem's default runtime (see the module's
+        documentation for each method's behaviour)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._rt = None
+            self._live = {}  # DeviceMemory -> None: this context's raw allocations
+            self._pending = []  # frees held back by defer_cleanup
+            self._defer_depth = 0
+            # Numba's default stream: 2 is CU_STREAM_PER_THREAD, None the legacy one
+            per_thread = bool(config and getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0))
+            self._stream = 2 if per_thread else None
+
+        def _runtime(self):
+            rt = self._rt
+            if rt is None:
+                device = self.context.device.id if self.context is not None else None
+                rt = self._rt = dmem.default_runtime(device)
+            return rt
+
+        def initialize(self):
+            super().initialize()
+            self._runtime()
+
+        def memalloc(self, size):
+            rt = self._rt or self._runtime()
+            if size == 0:
+                return MemoryPointer(self.context, make_ptr(0), 0)
+            mem = rt.device_malloc(size, self._stream)
+            self._live[mem] = None
+            return MemoryPointer(
+                self.context,
+                make_ptr(mem.ptr),
+                size,
+                finalizer=functools.partial(self._release, mem),
+            )
+
+        def _release(self, mem):
+            if self._live.pop(mem, 0) is None:  # 0: reset already freed it
+                if self._defer_depth:
+                    self._pending.append(mem)
+                else:
+                    mem.free()
+
+        def get_memory_info(self):
+            free, total = self._runtime().memory_info()
+            return MemoryInfo(free=free, total=total)
+
+        def get_ipc_handle(self, memory):
+            ptr = memory.device_pointer_value or 0  # a view's pointer works too
+            raw, offset = self._runtime().ipc_handle(ptr)
+            handle = _ipc_mem_handle(binding, raw) if binding is not None else (
+                (ctypes.c_byte * 64).from_buffer_copy(raw))
+            source_info = self.context.device.get_device_identity()
+            return IpcHandle(memory, handle, memory.size, source_info, offset=offset)
+
+        def reset(self):
+            super().reset()
+            live, self._live = self._live, {}
+            for mem in live:
+                mem.free()
+            while self._pending:
+                self._pending.pop().free()
+
+        @contextlib.contextmanager
+        def defer_cleanup(self):
+            with super().defer_cleanup():
+                self._defer_depth += 1
+                try:
+                    yield
+                finally:
+                    self._defer_depth -= 1
+                    if not self._defer_depth:
+                        while self._pending:
+                            self._pending.pop().free()
+
+        @property
+        def interface_version(self):
+            return 1
+
+    DmemNumbaManager.__module__ = __name__
+    return DmemNumbaManager
+
+
+def _manager():
+    global _manager_class
+    if _manager_class is None:
+        _manager_class = _build()
+    return _manager_class
+
+
+def use_dmem_for_numba():
+    """Make dmem Numba's device memory manager (numba.cuda.set_memory_manager).
+    Call it before Numba's first CUDA use (with NUMBA_CUDA_MEMORY_MANAGER set,
+    Numba ignores it with a warning)."""
+    cls = _manager()
+    from numba.cuda import set_memory_manager
+
+    set_memory_manager(cls)
+
+
+def __getattr__(name):
+    # `_numba_memory_manager` is what NUMBA_CUDA_MEMORY_MANAGER=dmem.numba reads.
+    if name in ("DmemNumbaManager", "_numba_memory_manager"):
+        return _manager()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

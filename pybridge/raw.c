@@ -1,0 +1,242 @@
+/*
+ * pybridge/raw.c - raw device memory from Python: dmem.DeviceMemory, the
+ * owner of one dmem_device_malloc block (what the Numba and CuPy hooks hand
+ * out), and the Runtime methods device_malloc, memory_info and ipc_handle.
+ *
+ * A DeviceMemory holds a strong reference to its Runtime, so the runtime
+ * outlives it; freeing (free() or collection) after Runtime.close() does
+ * nothing (the block went with the runtime), never a crash. The default
+ * runtimes are never closed.
+ *
+ * GIL: raw allocations and frees are the hot path of allocator hooks. When
+ * the runtime has never had a Python controller, no callback of the runtime
+ * can need the GIL, so the calls keep it (no hand-over to another Python
+ * thread in the middle of an allocation); otherwise they release it as every
+ * other call that may spill does (pyd_enter / pyd_leave).
+ */
+#include "pydmem.h"
+
+/* ---- alloc and free ------------------------------------------------------------ */
+
+PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep) {
+  if (pyd_runtime_check(rt) < 0) return NULL;
+  void *p = NULL;
+  dmem_status_t st;
+  if (!rt->bindings) {
+    st = dmem_device_malloc(rt->rt, size, s, &p);
+    if (st != DMEM_OK) return pyd_raise(st, NULL);
+  } else {
+    pyd_ctx_t ctx;
+    pyd_enter(&ctx, rt, 1);
+    st = dmem_device_malloc(rt->rt, size, s, &p);
+    pyd_leave(&ctx);
+    if (pyd_finish(&ctx, st) < 0) {
+      if (st == DMEM_OK) dmem_device_free(rt->rt, p, s);
+      return NULL;
+    }
+  }
+  pyd_devmem_t *m = PyObject_New(pyd_devmem_t, &pyd_devmem_type);
+  if (!m) {
+    dmem_device_free(rt->rt, p, s);
+    return NULL;
+  }
+  Py_INCREF(rt);
+  m->rt = rt;
+  m->ptr = p;
+  m->size = size;
+  m->stream = s;
+  Py_XINCREF(keep);
+  m->stream_keep = keep;
+  m->owner_stream = NULL;
+  return (PyObject *)m;
+}
+
+/* Free the block once (idempotent). Returns the status of the free. */
+static dmem_status_t pyd_devmem_release(pyd_devmem_t *m) {
+  void *p = m->ptr;
+  if (!p) return DMEM_OK;
+  m->ptr = NULL;
+  pyd_runtime_t *rt = m->rt;
+  /* closing: destroy may be running without the GIL; the block goes with it */
+  if (!rt->rt || rt->closing) return DMEM_OK;
+  dmem_stream_t s = m->stream;
+  if (m->owner_stream && !((pyd_stream_t *)m->owner_stream)->s)
+    s = NULL; /* its dmem.Stream was closed (destroy waited for its work) */
+  dmem_status_t st;
+  if (!rt->bindings) {
+    st = dmem_device_free(rt->rt, p, s);
+    /* A foreign stream may be destroyed once we drop it: the pool must not
+     * name it as a block's last user any more. */
+    if (m->stream_keep) dmem_stream_forget(rt->rt, m->stream);
+  } else {
+    pyd_ctx_t ctx;
+    pyd_enter(&ctx, rt, 0);
+    st = dmem_device_free(rt->rt, p, s);
+    if (m->stream_keep) dmem_stream_forget(rt->rt, m->stream);
+    pyd_leave(&ctx);
+    Py_XDECREF(ctx.exc); /* free delivers no callback; nothing to raise */
+  }
+  return st;
+}
+
+static PyObject *pyd_devmem_free(pyd_devmem_t *self, PyObject *unused) {
+  dmem_status_t st = pyd_devmem_release(self);
+  Py_CLEAR(self->stream_keep);
+  Py_CLEAR(self->owner_stream);
+  if (st != DMEM_OK) return pyd_raise(st, NULL);
+  Py_RETURN_NONE;
+}
+
+static void pyd_devmem_dealloc(pyd_devmem_t *self) {
+  if (self->ptr && pyd_devmem_release(self) != DMEM_OK) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    pyd_raise(DMEM_ERR_INVALID_ARGUMENT, NULL);
+    PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_Restore(et, ev, etb);
+  }
+  Py_XDECREF(self->stream_keep);
+  Py_XDECREF(self->owner_stream);
+  Py_DECREF(self->rt);
+  PyObject_Free(self);
+}
+
+/* ---- the type ------------------------------------------------------------------ */
+
+static PyObject *pyd_devmem_get_ptr(pyd_devmem_t *self, void *closure) {
+  return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyObject *pyd_devmem_get_size(pyd_devmem_t *self, void *closure) {
+  return PyLong_FromSize_t(self->size);
+}
+
+static PyObject *pyd_devmem_get_stream(pyd_devmem_t *self, void *closure) {
+  return PyLong_FromVoidPtr(self->stream);
+}
+
+static PyObject *pyd_devmem_get_freed(pyd_devmem_t *self, void *closure) {
+  return PyBool_FromLong(self->ptr == NULL || !self->rt->rt);
+}
+
+static PyObject *pyd_devmem_get_runtime(pyd_devmem_t *self, void *closure) {
+  Py_INCREF(self->rt);
+  return (PyObject *)self->rt;
+}
+
+static PyObject *pyd_devmem_int(pyd_devmem_t *self) {
+  return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyObject *pyd_devmem_repr(pyd_devmem_t *self) {
+  if (!self->ptr) return PyUnicode_FromFormat("<dmem.DeviceMemory freed, %zu bytes>", self->size);
+  return PyUnicode_FromFormat("<dmem.DeviceMemory %p, %zu bytes>", self->ptr, self->size);
+}
+
+static PyMethodDef pyd_devmem_methods[] = {
+    {"free", (PyCFunction)pyd_devmem_free, METH_NOARGS,
+     "free(): give the block back now, in the order of its stream (again: no-op)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef pyd_devmem_getset[] = {
+    {"ptr", (getter)pyd_devmem_get_ptr, NULL, "device address (0 once freed)", NULL},
+    {"size", (getter)pyd_devmem_get_size, NULL, "bytes asked for", NULL},
+    {"stream", (getter)pyd_devmem_get_stream, NULL,
+     "the stream it was allocated for and is freed on (0: the default stream)", NULL},
+    {"freed", (getter)pyd_devmem_get_freed, NULL,
+     "True once freed (or once its runtime was closed)", NULL},
+    {"runtime", (getter)pyd_devmem_get_runtime, NULL, "the Runtime it came from", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyNumberMethods pyd_devmem_as_number = {
+    .nb_int = (unaryfunc)pyd_devmem_int,
+    .nb_index = (unaryfunc)pyd_devmem_int,
+};
+
+PyTypeObject pyd_devmem_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dmem.DeviceMemory",
+    .tp_basicsize = sizeof(pyd_devmem_t),
+    .tp_dealloc = (destructor)pyd_devmem_dealloc,
+    .tp_repr = (reprfunc)pyd_devmem_repr,
+    .tp_as_number = &pyd_devmem_as_number,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Raw device memory of a runtime (Runtime.device_malloc): never spilled, counted\n"
+              "against the device limit. Freed in its stream's order when collected or by\n"
+              "free(); int(m) is its address. It keeps its Runtime alive; after\n"
+              "Runtime.close() the address is invalid and free() does nothing.",
+    .tp_methods = pyd_devmem_methods,
+    .tp_getset = pyd_devmem_getset,
+};
+
+/* ---- Runtime methods ------------------------------------------------------------ */
+
+PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"nbytes", "stream", NULL};
+  PyObject *size_o, *stream_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:device_malloc", kwlist, &size_o, &stream_o))
+    return NULL;
+  if (!PyLong_Check(size_o) || PyBool_Check(size_o)) {
+    PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s", Py_TYPE(size_o)->tp_name);
+    return NULL;
+  }
+  size_t size = PyLong_AsSize_t(size_o);
+  if (size == (size_t)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "nbytes must be a non-negative int that fits size_t");
+    return NULL;
+  }
+  if (size == 0) {
+    PyErr_SetString(PyExc_ValueError, "nbytes must be positive");
+    return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  dmem_stream_t s = NULL;
+  PyObject *keep = NULL;
+  if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) return NULL;
+  /* A dmem.Stream forgets itself when destroyed: it is only kept alive (in
+   * `owner_stream`), not forgotten at each free. */
+  int own = keep && Py_IS_TYPE(keep, &pyd_stream_type);
+  PyObject *r = pyd_devmem_alloc(self, size, s, own ? NULL : keep);
+  if (r && own) {
+    ((pyd_devmem_t *)r)->owner_stream = keep;
+    keep = NULL;
+  }
+  Py_XDECREF(keep);
+  return r;
+}
+
+PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  size_t free_b = 0, total_b = 0;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_device_memory_info(self->rt, &free_b, &total_b);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  return Py_BuildValue("(nn)", (Py_ssize_t)free_b, (Py_ssize_t)total_b);
+}
+
+PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr_o) {
+  void *p = NULL;
+  if (Py_IS_TYPE(ptr_o, &pyd_devmem_type)) {
+    p = ((pyd_devmem_t *)ptr_o)->ptr;
+    if (!p) return pyd_raise(DMEM_ERR_INVALID_ARGUMENT, "ipc_handle: the DeviceMemory was freed");
+  } else {
+    if (!PyIndex_Check(ptr_o) || PyBool_Check(ptr_o)) {
+      PyErr_Format(PyExc_TypeError, "ptr must be an int or a DeviceMemory, not %.100s",
+                   Py_TYPE(ptr_o)->tp_name);
+      return NULL;
+    }
+    if (pyd_address_arg(ptr_o, "ptr", &p) < 0) return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  unsigned char handle[DMEM_IPC_HANDLE_SIZE];
+  size_t offset = 0;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_ipc_handle(self->rt, p, handle, &offset);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) return NULL;
+  return Py_BuildValue("(y#n)", (const char *)handle, (Py_ssize_t)sizeof handle,
+                       (Py_ssize_t)offset);
+}

@@ -1,0 +1,213 @@
+"""dmem behind Numba, CuPy and PyTorch on a GPU (skipped without one, and
+per library when it does not import):
+
+- one process runs a Numba kernel, a CuPy computation and 20 PyTorch MLP
+  training steps through dmem, and the results equal those of the same job
+  with the libraries' own allocators (integrations_gpu_job.py, which also
+  checks the imports make no CUDA context, the accounting, and spillable
+  buffers spilled to make room for the three under one device limit);
+- IPC: a Numba array exported with DmemNumbaManager.get_ipc_handle (a pool
+  slab's handle and the array's offset in it) is opened in a child process
+  and read correctly;
+- the CuPy allocator takes the C path (CuPy's exported C functions), allocates
+  on CuPy's current stream, and survives the stream's destruction;
+- NUMBA_CUDA_MEMORY_MANAGER=dmem.numba makes Numba use the plugin.
+
+Run on the GPU machine: scripts/gpu-test (step python-integrations), or
+PYTHONPATH=build/gpu/python python3 -m pytest -v tests/python/test_integrations_gpu.py
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import dmem
+from conftest import run_python
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cuda_ok():
+    r = run_python("""
+        import dmem
+        rt = dmem.Runtime(backend="cuda", device_limit=1 << 20)
+        assert rt.backend == "cuda"
+    """, env_extra={"DMEM_BACKEND": ""})
+    return r.returncode == 0, r.stderr.strip().splitlines()[-1:] or [""]
+
+
+_ok, _why = _cuda_ok()
+pytestmark = pytest.mark.skipif(not _ok, reason=f"no CUDA device for dmem: {_why[0]}")
+
+
+def _has(mod):
+    r = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True)
+    return r.returncode == 0
+
+
+def env():
+    e = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dmem.__file__)))
+    e["PYTHONPATH"] = pkg_parent + os.pathsep + e.get("PYTHONPATH", "")
+    for k in ("DMEM_BACKEND", "DMEM_DEVICE_LIMIT", "NUMBA_CUDA_MEMORY_MANAGER"):
+        e.pop(k, None)
+    return e
+
+
+def job(mode, out):
+    r = subprocess.run([sys.executable, os.path.join(HERE, "integrations_gpu_job.py"), mode, out],
+                       capture_output=True, text=True, timeout=300, env=env())
+    print(f"---- {mode} ----\n{r.stdout}{r.stderr[-3000:]}")
+    assert r.returncode == 0, f"{mode} job failed:\n{r.stdout}\n{r.stderr[-5000:]}"
+    return r.stdout
+
+
+def test_three_libraries_through_dmem_match_their_own_allocators():
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as d:
+        ref, got = os.path.join(d, "default.npz"), os.path.join(d, "dmem.npz")
+        job("default", ref)
+        out = job("dmem", got)
+        assert "imports: no CUDA context" in out or "context check skipped" in out
+        assert "buffers read back intact" in out
+        a, b = np.load(ref), np.load(got)
+        assert sorted(a.files) == sorted(b.files) and a.files, (a.files, b.files)
+        for k in a.files:
+            if a[k].dtype.kind in "iu" or k == "numba_axpb":
+                assert np.array_equal(a[k], b[k]), k
+            elif k.startswith("torch"):  # 20 SGD steps: atomics in backward may reorder sums
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+            else:  # same GPU, same kernels: equal up to reduction order at most
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+IPC_PARENT = r"""
+import multiprocessing as mp, sys
+import numpy as np
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+import dmem, dmem.numba
+from numba import cuda
+dmem.numba.use_dmem_for_numba()
+
+def child(q, out):
+    import numpy as np
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+    from numba import cuda
+    h = q.get()
+    with h as arr:
+        out.put(arr.copy_to_host().tobytes())
+
+if __name__ == "__main__":
+    mm = cuda.current_context().memory_manager
+    assert type(mm).__name__ == "DmemNumbaManager"
+    data = np.arange(1 << 16, dtype=np.int32) * 3
+    # two arrays from one pool: at most one of them starts its slab
+    xs = [cuda.to_device(data) for _ in range(3)]
+    raws = [mm.get_ipc_handle(x.gpu_data) for x in xs]
+    k = max(range(3), key=lambda i: raws[i].offset)
+    x, raw = xs[k], raws[k]
+    assert raw.offset > 0, [r.offset for r in raws]   # the pool offset is carried
+    assert raw.size == x.nbytes
+    h = x.get_ipc_handle()
+    ctx = mp.get_context("spawn")
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(q, out))
+    p.start()
+    q.put(h)
+    got = out.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0, p.exitcode
+    assert got == data.tobytes()
+    print("ipc ok, offset", raw.offset)
+"""
+
+
+@pytest.mark.skipif(not _has("numba.cuda"), reason="numba-cuda not installed")
+def test_numba_ipc_handle_opened_in_child_process():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "ipc_job.py")
+        with open(path, "w") as f:
+            f.write(IPC_PARENT)
+        r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300,
+                           env=env(), cwd=d)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    assert "ipc ok" in r.stdout
+
+
+@pytest.mark.skipif(not _has("numba.cuda"), reason="numba-cuda not installed")
+def test_numba_memory_manager_environment_variable():
+    e = env()
+    e["NUMBA_CUDA_MEMORY_MANAGER"] = "dmem.numba"
+    r = subprocess.run([sys.executable, "-c", """
+import numpy as np
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+from numba import cuda
+import dmem
+a = cuda.to_device(np.ones(4096, dtype=np.float64))
+mm = cuda.current_context().memory_manager
+assert type(mm).__name__ == "DmemNumbaManager", type(mm)
+assert mm.interface_version == 1
+assert dmem.default_runtime(0).stats()["raw_used"] >= a.nbytes
+with cuda.defer_cleanup():
+    b = cuda.device_array(1 << 20)
+    used = dmem.default_runtime(0).stats()["raw_used"]
+    del b
+    assert dmem.default_runtime(0).stats()["raw_used"] == used   # held back
+assert dmem.default_runtime(0).stats()["raw_used"] == used - 8 * (1 << 20)
+cuda.current_context().reset()                                    # frees this context's arrays
+assert dmem.default_runtime(0).stats()["raw_used"] == 0
+print("env ok")
+"""], capture_output=True, text=True, timeout=300, env=e)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+
+
+@pytest.mark.skipif(not _has("cupy"), reason="CuPy not installed")
+def test_cupy_allocator_c_path_and_streams():
+    r = subprocess.run([sys.executable, "-c", """
+import cupy as cp, dmem, dmem.cupy, gc
+assert dmem.cupy.allocator.uses_c_api, "CuPy's C functions were not found"
+dmem.cupy.use_dmem_for_cupy()
+rt = dmem.default_runtime(0)
+for _ in range(3):
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        a = cp.arange(1 << 20, dtype=cp.float32)
+        owner = a.data.mem._owner
+        assert owner.stream == s.ptr, (owner.stream, s.ptr)   # CuPy's current stream
+        b = (a * 2).sum()
+    s.synchronize()
+    assert float(b) == float((1 << 20) * ((1 << 20) - 1)), float(b)
+    del s, owner        # the stream object lives until `a` is freed
+    gc.collect()
+    del a, b
+    gc.collect()
+assert rt.stats()["raw_used"] == 0, rt.stats()["raw_used"]
+x = cp.zeros(0)
+assert x.data.ptr == 0
+print("cupy ok")
+"""], capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+
+
+@pytest.mark.skipif(not _has("torch"), reason="PyTorch not installed")
+def test_torch_allocator_accounting():
+    r = subprocess.run([sys.executable, "-c", """
+import torch, dmem, dmem.torch
+dmem.torch.use_dmem_for_torch()
+rt = dmem.default_runtime(0)
+a = torch.empty(1 << 20, dtype=torch.float32, device="cuda")
+assert rt.stats()["raw_used"] >= 4 << 20, rt.stats()
+ptr = a.data_ptr()
+del a
+torch.cuda.synchronize()
+assert rt.stats()["raw_used"] < 4 << 20, rt.stats()
+print("torch ok")
+"""], capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
