@@ -147,12 +147,15 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);
-  /* The pinned pool holds the host tier (host_limit) plus staging for
-   * moves to disk and the controller: an eighth more, at least 64 MiB. */
+  /* The pinned pool holds the host tier (up to its cap past host_limit
+   * while the push-down to disk catches up) plus staging for copies in
+   * flight and moves to disk and the controller: a quarter of the limit
+   * more, at least 64 MiB. */
   size_t pin_limit = 0;
   if (rt->host_limit) {
-    size_t extra = rt->host_limit / 8 > ((size_t)64 << 20) ? rt->host_limit / 8 : (size_t)64 << 20;
-    pin_limit = rt->host_limit + extra;
+    size_t cap = dmem__host_tier_cap(rt->host_limit);
+    size_t extra = rt->host_limit / 4 > ((size_t)64 << 20) ? rt->host_limit / 4 : (size_t)64 << 20;
+    pin_limit = cap > SIZE_MAX - extra ? SIZE_MAX : cap + extra;
   }
   st = dmem__hostpool_create(rt->be, pin_limit, rt->be->kind == DMEM_BACKEND_CUDA,
                              &rt->hostpool);

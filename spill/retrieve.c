@@ -51,6 +51,11 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                        : NULL;
   dmem_status_t st = dmem__pressure_alloc(rt, size, cs, &dev, NULL);
   if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
+  if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && !tier->adopts_staging) {
+    /* no pinned staging: recycle that of finished unspill copies, again */
+    dmem__staging_poll(rt, true);
+    st = tier->load(rt, b, h);
+  }
   if (st != DMEM_OK) goto rollback;
   if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
   if (st == DMEM_OK && !b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);

@@ -41,7 +41,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
   bool reused = stage != NULL;
   b->host = NULL;
   if (!reused) {
-    st = dmem__hostpool_alloc(rt->hostpool, size, &stage);
+    st = dmem__staging_alloc(rt, size, &stage);
     if (st != DMEM_OK) goto undo;
   }
   if (w & DMEM__F_UNSPILL_COPY) {

@@ -43,6 +43,9 @@ typedef struct dmem__tier_ops {
 
 extern const dmem__tier_ops_t dmem__tier_host, dmem__tier_disk, dmem__tier_controller;
 
+/* How far past host_limit the host tier may go while the push-down to disk
+ * catches up (tier_host.c): the most pinned memory it holds. */
+size_t dmem__host_tier_cap(size_t limit);
 /* The tier of DMEM_TIER_HOST/DISK/CONTROLLER, or NULL (DEVICE, unknown). */
 const dmem__tier_ops_t *dmem__tier_of(dmem_tier_t tier);
 /* The tier holding a buffer in state s, or NULL (not deferred). */
@@ -161,6 +164,11 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
  * DEFERRED_HOST buffer (b->spill_event goes back to the pool once the copy
  * into the host tier completes). */
 void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
+/* Pinned staging of size bytes for a spill. When the pinned pool is at its
+ * limit, the staging of finished (and finishing) unspill copies is
+ * recycled first and the allocation tried once more (retrieve.c does the
+ * same around a tier's load). DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_out);
 /* Finish the copies that completed (wait_all: wait for all of them). */
 void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all);
 void dmem__staging_fini(dmem_runtime_t *rt);

@@ -29,6 +29,17 @@ void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) 
   dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
 }
 
+dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_out) {
+  dmem_status_t st = dmem__hostpool_alloc(rt->hostpool, size, stage_out);
+  if (st != DMEM_ERR_HOST_OUT_OF_MEMORY) return st;
+  /* Unspilled buffers keep their staging until a poll sees the copy done:
+   * under a bounded pool that is what runs it dry. Entries whose TRANSIT
+   * another mover (this caller included) holds are skipped, so this waits
+   * only for copies already enqueued. */
+  dmem__staging_poll(rt, true);
+  return dmem__hostpool_alloc(rt->hostpool, size, stage_out);
+}
+
 void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all) {
   dmem__mutex_lock(&rt->staging_mu, DMEM__RANK_STAGING);
   size_t keep = 0;

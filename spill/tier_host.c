@@ -15,8 +15,7 @@
  */
 #include "runtime/internal.h"
 
-/* How far past its limit the host tier may go while the push-down runs. */
-static size_t host_cap(size_t limit) {
+size_t dmem__host_tier_cap(size_t limit) {
   return limit > SIZE_MAX / 3 * 2 ? SIZE_MAX : limit + limit / 2;
 }
 
@@ -32,7 +31,7 @@ static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
                        "0x%016llx (%zu bytes) is larger than the host limit of %zu",
                        (unsigned long long)h, size, limit);
-  bool admitted = dmem__reserve(&rt->host_used, host_cap(limit), size, NULL);
+  bool admitted = dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit), size, NULL);
   if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
   if (!admitted)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,

@@ -65,12 +65,15 @@ TEST_CASE(handles_of_another_runtime_are_stale) {
   enum { N = 64 };
   dmem_runtime_t *ra = check_runtime(16 * MiB), *rb = check_runtime(16 * MiB);
   dmem_handle_t ha[N], hb[N];
+  unsigned char pattern[256], back[256]; /* through dmem_copy: CUDA too */
+  memset(pattern, 0x5B, sizeof pattern);
   for (int i = 0; i < N; i++) {
     REQUIRE_OK(dmem_alloc(ra, 256, 0, &ha[i]));
     REQUIRE_OK(dmem_alloc(rb, 256, 0, &hb[i]));
     void *p;
     REQUIRE_OK(dmem_lock(rb, hb[i], NULL, &p));
-    memset(p, 0x5B, 256);
+    REQUIRE_OK(dmem_copy(rb, p, pattern, 256, NULL));
+    REQUIRE_OK(dmem_stream_synchronize(rb, NULL));
     REQUIRE_OK(dmem_unlock(rb, hb[i]));
   }
   size_t same = 0;
@@ -93,9 +96,9 @@ TEST_CASE(handles_of_another_runtime_are_stale) {
     CHECK_EQ(info.priority, 0);
     void *p;
     REQUIRE_OK(dmem_lock(rb, hb[i], NULL, &p));
-    size_t bad = 0;
-    for (int k = 0; k < 256; k++) bad += ((unsigned char *)p)[k] != 0x5B;
-    CHECK_UEQ(bad, 0);
+    REQUIRE_OK(dmem_copy(rb, back, p, 256, NULL));
+    REQUIRE_OK(dmem_stream_synchronize(rb, NULL));
+    CHECK_TRUE(memcmp(back, pattern, 256) == 0);
     CHECK_OK(dmem_unlock(rb, hb[i]));
     CHECK_OK(dmem_free(ra, ha[i]));
     CHECK_OK(dmem_free(rb, hb[i]));
