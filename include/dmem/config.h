@@ -78,8 +78,9 @@ typedef struct dmem_config {
   /** Spill-ahead high-water mark, a fraction of the device limit: above it
    *  a background thread spills by policy (down to spill_ahead_low) so that
    *  allocations rarely wait for a spill. 0: off.
-   *  DMEM_SPILL_AHEAD_DEFAULT (the default): 0.95 on the CUDA backend, off on
-   *  the host backend. */
+   *  DMEM_SPILL_AHEAD_DEFAULT (the default): off for now (a known problem
+   *  when the limit is the whole device: see docs/design.md); "on" in
+   *  DMEM_SPILL_AHEAD means 0.95. */
   double spill_ahead;
   /** Low-water mark (fraction of the limit, below spill_ahead); 0:
    *  spill_ahead - 0.05. */

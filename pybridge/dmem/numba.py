@@ -69,6 +69,18 @@ def _import_numba():
     return HostOnlyCUDAMemoryManager, IpcHandle, MemoryPointer, driver
 
 
+def _device_ordinal(context):
+    """The CUDA ordinal of a Numba context's device, or None (no context).
+    Numba's own Device has .id; a context attached to a primary context that
+    another library made (numba-cuda's test_context_stack) carries the
+    driver's CUdevice instead, whose int() is the ordinal."""
+    if context is None:
+        return None
+    dev = context.device
+    ordinal = getattr(dev, "id", None)
+    return int(dev) if ordinal is None else int(ordinal)
+
+
 def _ipc_mem_handle(binding, raw):
     """A driver CUipcMemHandle holding the 64 bytes `raw`."""
     h = binding.CUipcMemHandle()
@@ -108,8 +120,7 @@ def _build():
         def _runtime(self):
             rt = self._rt
             if rt is None:
-                device = self.context.device.id if self.context is not None else None
-                rt = self._rt = dmem.default_runtime(device)
+                rt = self._rt = dmem.default_runtime(_device_ordinal(self.context))
             return rt
 
         def initialize(self):

@@ -455,7 +455,9 @@ TEST_CASE(lock_during_spill_cancels_it) {
  * final check of every byte by a kernel and of a few buffers on the host.
  * Spilling is driven by the runtime alone. */
 static void oversubscribe(size_t limit, size_t nbuf, size_t bytes, int rounds) {
-  dmem_runtime_t *rt = gpu_runtime_ahead(limit, 0); /* as users run it: spill-ahead on */
+  /* as users run it: the defaults (spill-ahead off; DMEM_SPILL_AHEAD=on
+   * to try it, see docs/design.md) */
+  dmem_runtime_t *rt = gpu_runtime(limit, 0);
   dmem_stats_t st;
   REQUIRE_OK(dmem_stats(rt, &st));
   const double total = (double)nbuf * (double)bytes;

@@ -618,3 +618,24 @@ def test_numba_manager_reports_out_of_memory(fake_numba):
         else:
             raise AssertionError
     """, env=fake_numba)
+
+
+def test_numba_device_ordinal_of_attached_context():
+    # numba-cuda's Device has .id; a context attached to another library's
+    # primary context carries the driver's CUdevice (int() is the ordinal).
+    import dmem.numba
+
+    class Dev:
+        id = 3
+
+    class CUdevice:
+        def __int__(self):
+            return 2
+
+    class Ctx:
+        def __init__(self, device):
+            self.device = device
+
+    assert dmem.numba._device_ordinal(None) is None
+    assert dmem.numba._device_ordinal(Ctx(Dev())) == 3
+    assert dmem.numba._device_ordinal(Ctx(CUdevice())) == 2
