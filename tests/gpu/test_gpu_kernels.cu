@@ -327,7 +327,9 @@ TEST_CASE(second_locker_waits_for_copy_event) {
       fprintf(stderr, "note: the lock on s1 blocked on the running kernel (device allocation?); "
                       "the event wait was then hardly exercised\n");
     CHECK_TRUE(lock_s < 0.1);  /* no host wait for the kernel on s1 */
-    CHECK_TRUE(done_s < 0.15); /* the copy did not queue behind s1's kernel */
+    /* the copy did not queue behind s1's kernel (the sanitizers serialise
+     * kernels, so only outside them) */
+    if (!gpu_small()) CHECK_TRUE(done_s < 0.15);
     CUDA_REQUIRE(cudaStreamSynchronize((cudaStream_t)s1));
     CHECK_OK(dmem_unlock(rt, h));
     CHECK_OK(dmem_unlock(rt, h));
