@@ -7,18 +7,41 @@
 #include <stdlib.h>
 
 
-typedef struct candidate {
-  int priority;
-  uint64_t last_use;
-  dmem__buffer_t *b;
-  dmem_handle_t h;
-} candidate_t;
-
-static int cmp_candidates(const void *a, const void *b) {
-  const candidate_t *x = a, *y = b;
+static int cmp_victims(const void *a, const void *b) {
+  const dmem__victim_t *x = a, *y = b;
   if (x->priority != y->priority) return x->priority < y->priority ? -1 : 1;
   if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
   return 0;
+}
+
+dmem_status_t dmem__victims_sorted(dmem_runtime_t *rt,
+                                   bool (*want)(uint64_t w, const dmem__buffer_t *b),
+                                   dmem__victim_t **out_v, size_t *n_out) {
+  uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
+  dmem__victim_t *v = malloc((size_t)(hw ? hw : 1) * sizeof *v);
+  if (!v) return DMEM_ERR_HOST_OUT_OF_MEMORY;
+  size_t n = 0;
+  for (uint32_t slot = 0; slot < hw; slot++) {
+    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
+    if (!b) break;
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
+    if (!want(w, b)) continue;
+    v[n].priority = dmem_atomic_load_relaxed(&b->priority);
+    v[n].last_use = dmem_atomic_load_relaxed(&b->last_use);
+    v[n].b = b;
+    v[n].h = dmem__handle_of(b, w);
+    n++;
+  }
+  qsort(v, n, sizeof *v, cmp_victims);
+  *out_v = v;
+  *n_out = n;
+  return DMEM_OK;
+}
+
+/* Resident, unlocked, not moving, not freed, not pinned: spillable now. */
+static bool spillable(uint64_t w, const dmem__buffer_t *b) {
+  return dmem__w_state(w) == DMEM_STATE_RESIDENT && dmem__w_count(w) == 0 &&
+         !(w & (DMEM__F_TRANSIT | DMEM__F_FREED)) && !(dmem__bflags(b) & DMEM_ALLOC_PINNED);
 }
 
 /* Stop early on errors that every further victim would hit too. */
@@ -66,7 +89,7 @@ static const char *reason_name(dmem__evict_reason_t r) {
 
 /* The first candidate (in policy order) whose block, freed, would join the
  * free ranges beside it into one of at least `contig` bytes; -1 if none. */
-static long find_range_maker(dmem_runtime_t *rt, const candidate_t *cand, size_t n,
+static long find_range_maker(dmem_runtime_t *rt, const dmem__victim_t *cand, size_t n,
                              size_t contig) {
   size_t want = dmem__pool_block_size(contig);
   dmem__pool_flush(rt->pool); /* cached free blocks count as free ranges */
@@ -133,24 +156,10 @@ static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, 
     if (ps->freed >= need) goto done;
   }
   {
-    uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
-    candidate_t *cand = malloc((size_t)(hw ? hw : 1) * sizeof *cand);
-    if (!cand) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "candidate array allocation failed");
-    size_t n = 0;
-    for (uint32_t slot = 0; slot < hw; slot++) {
-      dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
-      if (!b) break;
-      uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
-      if (dmem__w_state(w) != DMEM_STATE_RESIDENT || dmem__w_count(w) != 0 ||
-          (w & (DMEM__F_TRANSIT | DMEM__F_FREED)) || (dmem__bflags(b) & DMEM_ALLOC_PINNED))
-        continue;
-      cand[n].priority = dmem_atomic_load_relaxed(&b->priority);
-      cand[n].last_use = dmem_atomic_load_relaxed(&b->last_use);
-      cand[n].b = b;
-      cand[n].h = dmem__handle_of(b, w);
-      n++;
-    }
-    qsort(cand, n, sizeof *cand, cmp_candidates);
+    dmem__victim_t *cand;
+    size_t n;
+    if (dmem__victims_sorted(rt, spillable, &cand, &n) != DMEM_OK)
+      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "candidate array allocation failed");
     long first_pick = contig ? find_range_maker(rt, cand, n, contig) : -1;
     if (first_pick >= 0) {
       /* One victim that makes the range beats several that do not. */

@@ -15,18 +15,10 @@
 #include "runtime/internal.h"
 #include <stdlib.h>
 
-typedef struct candidate {
-  int priority;
-  uint64_t last_use;
-  dmem__buffer_t *b;
-  dmem_handle_t h;
-} candidate_t;
-
-static int cmp_candidates(const void *a, const void *b) {
-  const candidate_t *x = a, *y = b;
-  if (x->priority != y->priority) return x->priority < y->priority ? -1 : 1;
-  if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
-  return 0;
+/* In the host tier and nobody moving or freeing it. */
+static bool in_host_tier(uint64_t w, const dmem__buffer_t *b) {
+  (void)b;
+  return dmem__w_state(w) == DMEM_STATE_DEFERRED_HOST && !(w & (DMEM__F_TRANSIT | DMEM__F_FREED));
 }
 
 /* The host tier holds more than its limit, not counting the bytes being
@@ -49,23 +41,11 @@ static bool claim(dmem_runtime_t *rt, size_t size) {
 
 bool dmem__pushdown_run(dmem_runtime_t *rt) {
   if (!rt->host_limit || !over_limit(rt)) return false;
-  uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
-  candidate_t *cand = malloc((size_t)(hw ? hw : 1) * sizeof *cand);
-  if (!cand) return false; /* the next kick tries again */
-  size_t n = 0;
-  for (uint32_t slot = 0; slot < hw; slot++) {
-    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
-    if (!b) break;
-    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: the mover's release */
-    if (dmem__w_state(w) != DMEM_STATE_DEFERRED_HOST || (w & (DMEM__F_TRANSIT | DMEM__F_FREED)))
-      continue;
-    cand[n].priority = dmem_atomic_load_relaxed(&b->priority);
-    cand[n].last_use = dmem_atomic_load_relaxed(&b->last_use);
-    cand[n].b = b;
-    cand[n].h = dmem__handle_of(b, w);
-    n++;
-  }
-  qsort(cand, n, sizeof *cand, cmp_candidates);
+  dmem__victim_t *cand;
+  size_t n;
+  /* same order as the device's victims */
+  if (dmem__victims_sorted(rt, in_host_tier, &cand, &n) != DMEM_OK)
+    return false; /* the next kick tries again */
   bool moved = false;
   for (size_t i = 0; i < n && over_limit(rt) && !dmem__io_stopping(rt->io); i++) {
     /* still in the host tier and nobody moving it? (the spill re-checks) */

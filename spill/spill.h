@@ -233,6 +233,21 @@ static inline void dmem__ahead_note(dmem_runtime_t *rt) {
 
 /* ---- victims (policy.c) and room (pressure.c) ------------------------------------ */
 
+/* A buffer that could be moved, with what orders it. */
+typedef struct dmem__victim {
+  int priority;
+  uint64_t last_use;
+  dmem__buffer_t *b;
+  dmem_handle_t h;
+} dmem__victim_t;
+/* The live buffers whose state word w passes want(w, b), in victim order:
+ * lowest priority first, then least recently unlocked. *out_v (malloc'd,
+ * the caller frees) and *n_out written on success only.
+ * DMEM_ERR_HOST_OUT_OF_MEMORY (nothing recorded: the caller reports it). */
+dmem_status_t dmem__victims_sorted(dmem_runtime_t *rt,
+                                   bool (*want)(uint64_t w, const dmem__buffer_t *b),
+                                   dmem__victim_t **out_v, size_t *n_out);
+
 /* Why an eviction pass runs (stats and the DMEM_LOG=info line). */
 typedef enum dmem__evict_reason {
   DMEM__EVICT_EXPLICIT, /* dmem_evict */
