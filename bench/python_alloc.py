@@ -226,6 +226,8 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--torch-worker", choices=("dmem", "caching"))
     ap.add_argument("--only", choices=("cupy", "numba", "torch"), action="append")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also time the parts of one dmem.cupy.allocator call")
     a = ap.parse_args()
     budget = a.budget or (0.01 if a.quick else 0.05)
     if a.torch_worker:
@@ -234,6 +236,8 @@ def main():
     gc.disable()  # no collection pauses inside the timed loops (refcounting frees)
     rmm = rmm_pool() if only & {"cupy", "numba"} else None
     cres = bench_cupy(budget, rmm) if "cupy" in only else {}
+    if a.diagnose and cres:
+        diagnose_cupy(budget)
     nres = bench_numba(budget, rmm) if "numba" in only else {}
     gc.enable()
     tres = bench_torch(budget, 20 if a.quick else a.steps) if "torch" in only else {}

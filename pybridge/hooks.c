@@ -122,7 +122,7 @@ static PyObject *pyd_cupy_alloc_call(pyd_cupy_alloc_t *a, PyObject *const *args,
       keep = PyObject_CallNoArgs(a->stream_obj_fn);
       if (!keep) return NULL;
     }
-    owner = pyd_devmem_alloc(rt, size, (dmem_stream_t)sp, keep);
+    owner = pyd_devmem_alloc(rt, size, (dmem_stream_t)sp, keep, 0);
     Py_XDECREF(keep);
     if (!owner) return NULL;
     ptr_o = PyLong_FromVoidPtr(((pyd_devmem_t *)owner)->ptr);

@@ -264,7 +264,8 @@ extern PyTypeObject pyd_devmem_type;
  * dmem.Stream or an int. Holds the GIL throughout when the runtime has never
  * had a Python controller (nothing can call back into Python then), else
  * releases it. Returns a new DeviceMemory, or NULL with an exception. */
-PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep);
+PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep,
+                           int dedicated);
 /* Methods of dmem.Runtime (its method table is in runtime.c). */
 PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused);

@@ -1,7 +1,7 @@
 /*
  * pybridge/raw.c - raw device memory from Python: dmem.DeviceMemory, the
- * owner of one dmem_device_malloc block (what the Numba and CuPy hooks hand
- * out), and the Runtime methods device_malloc, memory_info and ipc_handle.
+ * owner of one dmem_device_malloc (or _dedicated) block (what the Numba and
+ * CuPy hooks hand out), and the Runtime methods device_malloc, memory_info and ipc_handle.
  *
  * A DeviceMemory holds a strong reference to its Runtime, so the runtime
  * outlives it; freeing (free() or collection) after Runtime.close() does
@@ -18,17 +18,20 @@
 
 /* ---- alloc and free ------------------------------------------------------------ */
 
-PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep) {
+PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep,
+                           int dedicated) {
   if (pyd_runtime_check(rt) < 0) return NULL;
   void *p = NULL;
   dmem_status_t st;
   if (!rt->bindings) {
-    st = dmem_device_malloc(rt->rt, size, s, &p);
+    st = dedicated ? dmem_device_malloc_dedicated(rt->rt, size, s, &p)
+                   : dmem_device_malloc(rt->rt, size, s, &p);
     if (st != DMEM_OK) return pyd_raise(st, NULL);
   } else {
     pyd_ctx_t ctx;
     pyd_enter(&ctx, rt, 1);
-    st = dmem_device_malloc(rt->rt, size, s, &p);
+    st = dedicated ? dmem_device_malloc_dedicated(rt->rt, size, s, &p)
+                   : dmem_device_malloc(rt->rt, size, s, &p);
     pyd_leave(&ctx);
     if (pyd_finish(&ctx, st) < 0) {
       if (st == DMEM_OK) dmem_device_free(rt->rt, p, s);
@@ -171,9 +174,11 @@ PyTypeObject pyd_devmem_type = {
 /* ---- Runtime methods ------------------------------------------------------------ */
 
 PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"nbytes", "stream", NULL};
+  static char *kwlist[] = {"nbytes", "stream", "dedicated", NULL};
   PyObject *size_o, *stream_o = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:device_malloc", kwlist, &size_o, &stream_o))
+  int dedicated = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p:device_malloc", kwlist, &size_o, &stream_o,
+                                   &dedicated))
     return NULL;
   if (!PyLong_Check(size_o) || PyBool_Check(size_o)) {
     PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s", Py_TYPE(size_o)->tp_name);
@@ -196,7 +201,7 @@ PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObjec
   /* A dmem.Stream forgets itself when destroyed: it is only kept alive (in
    * `owner_stream`), not forgotten at each free. */
   int own = keep && Py_IS_TYPE(keep, &pyd_stream_type);
-  PyObject *r = pyd_devmem_alloc(self, size, s, own ? NULL : keep);
+  PyObject *r = pyd_devmem_alloc(self, size, s, own ? NULL : keep, dedicated);
   if (r && own) {
     ((pyd_devmem_t *)r)->owner_stream = keep;
     keep = NULL;

@@ -673,18 +673,21 @@ static PyMethodDef pyd_runtime_methods[] = {
      "stats() -> dict: every field of dmem_stats_t."},
     {"device_malloc", (PyCFunction)(void (*)(void))pyd_runtime_device_malloc,
      METH_VARARGS | METH_KEYWORDS,
-     "device_malloc(nbytes, stream=None) -> DeviceMemory\n\n"
+     "device_malloc(nbytes, stream=None, *, dedicated=False) -> DeviceMemory\n\n"
      "Raw device memory (never spilled; counts against the device limit; spills buffers\n"
      "when memory runs short), for use in stream order on `stream`. Freed on that stream\n"
      "when the DeviceMemory is collected or freed. A foreign stream object (CuPy, PyTorch,\n"
-     "Numba) is kept alive until then; an int stream must outlive the block."},
+     "Numba) is kept alive until then; an int stream must outlive the block.\n"
+     "dedicated=True: a whole cudaMalloc of its own (dmem_device_malloc_dedicated), for\n"
+     "code that asks the driver for the allocation's extent or opens its IPC handle at\n"
+     "offset 0; freed blocks are cached by size."},
     {"memory_info", (PyCFunction)pyd_runtime_memory_info, METH_NOARGS,
      "memory_info() -> (free, total): total is the device limit; free counts the bytes\n"
      "that spilling unlocked buffers would give (dmem_device_memory_info)."},
     {"ipc_handle", (PyCFunction)pyd_runtime_ipc_handle, METH_O,
      "ipc_handle(ptr) -> (handle: bytes of 64, offset): the CUDA IPC handle of the pool\n"
-     "slab that holds ptr (an address of a raw allocation, or a DeviceMemory) and ptr's\n"
-     "offset in it. NoDeviceError on the host backend."},
+     "slab or dedicated block that holds ptr (an address of a raw allocation, or a\n"
+     "DeviceMemory) and ptr's offset in it. NoDeviceError on the host backend."},
     {"set_controller", (PyCFunction)pyd_runtime_set_controller, METH_O,
      "set_controller(controller): install a dmem.Controller (None removes it)."},
     {"close", (PyCFunction)pyd_runtime_close, METH_NOARGS,

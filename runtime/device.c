@@ -8,19 +8,19 @@
 #include "internal.h"
 #include <string.h>
 
-dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
-                                 void **ptr_out) {
-  if (!rt || !ptr_out)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_malloc: NULL argument");
-  if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_malloc: size 0");
+static dmem_status_t device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
+                                   bool dedicated, void **ptr_out, const char *fn) {
+  if (!rt || !ptr_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s: size 0", fn);
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   void *p = NULL;
-  st = dmem__pressure_alloc(rt, size, stream, &p, NULL);
+  st = dmem__pressure_alloc(rt, size, stream, dedicated, &p, NULL);
   if (st != DMEM_OK) return st;
-  st = dmem__raw_insert(rt->raw, p, size);
+  st = dmem__raw_insert(rt->raw, p, size, dedicated);
   if (st != DMEM_OK) {
-    dmem__device_release(rt, p, size, stream);
+    if (dedicated) dmem__device_release_dedicated(rt, p, size, stream);
+    else dmem__device_release(rt, p, size, stream);
     return st;
   }
   dmem__raw_count_add(rt, size);
@@ -28,20 +28,32 @@ dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t 
   return DMEM_OK;
 }
 
+dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
+                                 void **ptr_out) {
+  return device_malloc(rt, size, stream, false, ptr_out, "dmem_device_malloc");
+}
+
+dmem_status_t dmem_device_malloc_dedicated(dmem_runtime_t *rt, size_t size,
+                                           dmem_stream_t stream, void **ptr_out) {
+  return device_malloc(rt, size, stream, true, ptr_out, "dmem_device_malloc_dedicated");
+}
+
 dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_free: rt is NULL");
   if (!ptr) return DMEM_OK;
   size_t size;
-  dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size);
+  bool dedicated;
+  dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size, &dedicated);
   if (st != DMEM_OK) return st;
   dmem__raw_count_sub(rt, size);
-  dmem__device_release(rt, ptr, size, stream);
+  if (dedicated) dmem__device_release_dedicated(rt, ptr, size, stream);
+  else dmem__device_release(rt, ptr, size, stream);
   return DMEM_OK;
 }
 
 dmem_status_t dmem_stream_forget(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_forget: rt is NULL");
-  if (stream) dmem__pool_stream_forget(rt->pool, stream);
+  if (stream) dmem__device_stream_forget(rt, stream);
   return DMEM_OK;
 }
 
@@ -88,9 +100,14 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
     return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
                        rt->be->name);
   void *base = NULL;
-  size_t off = 0;
-  dmem_status_t st = dmem__pool_slab_of(rt->pool, ptr, &base, &off);
-  if (st != DMEM_OK) return st;
+  size_t off = 0, bsize = 0;
+  dmem_status_t st;
+  if (dmem__blocks_find(rt->blocks, ptr, &base, &bsize) == DMEM_OK) {
+    off = (size_t)((char *)ptr - (char *)base);
+  } else {
+    st = dmem__pool_slab_of(rt->pool, ptr, &base, &off);
+    if (st != DMEM_OK) return st;
+  }
   unsigned char h[DMEM_IPC_HANDLE_SIZE];
   st = dmem__fatal_keep(rt, rt->be->ipc_handle(rt->be, base, h));
   if (st != DMEM_OK) return st;
@@ -102,7 +119,7 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
 dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_trim: rt is NULL");
   size_t released = 0;
-  dmem_status_t st = dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, keep_bytes, &released));
+  dmem_status_t st = dmem__device_trim(rt, keep_bytes, &released);
   if (st != DMEM_OK) return st;
   if (released_out) *released_out = released;
   return DMEM_OK;

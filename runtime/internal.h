@@ -78,6 +78,7 @@ typedef struct dmem__xstats {
 
 typedef struct dmem__hostpool dmem__hostpool_t;
 typedef struct dmem__raw dmem__raw_t;
+typedef struct dmem__blocks dmem__blocks_t;
 typedef struct dmem__pool dmem__pool_t;
 typedef struct dmem__disk dmem__disk_t;
 typedef struct dmem__io dmem__io_t;
@@ -95,6 +96,7 @@ struct dmem_runtime {
   dmem__registry_t reg;        /* API */
   dmem__hostpool_t *hostpool;  /* memory */
   dmem__pool_t *pool;          /* memory: every device byte of the runtime */
+  dmem__blocks_t *blocks;      /* memory: ... but dedicated raw blocks */
   dmem__raw_t *raw;            /* memory: live raw allocations */
 
   pthread_mutex_t disk_mu;      /* creates the disk tier lazily */

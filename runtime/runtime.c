@@ -166,8 +166,10 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
   if (st != DMEM_OK) goto fail_hostpool;
-  st = dmem__raw_create(&rt->raw);
+  st = dmem__blocks_create(rt->be, rt->limit / 8, &rt->blocks);
   if (st != DMEM_OK) goto fail_pool;
+  st = dmem__raw_create(&rt->raw);
+  if (st != DMEM_OK) goto fail_blocks;
   st = dmem__io_create(rt, dmem__pushdown_run, &rt->io);
   if (st != DMEM_OK) goto fail_raw;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &rt->spill_stream));
@@ -195,6 +197,8 @@ fail_io:
   dmem__io_destroy(rt->io);
 fail_raw:
   dmem__raw_destroy(rt->raw);
+fail_blocks:
+  dmem__blocks_destroy(rt->blocks);
 fail_pool:
   dmem__pool_destroy(rt->pool);
 fail_hostpool:
@@ -264,6 +268,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   dmem__event_pool_fini(rt);
   dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
   dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */
+  dmem__blocks_destroy(rt->blocks); /* ... or with their dedicated blocks */
   dmem__pool_stream_forget(rt->pool, rt->spill_stream);
   dmem__pool_stream_forget(rt->pool, rt->order_stream);
   dmem__pool_stream_forget(rt->pool, rt->unspill_stream);

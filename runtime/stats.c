@@ -29,9 +29,11 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.raw_used = dmem__raw_used(rt);
   dmem__pool_stats_t ps;
   dmem__pool_stats(rt->pool, &ps);
-  s.device_reserved = ps.reserved;
-  s.pool_hits = ps.hits;
-  s.pool_misses = ps.misses;
+  dmem__blocks_stats_t bs;
+  dmem__blocks_stats(rt->blocks, &bs);
+  s.device_reserved = ps.reserved + bs.live_bytes + bs.cached_bytes;
+  s.pool_hits = ps.hits + bs.hits;
+  s.pool_misses = ps.misses + (bs.allocs - bs.hits);
   /* ---- copy engine, spill-ahead, prefetch, pinned pool ---- */
   const dmem__xstats_t *x = &rt->xs;
   for (int t = 0; t < DMEM__NTIERS; t++) {

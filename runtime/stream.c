@@ -21,7 +21,7 @@ dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
                        "dmem_sync_and_unlock first",
                        s);
   /* the pool must not take a later stream at this address for this one */
-  dmem__pool_stream_forget(rt->pool, s);
+  dmem__device_stream_forget(rt, s);
   return dmem__fatal_keep(rt, rt->be->stream_destroy(rt->be, s));
 }
 

@@ -14,16 +14,23 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__staging_poll(rt, false);
 }
 
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
-                               bool *ordered_out, size_t need);
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+                               void **dev_out, bool *ordered_out, size_t need);
+
+/* One attempt, without making room. */
+static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+                               void **dev_out, bool *ordered_out, size_t *need) {
+  if (dedicated) return dmem__device_alloc_dedicated(rt, size, stream, dev_out, need);
+  return dmem__device_alloc(rt, size, stream, dev_out, ordered_out, need);
+}
 
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                   void **dev_out, bool *ordered_out) {
+                                   bool dedicated, void **dev_out, bool *ordered_out) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
   size_t need = 0;
-  dmem_status_t st = dmem__device_alloc(rt, size, stream, dev_out, ordered_out, &need);
+  dmem_status_t st = try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
   if (st != DMEM_ERR_OUT_OF_MEMORY) {
     if (st == DMEM_OK) dmem__ahead_note(rt);
     return st; /* done, or a device error */
@@ -32,7 +39,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
   uint64_t t0 = dmem__now_ns();
   DMEM_NVTX_PUSH("dmem wait for room");
   if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
-  st = make_room(rt, size, stream, dev_out, ordered_out, need);
+  st = make_room(rt, size, stream, dedicated, dev_out, ordered_out, need);
   DMEM_NVTX_POP();
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
   dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, dmem__now_ns() - t0);
@@ -42,14 +49,14 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
 
 /* Spill (and wait) until the allocation fits; the first attempt already
  * failed, `need` bytes short. */
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
-                               bool *ordered_out, size_t need) {
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+                               void **dev_out, bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
   bool told = false, trimmed = false;
   for (bool first = true;; first = false) {
     dmem_status_t st = first ? DMEM_ERR_OUT_OF_MEMORY
-                             : dmem__device_alloc(rt, size, stream, dev_out, ordered_out, &need);
+                             : try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
     if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
     dmem__spill_poll(rt);
     if (!told && dmem_atomic_load_relaxed(&rt->has_ctl)) {
@@ -61,8 +68,9 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, vo
     }
     told = false;
     /* When the pool has no range for `size` now, freeing bytes is not
-     * enough: they must make one contiguous range. */
-    size_t contig = dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
+     * enough: they must make one contiguous range (a dedicated block needs
+     * none: the trim below gives the device the bytes). */
+    size_t contig = dedicated || dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
     st = dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
@@ -73,14 +81,13 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, vo
       trimmed = false;
       continue;
     }
-    /* Nothing left to spill. Empty slabs may be in the way of a larger one
-     * (or of other users of the device): give them back once. */
+    /* Nothing left to spill. Empty slabs and cached dedicated blocks may
+     * be in the way of a larger one (or of other users of the device): give
+     * them back once. */
     if (!trimmed) {
       trimmed = true;
       size_t released = 0;
-      if (dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, 0, &released)) == DMEM_OK &&
-          released > 0)
-        continue;
+      if (dmem__device_trim(rt, 0, &released) == DMEM_OK && released > 0) continue;
     }
     /* Other threads' moves or pending stream releases may still free
      * memory: wait for them, with a deadline. */

@@ -49,7 +49,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   void *spill_ev = (dmem_atomic_load_relaxed(&b->word) & DMEM__F_SPILL_COPY)
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
-  dmem_status_t st = dmem__pressure_alloc(rt, size, cs, &dev, NULL);
+  dmem_status_t st = dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
   if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
   if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && !tier->adopts_staging) {
     /* no pinned staging: recycle that of finished unspill copies, again */

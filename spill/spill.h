@@ -269,10 +269,12 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
                           dmem_status_t *first_error_out);
 /* Device memory for size bytes in stream order on `stream`, spilling (and
  * waiting for moves and stream releases in flight, up to a deadline) when
- * memory runs short. *ordered_out as for dmem__device_alloc.
- * DMEM_ERR_OUT_OF_MEMORY when nothing more can be freed. */
+ * memory runs short: a pool block, or with `dedicated` a dedicated block
+ * (memory/blocks.c). *ordered_out as for dmem__device_alloc (may be NULL;
+ * never set for a dedicated block). DMEM_ERR_OUT_OF_MEMORY when nothing more
+ * can be freed. */
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                   void **dev_out, bool *ordered_out);
+                                   bool dedicated, void **dev_out, bool *ordered_out);
 /* Complete what finished in the background: stream releases, staging. */
 void dmem__spill_poll(dmem_runtime_t *rt);
 

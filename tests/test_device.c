@@ -411,6 +411,7 @@ TEST_CASE(raw_block_freed_on_one_stream_ordered_for_another) {
 typedef struct worker {
   dmem_runtime_t *rt;
   dmem_stream_t s;
+  bool dedicated; /* dmem_device_malloc_dedicated for every other block */
   int id;
   int bad;
   int failed;
@@ -431,7 +432,10 @@ static void *raw_worker(void *arg) {
       ptrs[k] = NULL;
     } else {
       size_t size = (size_t)256 << (x >> 40) % 13; /* 256 B .. 1 MiB */
-      if (dmem_device_malloc(w->rt, size, w->s, &ptrs[k]) != DMEM_OK) {
+      dmem_status_t st = w->dedicated && (x >> 20) % 2
+                             ? dmem_device_malloc_dedicated(w->rt, size, w->s, &ptrs[k])
+                             : dmem_device_malloc(w->rt, size, w->s, &ptrs[k]);
+      if (st != DMEM_OK) {
         w->failed++;
         ptrs[k] = NULL;
         continue;
@@ -457,6 +461,7 @@ TEST_CASE(threads_raw_alloc_free_with_checksums) {
     memset(&w[i], 0, sizeof w[i]);
     w[i].rt = rt;
     w[i].id = i;
+    w[i].dedicated = i >= 4;
     if (i % 2) REQUIRE_OK(dmem_stream_create(rt, &w[i].s)); /* half on the default stream */
     pthread_create(&t[i], NULL, raw_worker, &w[i]);
   }
@@ -469,6 +474,140 @@ TEST_CASE(threads_raw_alloc_free_with_checksums) {
   dmem_stats_t s = stats_of(rt);
   CHECK_UEQ(s.raw_used, 0);
   CHECK_UEQ(s.device_used, 0);
+  dmem_runtime_destroy(rt);
+}
+
+/* ---- dedicated blocks (dmem_device_malloc_dedicated) ---------------------------- */
+
+/* Each dedicated block is a backend allocation of its own, starting at the
+ * pointer; freed blocks come back for the same rounded size; accounting,
+ * bad frees and trim as for pool blocks. */
+TEST_CASE(dedicated_blocks_are_whole_backend_allocations) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  const size_t sizes[] = {40, 4 * KiB, 3 * MiB + 5};
+  void *p[3];
+  for (int i = 0; i < 3; i++) {
+    REQUIRE_OK(dmem_device_malloc_dedicated(rt, sizes[i], NULL, &p[i]));
+    CHECK_UEQ((uintptr_t)p[i] % 256, 0);
+    void *base = NULL, *slab = NULL;
+    size_t bsize = 0, off = 0;
+    REQUIRE_OK(dmem__blocks_find(rt->blocks, (char *)p[i] + sizes[i] - 1, &base, &bsize));
+    CHECK_TRUE(base == p[i]); /* the block starts at the pointer */
+    CHECK_GE(bsize, sizes[i]);
+    CHECK_LE(bsize, sizes[i] + sizes[i] / 4 + 256);
+    CHECK_TRUE(dmem__pool_slab_of(rt->pool, p[i], &slab, &off) != DMEM_OK); /* no slab */
+    raw_put(rt, p[i], sizes[i], 30 + (uint64_t)i, NULL);
+  }
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++)
+      if (i != j)
+        CHECK_TRUE((char *)p[i] + sizes[i] <= (char *)p[j] ||
+                   (char *)p[j] + sizes[j] <= (char *)p[i]);
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.raw_used, 40 + 4 * KiB + 3 * MiB + 5);
+  CHECK_UEQ(s.device_used, s.raw_used);
+  CHECK_GE(s.device_reserved, s.raw_used);
+  for (int i = 0; i < 3; i++) CHECK_UEQ(raw_bad(rt, p[i], sizes[i], 30 + (uint64_t)i, NULL), 0);
+  /* bad frees: inside a block, twice */
+  CHECK_STATUS(dmem_device_free(rt, (char *)p[1] + 256, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_UEQ(stats_of(rt).raw_used, s.raw_used);
+  CHECK_OK(dmem_device_free(rt, p[1], NULL));
+  CHECK_STATUS(dmem_device_free(rt, p[1], NULL), DMEM_ERR_INVALID_ARGUMENT);
+  /* the same size again: the cached block, no new backend allocation */
+  uint64_t misses = stats_of(rt).pool_misses;
+  void *again = NULL;
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 4 * KiB, NULL, &again));
+  CHECK_TRUE(again == p[1]);
+  CHECK_UEQ(stats_of(rt).pool_misses, misses);
+  /* a pool block never lands inside a dedicated one */
+  void *q = NULL;
+  REQUIRE_OK(dmem_device_malloc(rt, 4 * KiB, NULL, &q));
+  for (int i = 0; i < 3; i++)
+    CHECK_TRUE((char *)q + 4 * KiB <= (char *)p[i] || (char *)p[i] + sizes[i] <= (char *)q);
+  CHECK_OK(dmem_device_free(rt, q, NULL));
+  CHECK_OK(dmem_device_free(rt, again, NULL));
+  CHECK_OK(dmem_device_free(rt, p[0], NULL));
+  CHECK_OK(dmem_device_free(rt, p[2], NULL));
+  s = stats_of(rt);
+  CHECK_UEQ(s.raw_used, 0);
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_GT(s.device_reserved, 0); /* cached blocks, pool slab */
+  size_t released = 0;
+  CHECK_OK(dmem_device_trim(rt, 0, &released));
+  CHECK_UEQ(released, s.device_reserved);
+  CHECK_UEQ(stats_of(rt).device_reserved, 0);
+  CHECK_STATUS(dmem_device_malloc_dedicated(rt, 0, NULL, &q), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_malloc_dedicated(rt, 16, NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_malloc_dedicated(NULL, 16, NULL, &q), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_malloc_dedicated(rt, 65 * MiB, NULL, &q), DMEM_ERR_OUT_OF_MEMORY);
+  dmem_runtime_destroy(rt);
+}
+
+/* A dedicated block freed on stream A and taken by stream B: B waits for
+ * A's last use (an event, no host wait); the stream's own blocks come back
+ * at once; a stream forgotten before destroy leaves its cached blocks
+ * usable. */
+TEST_CASE(dedicated_block_freed_on_one_stream_ordered_for_another) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_stream_t a, b;
+  REQUIRE_OK(dmem_stream_create(rt, &a));
+  REQUIRE_OK(dmem_stream_create(rt, &b));
+  gate_t g;
+  memset(&g, 0, sizeof g);
+  pthread_mutex_init(&g.mu, NULL);
+  pthread_cond_init(&g.cv, NULL);
+  void *p = NULL, *q = NULL;
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 64 * KiB, a, &p));
+  REQUIRE_OK(dmem_stream_enqueue_host(rt, a, gate_wait, &g));
+  CHECK_OK(dmem_device_free(rt, p, a));
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 64 * KiB, b, &q));
+  CHECK_TRUE(q == p); /* the only cached block of that size */
+  REQUIRE_OK(dmem_stream_enqueue_host(rt, b, mark_b, &g));
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  CHECK_EQ(g.ran_b, 0); /* B waits for A */
+  pthread_mutex_lock(&g.mu);
+  g.open = 1;
+  pthread_cond_broadcast(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+  CHECK_OK(dmem_stream_synchronize(rt, a));
+  CHECK_OK(dmem_stream_synchronize(rt, b));
+  CHECK_TRUE(g.ran_a < g.ran_b);
+  CHECK_OK(dmem_device_free(rt, q, b));
+  /* forgotten, then destroyed: its cached block is still handed out */
+  CHECK_OK(dmem_stream_destroy(rt, b));
+  void *r = NULL;
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 64 * KiB, a, &r));
+  CHECK_TRUE(r == p);
+  raw_put(rt, r, 64 * KiB, 5, a);
+  CHECK_UEQ(raw_bad(rt, r, 64 * KiB, 5, a), 0);
+  CHECK_OK(dmem_device_free(rt, r, a));
+  CHECK_OK(dmem_stream_destroy(rt, a));
+  dmem_runtime_destroy(rt);
+}
+
+/* Dedicated blocks count against the limit: they make spillable buffers
+ * spill, whose data stays intact. */
+TEST_CASE(dedicated_blocks_force_spills) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t h[6];
+  for (int i = 0; i < 6; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 50 + (uint64_t)i);
+  }
+  void *p = NULL;
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 4 * MiB, NULL, &p));
+  dmem_stats_t s = stats_of(rt);
+  CHECK_LE(s.device_used, 8 * MiB);
+  CHECK_GE(s.spill_count, 2);
+  for (int i = 0; i < 6; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
+  CHECK_OK(dmem_device_free(rt, p, NULL));
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 6 * MiB, NULL, &p));
+  CHECK_OK(dmem_device_free(rt, p, NULL));
+  for (int i = 0; i < 6; i++) {
+    CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
+    CHECK_OK(dmem_free(rt, h[i]));
+  }
   dmem_runtime_destroy(rt);
 }
 

@@ -9,6 +9,13 @@
  * classes for small blocks and best fit for large ones. A block freed on
  * stream S is reused at once by S and by other streams only after an event
  * recorded at the free (the pool never synchronises the host).
+ *
+ * dmem_device_malloc_dedicated gives instead a block that is a whole
+ * cudaMalloc of its own, for libraries that ask the driver about an
+ * allocation (cuMemGetAddressRange, or a CUDA IPC handle opened at offset 0
+ * by a process that was not told an offset): Numba's arrays. Freed dedicated
+ * blocks are cached by size in stream order, so they cost a cudaMalloc only
+ * the first time a size is seen.
  */
 #ifndef DMEM_DEVICE_H
 #define DMEM_DEVICE_H
@@ -44,7 +51,25 @@ DMEM_API dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_
                                           void **ptr_out);
 
 /**
- * Free memory from dmem_device_malloc whose last use was enqueued on
+ * As dmem_device_malloc, but the memory is a dedicated block: a backend
+ * allocation (cudaMalloc) that begins at *ptr_out and holds nothing else.
+ * cuMemGetAddressRange on the pointer gives the block (its size rounded up
+ * to dmem's size classes, at most 1/4 more for sizes up to 1 MiB, 256 bytes
+ * above), and dmem_ipc_handle gives offset 0. The first allocation of a size
+ * costs a cudaMalloc; freed blocks are cached (at most an eighth of the
+ * limit, in stream order as pool blocks are) and reused by later requests
+ * of the same rounded size. Cached blocks are given back under memory
+ * pressure and by dmem_device_trim. Freed with dmem_device_free.
+ *
+ * Thread-safe.
+ * @return as dmem_device_malloc.
+ */
+DMEM_API dmem_status_t dmem_device_malloc_dedicated(dmem_runtime_t *rt, size_t size,
+                                                    dmem_stream_t stream, void **ptr_out);
+
+/**
+ * Free memory from dmem_device_malloc or dmem_device_malloc_dedicated whose
+ * last use was enqueued on
  * `stream` before this call. The block is reusable at once in `stream`'s
  * order, and by other streams after an event recorded at the free. ptr NULL
  * is a no-op (DMEM_OK).
@@ -89,11 +114,11 @@ DMEM_API dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_
 
 /**
  * The CUDA IPC handle (cuIpcGetMemHandle, DMEM_IPC_HANDLE_SIZE bytes) of the
- * pool slab that holds `ptr`, and ptr's offset in that slab: another process
- * opens the handle with cudaIpcOpenMemHandle and adds the offset.
- * `ptr` is an allocation of dmem_device_malloc (or points inside one); the
- * handle stays valid while the slab is held (a slab with a live block is
- * never trimmed).
+ * pool slab or dedicated block that holds `ptr`, and ptr's offset in it:
+ * another process opens the handle with cudaIpcOpenMemHandle and adds the
+ * offset (0 at the start of a dedicated block). `ptr` is an allocation of
+ * dmem_device_malloc or dmem_device_malloc_dedicated (or points inside
+ * one); the handle stays valid while the allocation lives.
  *
  * Thread-safe.
  * @return DMEM_OK (both outputs written);
@@ -106,8 +131,9 @@ DMEM_API dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *hand
                                        size_t *offset_out);
 
 /**
- * Give empty pool slabs back to the device (cudaFree) until at most
- * keep_bytes of slab memory stay reserved. Slabs holding any live block stay.
+ * Give empty pool slabs and cached (freed) dedicated blocks back to the
+ * device (cudaFree) until at most keep_bytes of each stay reserved. Slabs
+ * holding any live block stay.
  * The pool also trims itself when the device runs out of memory. This call
  * may synchronise the device (cudaFree does): not for hot paths.
  *

@@ -43,13 +43,16 @@ typedef struct dmem_stats {
   double seconds_unspilling;
   uint64_t oom_evictions;    /**< buffers spilled because an allocation needed room */
   uint64_t cancelled_spills; /**< spills cancelled by a lock */
-  size_t device_reserved;    /**< bytes of pool slabs held on the device
+  size_t device_reserved;    /**< bytes of pool slabs and dedicated blocks
+                                  (live or cached) held on the device
                                   (>= device_used; dmem_device_trim gives
-                                  empty slabs back) */
+                                  empty slabs and cached blocks back) */
   size_t raw_used;           /**< of device_used, bytes in live raw
                                   allocations (dmem_device_malloc) */
-  uint64_t pool_hits;        /**< allocations served from pool memory already held */
-  uint64_t pool_misses;      /**< allocations that needed a new slab */
+  uint64_t pool_hits;        /**< allocations served from pool memory already
+                                  held (dedicated blocks: from the cache) */
+  uint64_t pool_misses;      /**< allocations that needed a new slab (or a
+                                  new dedicated block) */
 
   /* ---- copy engine, spill-ahead, prefetch, pinned pool (issue 9) ----------
    * Arrays are indexed by dmem_tier_t: [DMEM_TIER_HOST], [DMEM_TIER_DISK],

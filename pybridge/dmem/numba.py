@@ -11,9 +11,21 @@ or, without touching the program::
 Every device array Numba allocates is then a raw allocation of the
 process-wide dmem runtime of its device (``dmem.default_runtime(device)``):
 never spilled, counted against the same device limit as dmem's spillable
-buffers (which spill to make room for it), and freed back to dmem's
-stream-ordered pool when Numba drops it. Host allocations (pinned, mapped,
-managed) stay Numba's own (``HostOnlyCUDAMemoryManager``).
+buffers (which spill to make room for it), and given back to dmem when
+Numba drops it. Host allocations (pinned, mapped, managed) stay Numba's own
+(``HostOnlyCUDAMemoryManager``).
+
+Each array is a *dedicated block* (``dmem_device_malloc_dedicated``): a
+whole cudaMalloc of its own, as with Numba's own manager, because Numba asks
+the driver about allocations: ``driver.device_memory_size`` and
+``device_extents`` call ``cuMemGetAddressRange``, and a CUDA IPC handle sent
+as bare bytes (``open_ipc_array(handle.reserved, ...)``) opens at offset 0.
+A range of a shared pool slab would answer those with the slab. Freed blocks
+are cached by size, in stream order, so only the first allocation of a size
+pays for a cudaMalloc. Set ``DMEM_NUMBA_DEDICATED=0`` to suballocate from
+dmem's pool instead (denser for many small arrays of varied sizes; then
+``cuMemGetAddressRange`` sees the pool slab, and IPC handles need their
+``offset``).
 
 Behaviour, method by method:
 
@@ -28,8 +40,9 @@ Behaviour, method by method:
 - ``get_memory_info()``: dmem's ``(free, total)``: total is the runtime's
   device limit; free counts the bytes of spillable buffers as obtainable.
 - ``get_ipc_handle(memory)``: an ``IpcHandle`` built from the CUDA IPC
-  handle of the pool slab that holds the pointer, with the pointer's offset
-  in that slab, so another process opens it like any Numba IPC handle.
+  handle of the block (or pool slab) that holds the pointer, with the
+  pointer's offset in it (0 for an array's own block), so another process
+  opens it like any Numba IPC handle.
 - ``initialize()`` and ``reset()`` call ``super()``. ``reset()`` frees the
   raw allocations this context made (pointers Numba still holds become
   invalid, as with Numba's own reset) and never touches spillable buffers.
@@ -50,6 +63,7 @@ first access and raise ImportError naming numba-cuda when it is missing.
 import contextlib
 import ctypes
 import functools
+import os
 
 __all__ = ["DmemNumbaManager", "use_dmem_for_numba"]
 
@@ -116,6 +130,7 @@ def _build():
             # Numba's default stream: 2 is CU_STREAM_PER_THREAD, None the legacy one
             per_thread = bool(config and getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0))
             self._stream = 2 if per_thread else None
+            self._dedicated = os.environ.get("DMEM_NUMBA_DEDICATED", "1") != "0"
 
         def _runtime(self):
             rt = self._rt
@@ -131,7 +146,7 @@ def _build():
             rt = self._rt or self._runtime()
             if size == 0:
                 return MemoryPointer(self.context, make_ptr(0), 0)
-            mem = rt.device_malloc(size, self._stream)
+            mem = rt.device_malloc(size, self._stream, dedicated=self._dedicated)
             self._live[mem] = None
             return MemoryPointer(
                 self.context,

@@ -1,7 +1,9 @@
 /*
  * runtime/memory/devmem.c - device memory for buffers and raw allocations:
  * a charge against the runtime's device limit, then a block of the
- * stream-ordered pool (memory/pool.c).
+ * stream-ordered pool (memory/pool.c), or a dedicated block
+ * (memory/blocks.c) for raw allocations that must be a whole backend
+ * allocation.
  *
  * The charge is sharded so that threads allocating at once do not all write
  * one counter: the global device_charged holds live bytes plus every
@@ -132,4 +134,40 @@ void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stre
 void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void *event) {
   dmem__pool_free_after(rt->pool, dev, size, event);
   uncharge(rt, size);
+}
+
+dmem_status_t dmem__device_alloc_dedicated(dmem_runtime_t *rt, size_t size, void *stream,
+                                           void **dev_out, size_t *short_by_out) {
+  size_t short_by = 0;
+  if (!charge(rt, size, &short_by)) {
+    *short_by_out = short_by;
+    return DMEM_ERR_OUT_OF_MEMORY;
+  }
+  void *p = NULL;
+  dmem_status_t st = dmem__fatal_keep(rt, dmem__blocks_alloc(rt->blocks, size, stream, &p));
+  if (st != DMEM_OK) {
+    uncharge(rt, size);
+    if (st == DMEM_ERR_OUT_OF_MEMORY) *short_by_out = size;
+    return st;
+  }
+  *dev_out = p;
+  return DMEM_OK;
+}
+
+void dmem__device_release_dedicated(dmem_runtime_t *rt, void *dev, size_t size, void *stream) {
+  (void)dmem__fatal_keep(rt, dmem__blocks_free(rt->blocks, dev, stream));
+  uncharge(rt, size);
+}
+
+dmem_status_t dmem__device_trim(dmem_runtime_t *rt, size_t keep, size_t *released_out) {
+  size_t a = 0, b = 0;
+  dmem_status_t st = dmem__fatal_keep(rt, dmem__blocks_trim(rt->blocks, keep, &a));
+  dmem_status_t st2 = dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, keep, &b));
+  if (released_out) *released_out = a + b;
+  return st != DMEM_OK ? st : st2;
+}
+
+void dmem__device_stream_forget(dmem_runtime_t *rt, void *stream) {
+  dmem__pool_stream_forget(rt->pool, stream);
+  dmem__blocks_stream_forget(rt->blocks, stream);
 }

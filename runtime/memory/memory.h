@@ -24,6 +24,19 @@
  * backend errors. Nothing is spilled here. */
 dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
                                  bool *ordered_out, size_t *short_by_out);
+/* The same for a dedicated block (memory/blocks.c): charged against the
+ * limit like a pool block. */
+dmem_status_t dmem__device_alloc_dedicated(dmem_runtime_t *rt, size_t size, void *stream,
+                                           void **dev_out, size_t *short_by_out);
+/* `stream` is about to be destroyed: the pool and the dedicated blocks stop
+ * naming it (memory/pool.h's dmem__pool_stream_forget). */
+void dmem__device_stream_forget(dmem_runtime_t *rt, void *stream);
+/* Give back a dedicated block whose last use was enqueued on `stream`. */
+void dmem__device_release_dedicated(dmem_runtime_t *rt, void *dev, size_t size, void *stream);
+/* Give empty pool slabs and cached dedicated blocks back to the backend until
+ * at most keep bytes of each stay held; *released_out (may be NULL): bytes
+ * given back. Backend errors. */
+dmem_status_t dmem__device_trim(dmem_runtime_t *rt, size_t keep, size_t *released_out);
 /* Give back a block whose last use was enqueued on `stream` (reusable at once
  * by that stream), or whose last use is ordered before `event` (NULL: the
  * last use has completed). No host synchronisation, no cudaFree. */
@@ -43,12 +56,51 @@ size_t dmem__raw_used(dmem_runtime_t *rt);
 
 dmem_status_t dmem__raw_create(dmem__raw_t **raw_out);
 void dmem__raw_destroy(dmem__raw_t *raw);
-/* Record a live raw allocation. DMEM_ERR_HOST_OUT_OF_MEMORY. */
-dmem_status_t dmem__raw_insert(dmem__raw_t *raw, void *ptr, size_t size);
-/* Forget a live raw allocation; *size_out is its size. DMEM_ERR_INVALID_ARGUMENT
- * (detail recorded) when ptr is not one: nothing changes. */
-dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out);
+/* Record a live raw allocation (`dedicated`: a block of memory/blocks.c).
+ * DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__raw_insert(dmem__raw_t *raw, void *ptr, size_t size, bool dedicated);
+/* Forget a live raw allocation; *size_out is its size, *dedicated_out what
+ * insert was told. DMEM_ERR_INVALID_ARGUMENT (detail recorded) when ptr is
+ * not one: nothing changes. */
+dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out,
+                               bool *dedicated_out);
 size_t dmem__raw_count(dmem__raw_t *raw);
+
+/* ---- dedicated device blocks (memory/blocks.c) ----------------------------------- */
+
+/* Blocks that are each a whole backend allocation, with a cache of freed
+ * ones holding at most max_bytes. DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__blocks_create(dmem__backend_t *be, size_t max_bytes,
+                                  dmem__blocks_t **blocks_out);
+/* Frees every block, cached or still live (the device must be idle). */
+void dmem__blocks_destroy(dmem__blocks_t *blocks);
+/* A block of at least size bytes that starts its own backend allocation,
+ * usable in stream order on `stream` (a cached block of another stream is
+ * ordered by an event, no host wait). DMEM_ERR_OUT_OF_MEMORY when the
+ * backend has no room even after the cache is emptied; backend errors. */
+dmem_status_t dmem__blocks_alloc(dmem__blocks_t *blocks, size_t size, void *stream,
+                                 void **ptr_out);
+/* Cache a live block whose last use was enqueued on `stream` (or give it
+ * back when the cache is full). DMEM_ERR_INVALID_ARGUMENT when ptr does not
+ * start a live block; backend errors of blocks given back. */
+dmem_status_t dmem__blocks_free(dmem__blocks_t *blocks, void *ptr, void *stream);
+/* Whether ptr starts a live block. */
+bool dmem__blocks_owns(dmem__blocks_t *blocks, const void *ptr);
+/* The live block holding ptr: its base and (rounded) size.
+ * DMEM_ERR_INVALID_ARGUMENT (no detail recorded) when none holds it. */
+dmem_status_t dmem__blocks_find(dmem__blocks_t *blocks, const void *ptr, void **base_out,
+                                size_t *size_out);
+/* `stream` is about to be destroyed: order its cached blocks by events. */
+void dmem__blocks_stream_forget(dmem__blocks_t *blocks, void *stream);
+/* Give cached blocks back (oldest first, each after its last use) until at
+ * most keep bytes stay cached; *released_out (may be NULL): bytes given
+ * back. Backend errors of the waits. */
+dmem_status_t dmem__blocks_trim(dmem__blocks_t *blocks, size_t keep, size_t *released_out);
+typedef struct dmem__blocks_stats {
+  size_t live, live_bytes, cached, cached_bytes;
+  uint64_t allocs, hits;
+} dmem__blocks_stats_t;
+void dmem__blocks_stats(dmem__blocks_t *blocks, dmem__blocks_stats_t *out);
 
 /* ---- pinned host pool (memory/hostpool.c) -------------------------------------- */
 

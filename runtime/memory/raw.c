@@ -16,6 +16,7 @@
 typedef struct raw_entry {
   void *ptr; /* NULL: empty */
   size_t size;
+  bool dedicated; /* a dedicated block (memory/blocks.c), not a pool range */
 } raw_entry_t;
 
 typedef struct raw_shard {
@@ -75,7 +76,7 @@ static bool raw_grow(raw_shard_t *s) {
   return true;
 }
 
-dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size) {
+dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedicated) {
   uint64_t h;
   raw_shard_t *s = raw_shard(t, ptr, &h);
   dmem__mutex_lock(&s->mu, DMEM__RANK_RAW);
@@ -90,12 +91,14 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size) {
   }
   s->v[j].ptr = ptr;
   s->v[j].size = size;
+  s->v[j].dedicated = dedicated;
   s->n++;
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
   return DMEM_OK;
 }
 
-dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out) {
+dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out,
+                               bool *dedicated_out) {
   uint64_t h;
   raw_shard_t *s = raw_shard(t, ptr, &h);
   dmem__mutex_lock(&s->mu, DMEM__RANK_RAW);
@@ -111,6 +114,7 @@ dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out) {
                        ptr);
   }
   size_t size = s->v[j].size;
+  bool dedicated = s->v[j].dedicated;
   /* backward-shift deletion: move later entries of the probe run up */
   size_t i = j;
   for (;;) {
@@ -130,6 +134,7 @@ done:
   s->n--;
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
   *size_out = size;
+  *dedicated_out = dedicated;
   return DMEM_OK;
 }
 

@@ -230,6 +230,34 @@ def test_device_malloc_on_a_dmem_stream(rt):
     assert rt.stats()["raw_used"] == 0
 
 
+def test_device_malloc_dedicated_blocks(rt):
+    base = rt.stats()
+    ms = [rt.device_malloc(n, dedicated=True) for n in (40, 4096, 3 << 20)]
+    assert [m.size for m in ms] == [40, 4096, 3 << 20]
+    assert all(m.ptr % 256 == 0 for m in ms)
+    spans = sorted((m.ptr, m.ptr + m.size) for m in ms)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no overlap
+    st = rt.stats()
+    assert st["raw_used"] == base["raw_used"] + 40 + 4096 + (3 << 20)
+    assert st["device_reserved"] >= st["raw_used"]
+    p = ms[1].ptr
+    ms[1].free()
+    again = rt.device_malloc(4096, dedicated=True)  # the cached block
+    assert again.ptr == p
+    misses = rt.stats()["pool_misses"]
+    again.free()
+    assert rt.device_malloc(4096, dedicated=True).ptr == p  # collected at once
+    assert rt.stats()["pool_misses"] == misses
+    for m in ms:
+        m.free()
+    gc.collect()
+    assert rt.stats()["raw_used"] == base["raw_used"]
+    with pytest.raises(TypeError):
+        rt.device_malloc(64, None, True)  # keyword only
+    with pytest.raises(dmem.NoDeviceError):  # the host backend has no IPC
+        rt.ipc_handle(rt.device_malloc(64, dedicated=True))
+
+
 def test_device_malloc_rejects_bad_arguments(rt):
     with pytest.raises(TypeError):
         rt.device_malloc("1024")
