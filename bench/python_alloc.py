@@ -14,7 +14,8 @@ allocator and RMM's hooks, on the GPU, in one run (issue 10):
            fixed once PyTorch has allocated).
 
 Sizes 256 B, 1 MiB, 64 MiB. Each figure: the best of 5 runs of about 50 ms
-after a warm-up (the MLP: the whole loop, best of 3). Prints a table and the
+after a warm-up (the MLP: the whole loop, best of 3); the CuPy allocators
+are measured in three interleaved rounds and keep their best. Prints a table and the
 ratios dmem / baseline (below 1: dmem is faster). Libraries that do not
 import are left out. Usage, from the repository root after a `gpu` build:
 
@@ -96,15 +97,65 @@ def bench_cupy(budget, rmm):
     print(f"cupy: dmem.cupy.allocator takes the C path: {dmem.cupy.allocator.uses_c_api}")
     out = {}
     alloc = cp.cuda.alloc
-    for name, a in allocators.items():
-        cp.cuda.set_allocator(a)
-        for n in SIZES:
-            def loop(k, n=n):
-                for _ in range(k):
-                    alloc(n)
-            out[(name, n)] = per_call(loop, budget)
+    # Interleaved: three rounds, each allocator in turn, the best of all
+    # rounds kept, so that no allocator gains from being measured first or
+    # last (clock ramp, caches warmed by the one before).
+    for _ in range(3):
+        for name, a in allocators.items():
+            cp.cuda.set_allocator(a)
+            for n in SIZES:
+                def loop(k, n=n):
+                    for _ in range(k):
+                        alloc(n)
+                t = per_call(loop, budget)
+                out[(name, n)] = min(out.get((name, n), t), t)
     cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
     return out
+
+
+def diagnose_cupy(budget):
+    """Where one dmem.cupy.allocator alloc+free spends its time: the parts
+    timed alone (ns per call)."""
+    import cupy as cp
+    import dmem
+    import dmem.cupy
+    from cupy.cuda import memory
+
+    n = 256
+    sp = cp.cuda.get_current_stream().ptr
+    rt = dmem.default_runtime(cp.cuda.Device().id)
+    alloc = dmem.cupy.allocator
+    keep = rt.device_malloc(n, sp)
+    parts = {}
+
+    def direct(k):
+        for _ in range(k):
+            alloc(n)
+
+    def raw(k):
+        for _ in range(k):
+            rt.device_malloc(n, sp)
+
+    def wrap(k, p=keep.ptr):
+        for _ in range(k):
+            memory.MemoryPointer(memory.UnownedMemory(p, n, None, 0), 0)
+
+    def cupy_alloc(k):
+        for _ in range(k):
+            cp.cuda.alloc(n)
+
+    cp.cuda.set_allocator(alloc)
+    for name, fn in (("allocator(n) called directly", direct),
+                     ("rt.device_malloc(n, stream) + drop", raw),
+                     ("MemoryPointer(UnownedMemory(...)) alone", wrap),
+                     ("cupy.cuda.alloc(n) through dmem", cupy_alloc)):
+        parts[name] = per_call(fn, budget)
+    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
+    keep.free()
+    print(f"\ncupy diagnosis at {n} B (current stream ptr {sp}, "
+          f"C path {alloc.uses_c_api}, runtime stats {rt.stats().get('pool_hits')} hits):")
+    for name, t in parts.items():
+        print(f"  {name:45s} {t * 1e9:8.0f} ns")
 
 
 # ---- Numba --------------------------------------------------------------------------------

@@ -86,56 +86,75 @@ def test_three_libraries_through_dmem_match_their_own_allocators():
 
 
 IPC_PARENT = r"""
-import multiprocessing as mp, sys
+import multiprocessing as mp, os, sys
 import numpy as np
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 import dmem, dmem.numba
 from numba import cuda
 dmem.numba.use_dmem_for_numba()
+DEDICATED = os.environ.get("DMEM_NUMBA_DEDICATED", "1") != "0"
 
 def child(q, out):
     import numpy as np
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack
     from numba import cuda
-    h = q.get()
-    with h as arr:
-        out.put(arr.copy_to_host().tobytes())
+    kind, h, n = q.get()
+    if kind == "bytes":  # the bare handle, opened at offset 0 (numba's own test)
+        with cuda.open_ipc_array(h, shape=n, dtype=np.int32) as arr:
+            out.put(arr.copy_to_host().tobytes())
+    else:
+        with h as arr:
+            out.put(arr.copy_to_host().tobytes())
 
 if __name__ == "__main__":
     mm = cuda.current_context().memory_manager
     assert type(mm).__name__ == "DmemNumbaManager"
     data = np.arange(1 << 16, dtype=np.int32) * 3
-    # two arrays from one pool: at most one of them starts its slab
     xs = [cuda.to_device(data) for _ in range(3)]
     raws = [mm.get_ipc_handle(x.gpu_data) for x in xs]
-    k = max(range(3), key=lambda i: raws[i].offset)
-    x, raw = xs[k], raws[k]
-    assert raw.offset > 0, [r.offset for r in raws]   # the pool offset is carried
-    assert raw.size == x.nbytes
-    h = x.get_ipc_handle()
+    from numba.cuda.cudadrv import driver
+    if DEDICATED:
+        # each array is its own allocation: offset 0, and the driver's extent
+        # of the pointer is the array's block, not a shared slab
+        assert [r.offset for r in raws] == [0, 0, 0], [r.offset for r in raws]
+        for x in xs:
+            s, e = driver.device_extents(x)
+            assert s == x.device_ctypes_pointer.value and x.nbytes <= e - s <= x.nbytes * 5 // 4 + 256
+        k = 1
+        msg = (("bytes", raws[k].handle.reserved, data.size), ("handle", xs[k].get_ipc_handle(), 0))
+    else:
+        # three arrays from one pool slab: at most one of them starts it
+        k = max(range(3), key=lambda i: raws[i].offset)
+        assert raws[k].offset > 0, [r.offset for r in raws]   # the pool offset is carried
+        msg = (("handle", xs[k].get_ipc_handle(), 0),)
+    assert raws[k].size == xs[k].nbytes
     ctx = mp.get_context("spawn")
-    q, out = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=child, args=(q, out))
-    p.start()
-    q.put(h)
-    got = out.get(timeout=120)
-    p.join(60)
-    assert p.exitcode == 0, p.exitcode
-    assert got == data.tobytes()
-    print("ipc ok, offset", raw.offset)
+    for m in msg:
+        q, out = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=child, args=(q, out))
+        p.start()
+        q.put(m)
+        got = out.get(timeout=120)
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+        assert got == data.tobytes(), m[0]
+    print("ipc ok, offset", raws[k].offset)
 """
 
 
 @pytest.mark.skipif(not _has("numba.cuda"), reason="numba-cuda not installed")
-def test_numba_ipc_handle_opened_in_child_process():
+@pytest.mark.parametrize("dedicated", ["1", "0"])
+def test_numba_ipc_handle_opened_in_child_process(dedicated):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "ipc_job.py")
         with open(path, "w") as f:
             f.write(IPC_PARENT)
+        e = env()
+        e["DMEM_NUMBA_DEDICATED"] = dedicated
         r = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300,
-                           env=env(), cwd=d)
+                           env=e, cwd=d)
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     assert "ipc ok" in r.stdout
 
