@@ -265,7 +265,8 @@ def table(title, res, dmem_key, others, unit=1e-9, unit_name="ns"):
         if (dmem_key, n) not in res:
             continue
         vals = [res.get((c, n)) for c in cols]
-        cells = [f"{v / unit:.0f}" if v is not None else "-" for v in vals]
+        cells = [(f"{v / unit:.0f}" if v / unit >= 100 else f"{v / unit:.2g}")
+                 if v is not None else "-" for v in vals]
         ratios = [f"{vals[0] / v:.2f}" if v else "-" for v in vals[1:]]
         print(f"| {label(n)} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
 
