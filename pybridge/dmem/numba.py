@@ -29,9 +29,7 @@ dmem's pool instead (denser for many small arrays of varied sizes; then
 
 Behaviour, method by method:
 
-- ``memalloc(size)``: a ``MemoryPointer`` (the subclass
-  ``DmemMemoryPointer``, which frees through ``__del__`` rather than a
-  ``weakref.finalize``) whose pointer is a
+- ``memalloc(size)``: a ``MemoryPointer`` whose pointer is a
   ``cuda.bindings.driver.CUdeviceptr`` (what numba-cuda 0.30 expects), over
   memory allocated for Numba's default stream (the legacy one, or the
   per-thread one under ``NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM=1``). Its
@@ -64,6 +62,7 @@ first access and raise ImportError naming numba-cuda when it is missing.
 
 import contextlib
 import ctypes
+import functools
 import os
 
 __all__ = ["DmemNumbaManager", "use_dmem_for_numba"]
@@ -118,45 +117,6 @@ def _build():
     MemoryInfo = driver.MemoryInfo
     config = getattr(driver, "config", None)
 
-    class DmemMemoryPointer(MemoryPointer):
-        """The MemoryPointer memalloc returns: the same attributes and
-        behaviour as numba-cuda's, over a dmem raw allocation that goes back
-        to the manager when the pointer is freed (free(), or the last
-        OwnedPointer view dropping its count) or collected. A __del__ does
-        what MemoryPointer's weakref.finalize would: creating a finalizer
-        costs more than dmem's whole allocation."""
-
-        def __init__(self, context, pointer, size, manager, mem):
-            # MemoryPointer.__init__ without the finalizer
-            self.context = context
-            self.device_pointer = pointer
-            self.size = size
-            self._cuda_memsize_ = size
-            self.is_managed = True
-            self.refct = 1
-            self.handle = pointer
-            self._owner = None
-            self._manager = manager
-            self._mem = mem
-
-        def free(self):
-            mem = self._mem
-            if mem is None:
-                raise RuntimeError("Freeing dead memory")
-            self._mem = None
-            self._manager._release(mem)
-
-        def __del__(self):
-            mem = self._mem
-            if mem is not None:
-                self._mem = None
-                try:
-                    self._manager._release(mem)
-                except Exception:  # noqa: BLE001 - at interpreter exit; the runtime frees it
-                    pass
-
-    DmemMemoryPointer.__module__ = __name__
-
     class DmemNumbaManager(HostOnlyCUDAMemoryManager):
         """Numba EMM plugin over dmem's default runtime (see the module's
         documentation for each method's behaviour)."""
@@ -188,7 +148,12 @@ def _build():
                 return MemoryPointer(self.context, make_ptr(0), 0)
             mem = rt.device_malloc(size, self._stream, dedicated=self._dedicated)
             self._live[mem] = None
-            return DmemMemoryPointer(self.context, make_ptr(mem.ptr), size, self, mem)
+            return MemoryPointer(
+                self.context,
+                make_ptr(mem.ptr),
+                size,
+                finalizer=functools.partial(self._release, mem),
+            )
 
         def _release(self, mem):
             if self._live.pop(mem, 0) is None:  # 0: reset already freed it
