@@ -30,6 +30,8 @@ dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t 
 
 dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_free: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (!ptr) return DMEM_OK;
   size_t size;
   dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size);
@@ -41,6 +43,8 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
 
 dmem_status_t dmem_stream_forget(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_forget: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (stream) dmem__pool_stream_forget(rt->pool, stream);
   return DMEM_OK;
 }
@@ -62,6 +66,8 @@ static size_t spillable_bytes(dmem_runtime_t *rt) {
 
 dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out, size_t *total_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_memory_info: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__spill_poll(rt); /* finished stream releases make buffers spillable */
   size_t dev_free = 0;
   dmem_status_t st = dmem__fatal_keep(rt, rt->be->mem_info(rt->be, &dev_free, NULL));
@@ -84,6 +90,8 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
                               size_t *offset_out) {
   if (!rt || !ptr || !handle_out || !offset_out)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_ipc_handle: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (rt->be->kind != DMEM_BACKEND_CUDA)
     return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
                        rt->be->name);
@@ -101,6 +109,8 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
 
 dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_trim: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   size_t released = 0;
   dmem_status_t st = dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, keep_bytes, &released));
   if (st != DMEM_OK) return st;
@@ -110,6 +120,8 @@ dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *re
 
 dmem_status_t dmem_host_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_host_trim: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__spill_poll(rt); /* finished unspills give their staging back first */
   size_t released = 0;
   dmem_status_t st = dmem__hostpool_trim(rt->hostpool, keep_bytes, &released);

@@ -68,8 +68,10 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
                                    dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: NULL argument");
+  dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
+  if (st != DMEM_OK) return st;
   lockset_t ls = {0};
-  dmem_status_t st = lockset_init(&ls, n);
+  st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, NULL, &ls);
   if (st == DMEM_OK) {
@@ -91,8 +93,10 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
                                 size_t n, dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: NULL argument");
+  dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
+  if (st != DMEM_OK) return st;
   lockset_t ls = {0};
-  dmem_status_t st = lockset_init(&ls, n);
+  st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, stream, &ls);
   if (st == DMEM_OK) {
@@ -114,7 +118,9 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
 
 dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_sync_and_unlock: rt is NULL");
-  dmem_status_t st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
+  dmem_status_t st = dmem__check_forked(rt);
+  if (st != DMEM_OK) return st;
+  st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
   if (st != DMEM_OK) return st;
   dmem__reg_entry_t *v;

@@ -7,6 +7,8 @@
 
 dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_spill: rt is NULL");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   if (dmem__tl_transit == b)
