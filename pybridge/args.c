@@ -15,7 +15,16 @@
 
 /* ---- checks ------------------------------------------------------------------ */
 
+/* In a forked child, every object of an inherited runtime raises this. */
+static int pyd_forked_raise(void) {
+  pyd_raise(DMEM_ERR_FORKED,
+            "this runtime was inherited through fork(): a child process cannot use its "
+            "parent's runtimes (create a new one, or use dmem.default_runtime())");
+  return -1;
+}
+
 int pyd_runtime_check(pyd_runtime_t *rt) {
+  if (rt->forked) return pyd_forked_raise();
   if (!rt->rt || rt->closing) {
     PyErr_SetString(PyExc_ValueError, "dmem runtime is closed");
     return -1;
@@ -24,6 +33,7 @@ int pyd_runtime_check(pyd_runtime_t *rt) {
 }
 
 int pyd_buffer_check(pyd_buffer_t *b) {
+  if (b->rt->forked) return pyd_forked_raise();
   if (b->freed) {
     pyd_raise(DMEM_ERR_STALE_HANDLE, "buffer was freed");
     return -1;

@@ -34,8 +34,8 @@ static PyObject *pyd_mod_shutdown(PyObject *mod, PyObject *unused) {
 static PyObject *pyd_mod_after_fork_child(PyObject *mod, PyObject *unused) {
   /* The child has none of the runtime's threads (host-backend streams, copy
    * engine) and no usable CUDA context: destroying a runtime there could wait
-   * forever. Disown every runtime: its objects raise as after close(), and its
-   * memory is left to the process's exit. */
+   * forever. Disown every runtime: its objects raise ForkedError (close()
+   * does nothing), and its memory is left to the process's exit. */
   pyd_runtime_t *r = pyd_live_runtimes;
   pyd_live_runtimes = NULL;
   while (r) {
@@ -44,6 +44,7 @@ static PyObject *pyd_mod_after_fork_child(PyObject *mod, PyObject *unused) {
     r->rt = NULL;
     r->active = 0;
     r->closing = 1;
+    r->forked = 1;
     pyd_bindings_mark_closing(r);
     r = next;
   }

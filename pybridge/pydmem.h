@@ -42,6 +42,7 @@ typedef struct pyd_runtime {
   dmem_backend_t backend;      /* DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
   int device;                  /* device ordinal (DLPack device_id) */
   int closing;                 /* close() has started: refuse new calls */
+  int forked;                  /* inherited by a forked child: calls raise ForkedError */
   int is_default;              /* dmem_runtime_default's: never closed */
   Py_ssize_t active;           /* calls in flight with the GIL released */
   pyd_binding_t *bindings;     /* controller bindings, current first; freed at close */

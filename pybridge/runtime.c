@@ -605,6 +605,7 @@ void pyd_runtime_defaults_after_fork(void) {
     r->rt = NULL; /* the C library forgets it in the child too */
     r->active = 0;
     r->closing = 1;
+    r->forked = 1;
     pyd_bindings_mark_closing(r);
     Py_DECREF(r);
   }

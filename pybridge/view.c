@@ -41,6 +41,7 @@ PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o) {
 }
 
 static int pyd_view_locked(pyd_view_t *v) {
+  if (v->buf->rt->forked) return pyd_runtime_check(v->buf->rt); /* ForkedError */
   if (v->state != PYD_VIEW_LOCKED || !v->buf->rt->rt || v->buf->rt->closing) {
     pyd_raise(DMEM_ERR_NOT_LOCKED, v->state == PYD_VIEW_NEW
                                        ? "view used before its `with` block"

@@ -114,8 +114,15 @@ DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
  * Release one lock. At the last unlock the buffer becomes spillable again, and
  * if it was freed while locked its memory is reclaimed.
  *
+ * In a forked child, on an inherited runtime, the lock is dropped in the
+ * child's own copy of the buffer's state (the parent keeps its lock), with
+ * the same statuses; the last unlock of a buffer freed while locked gives
+ * DMEM_ERR_FORKED and changes nothing (see dmem/runtime.h).
+ *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
- *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_NOT_LOCKED (lock count is 0).
+ *         DMEM_ERR_STALE_HANDLE (zero, freed, forged or another runtime's
+ *         handle); DMEM_ERR_NOT_LOCKED (lock count is 0: an unlock without a
+ *         lock changes nothing); DMEM_ERR_FORKED (see above).
  */
 DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
 

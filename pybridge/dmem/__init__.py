@@ -37,6 +37,7 @@ from ._dmem import (
     DeviceMemory,
     DeviceFatalError,
     DmemError,
+    ForkedError,
     HostOutOfMemoryError,
     InvalidArgumentError,
     NoDeviceError,
@@ -57,7 +58,8 @@ _dmem._set_controller_base(Controller)
 # Close runtimes still open at exit (removes their spill directories).
 _atexit.register(_dmem._shutdown)
 # A forked child has none of the runtime's threads: its runtimes are disowned
-# (their Buffers raise StaleHandleError there) instead of destroyed.
+# (every call on them, their Buffers, Streams and views raises ForkedError
+# there; close() does nothing) instead of destroyed.
 if hasattr(_os, "register_at_fork"):
     _os.register_at_fork(after_in_child=_dmem._after_fork_child)
 
@@ -73,6 +75,7 @@ __all__ = [
     "DeviceMemory",
     "DeviceFatalError",
     "DmemError",
+    "ForkedError",
     "HostOutOfMemoryError",
     "InvalidArgumentError",
     "NoDeviceError",
