@@ -92,13 +92,13 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_ipc_handle: NULL argument");
   dmem_status_t fk = dmem__check_forked(rt);
   if (fk != DMEM_OK) return fk;
-  if (rt->be->kind != DMEM_BACKEND_CUDA)
-    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
-                       rt->be->name);
   void *base = NULL;
   size_t off = 0;
   dmem_status_t st = dmem__pool_slab_of(rt->pool, ptr, &base, &off);
   if (st != DMEM_OK) return st;
+  if (rt->be->kind != DMEM_BACKEND_CUDA)
+    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
+                       rt->be->name);
   unsigned char h[DMEM_IPC_HANDLE_SIZE];
   st = dmem__fatal_keep(rt, rt->be->ipc_handle(rt->be, base, h));
   if (st != DMEM_OK) return st;

@@ -287,6 +287,12 @@ static inline bool dmem__reserve(_Atomic size_t *used_p, size_t limit, size_t si
 
 /* ---- API layer internals -------------------------------------------------------- */
 
+/* The most handles one call takes (dmem_lock_and_launch, dmem_launch_async,
+ * dmem_prefetch): an array of more could not be in memory, and the entry
+ * points' lock sets (16 bytes a handle) would overflow. */
+#define DMEM__HANDLES_MAX (SIZE_MAX / 16)
+_Static_assert(sizeof(dmem__reg_entry_t) <= 16, "DMEM__HANDLES_MAX assumes 16-byte entries");
+
 /* runtime/fork.c: the process's live runtimes, marked DMEM__FORKED in a
  * forked child. Tracked by create (DMEM_ERR_HOST_OUT_OF_MEMORY when the
  * fork handler could not be installed), untracked by destroy (but not in a

@@ -48,9 +48,12 @@ static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
   for (size_t i = 0; i < n; i++) (void)dmem__unlock_buffer(rt, e[i].b, e[i].h);
 }
 
-/* All or nothing: on failure nothing stays locked. */
+/* All or nothing: on failure nothing stays locked. A bad handle anywhere
+ * fails before anything is locked or brought back. */
 static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n, void *stream,
                               lockset_t *ls) {
+  dmem_status_t cst = dmem__table_check_all(rt->table, hs, n);
+  if (cst != DMEM_OK) return cst;
   for (size_t i = 0; i < n; i++) {
     dmem__buffer_t *b = NULL;
     dmem_status_t st = dmem__lock(rt, hs[i], stream, &ls->ptrs[i], &b);
@@ -68,6 +71,8 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
                                    dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: NULL argument");
+  if (n > DMEM__HANDLES_MAX)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: n %zu is too large", n);
   dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
   if (st != DMEM_OK) return st;
   lockset_t ls = {0};
@@ -93,6 +98,8 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
                                 size_t n, dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: NULL argument");
+  if (n > DMEM__HANDLES_MAX)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: n %zu is too large", n);
   dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
   if (st != DMEM_OK) return st;
   lockset_t ls = {0};

@@ -50,6 +50,10 @@ dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: rt is NULL");
   if (n == 0) return DMEM_OK;
   if (!dst || !src) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: NULL address");
+  if (n > UINTPTR_MAX - (uintptr_t)dst || n > UINTPTR_MAX - (uintptr_t)src)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_copy(%p, %p, %zu): the range passes the end of the address space",
+                       dst, src, n);
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   return dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dst, src, n, s));

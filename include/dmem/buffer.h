@@ -49,8 +49,9 @@ typedef struct dmem_buffer_info {
  * @param h_out  receives the handle on success; untouched on failure.
  * @return DMEM_OK;
  *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL, size 0, unknown flags;
- *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit, or nothing more
- *                                    can be spilled;
+ *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit (SIZE_MAX
+ *                                    included: at once, nothing spilled), or
+ *                                    nothing more can be spilled;
  *         DMEM_ERR_HOST_OUT_OF_MEMORY handle table could not grow, or victims
  *                                    could not be spilled for lack of host
  *                                    memory;
@@ -67,8 +68,8 @@ DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flag
  * A buffer in a spill or unspill is reclaimed when that move finishes.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
- *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free - or
- *         forged handle).
+ *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free -,
+ *         forged or another runtime's handle).
  */
 DMEM_API dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h);
 
@@ -128,7 +129,8 @@ DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
 
 /**
  * Set a buffer's priority class. Eviction spills lower priorities first, and
- * within a class the least recently unlocked first. Default 0.
+ * within a class the least recently unlocked first. Default 0; every int
+ * (INT_MIN to INT_MAX) is a priority.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_STALE_HANDLE.
