@@ -131,6 +131,28 @@ int pyd_priority_arg(PyObject *o, int *out) {
   return 0;
 }
 
+int pyd_offset_int_arg(PyObject *o, const char *what, Py_ssize_t *out) {
+  if (!PyIndex_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  PyObject *idx = PyNumber_Index(o);
+  if (!idx) return -1;
+  Py_ssize_t v = PyLong_AsSsize_t(idx);
+  Py_DECREF(idx);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError, "%s %R is out of range", what, o);
+    return -1;
+  }
+  if (v < 0) {
+    PyErr_Format(PyExc_ValueError, "%s must be >= 0", what);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
 /* ---- tiers and states -------------------------------------------------------- */
 
 int pyd_tier_arg(PyObject *o, dmem_tier_t *out) {

@@ -63,8 +63,12 @@ static PyObject *pyd_mod_set_controller_base(PyObject *mod, PyObject *cls) {
 }
 
 static PyObject *pyd_mod_status_name(PyObject *mod, PyObject *arg) {
-  long v = PyLong_AsLong(arg);
+  int ovf = 0;
+  long v = PyLong_AsLongAndOverflow(arg, &ovf);
   if (v == -1 && PyErr_Occurred()) return NULL;
+  /* No status lies outside a C int: such a value is as unknown as any
+   * other value outside the table (not truncated into one inside it). */
+  if (ovf || v < INT_MIN || v > INT_MAX) v = 1; /* 1: in no row of the table */
   return PyUnicode_FromString(dmem_status_name((dmem_status_t)v));
 }
 
