@@ -18,6 +18,9 @@
  *   DMEM_STATS         0 | 1: print statistics to stderr at destroy
  *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
  *                      K/M/G/T suffix)
+ *   DMEM_OOM_WAIT      milliseconds an allocation waits for moves and stream
+ *                      releases in flight before DMEM_ERR_OUT_OF_MEMORY
+ *                      (0..3600000; see dmem_config_t.oom_wait_ms)
  *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
  *                      device use passes N % of the limit (on: 95 %), a
  *                      background thread spills by policy down to M %
