@@ -31,12 +31,12 @@ dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_evict: rt is NULL");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
+  dmem__spill_poll(rt); /* finished stream releases: their buffers become victims */
   size_t freed = 0;
   if (bytes == 0) { /* nothing asked: no pass, no controller call */
     if (freed_out) *freed_out = 0;
     return DMEM_OK;
   }
-  dmem__spill_poll(rt);
   st = dmem__evict(rt, bytes, 0, DMEM__EVICT_EXPLICIT, &freed, NULL);
   if (st != DMEM_OK) return st;
   if (freed_out) *freed_out = freed;

@@ -22,6 +22,12 @@ methods of a closed Runtime or Stream raise ValueError. An exception raised by a
 launch function (``lock_and_launch``/``launch_async``) propagates unchanged; one
 raised by a controller callback surfaces as CallbackError (``__cause__`` is the
 original).
+
+In a child made by ``os.fork()`` the runtimes inherited from the parent are
+unusable (their threads and device context are not in the child): every call
+on them and their objects raises ForkedError, and close() does nothing. The
+child may create runtimes of its own; ``dmem.default_runtime()`` gives it a
+new one.
 """
 
 import atexit as _atexit
