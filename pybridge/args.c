@@ -15,7 +15,16 @@
 
 /* ---- checks ------------------------------------------------------------------ */
 
+/* In a forked child, every object of an inherited runtime raises this. */
+static int pyd_forked_raise(void) {
+  pyd_raise(DMEM_ERR_FORKED,
+            "this runtime was inherited through fork(): a child process cannot use its "
+            "parent's runtimes (create a new one, or use dmem.default_runtime())");
+  return -1;
+}
+
 int pyd_runtime_check(pyd_runtime_t *rt) {
+  if (rt->forked) return pyd_forked_raise();
   if (!rt->rt || rt->closing) {
     PyErr_SetString(PyExc_ValueError, "dmem runtime is closed");
     return -1;
@@ -24,6 +33,7 @@ int pyd_runtime_check(pyd_runtime_t *rt) {
 }
 
 int pyd_buffer_check(pyd_buffer_t *b) {
+  if (b->rt->forked) return pyd_forked_raise();
   if (b->freed) {
     pyd_raise(DMEM_ERR_STALE_HANDLE, "buffer was freed");
     return -1;
@@ -118,6 +128,28 @@ int pyd_priority_arg(PyObject *o, int *out) {
     return -1;
   }
   *out = (int)p;
+  return 0;
+}
+
+int pyd_offset_int_arg(PyObject *o, const char *what, Py_ssize_t *out) {
+  if (!PyIndex_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  PyObject *idx = PyNumber_Index(o);
+  if (!idx) return -1;
+  Py_ssize_t v = PyLong_AsSsize_t(idx);
+  Py_DECREF(idx);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError, "%s %R is out of range", what, o);
+    return -1;
+  }
+  if (v < 0) {
+    PyErr_Format(PyExc_ValueError, "%s must be >= 0", what);
+    return -1;
+  }
+  *out = v;
   return 0;
 }
 

@@ -131,8 +131,10 @@ static PyObject *pyd_buffer_write(pyd_buffer_t *self, PyObject *args, PyObject *
   static char *kwlist[] = {"data", "offset", NULL};
   Py_buffer view;
   Py_ssize_t offset = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|n:write", kwlist, &view, &offset)) return NULL;
+  PyObject *offset_o = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|O:write", kwlist, &view, &offset_o)) return NULL;
   PyObject *ret = NULL;
+  if (offset_o && pyd_offset_int_arg(offset_o, "offset", &offset) < 0) goto out;
   if (pyd_offset_arg(offset, view.len, self->size) < 0 || pyd_buffer_check(self) < 0) goto out;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
@@ -149,14 +151,11 @@ out:
 
 static PyObject *pyd_buffer_read(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"nbytes", "offset", NULL};
-  PyObject *n_o = Py_None;
+  PyObject *n_o = Py_None, *offset_o = NULL;
   Py_ssize_t offset = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|On:read", kwlist, &n_o, &offset)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:read", kwlist, &n_o, &offset_o)) return NULL;
   Py_ssize_t n;
-  if (offset < 0) {
-    PyErr_SetString(PyExc_ValueError, "offset must be >= 0");
-    return NULL;
-  }
+  if (offset_o && pyd_offset_int_arg(offset_o, "offset", &offset) < 0) return NULL;
   if (n_o == Py_None) {
     if ((size_t)offset > self->size) {
       PyErr_Format(PyExc_ValueError, "offset %zd is outside the buffer of %zu bytes", offset,

@@ -39,6 +39,8 @@ const pyd_exc_def_t pyd_exc_defs[] = {
     {DMEM_ERR_DEVICE, "DeviceError", 0, "DMEM_ERR_DEVICE: a device or driver call failed."},
     {DMEM_ERR_DEVICE_FATAL, "DeviceFatalError", PYD_EXC_DEVICE,
      "DMEM_ERR_DEVICE_FATAL: the device context is lost; the runtime refuses work."},
+    {DMEM_ERR_FORKED, "ForkedError", 0,
+     "DMEM_ERR_FORKED: the runtime was inherited through fork(); a child cannot use it."},
 };
 #define PYD_NEXC (sizeof pyd_exc_defs / sizeof pyd_exc_defs[0])
 const size_t pyd_exc_ndefs = PYD_NEXC;

@@ -34,8 +34,8 @@ static PyObject *pyd_mod_shutdown(PyObject *mod, PyObject *unused) {
 static PyObject *pyd_mod_after_fork_child(PyObject *mod, PyObject *unused) {
   /* The child has none of the runtime's threads (host-backend streams, copy
    * engine) and no usable CUDA context: destroying a runtime there could wait
-   * forever. Disown every runtime: its objects raise as after close(), and its
-   * memory is left to the process's exit. */
+   * forever. Disown every runtime: its objects raise ForkedError (close()
+   * does nothing), and its memory is left to the process's exit. */
   pyd_runtime_t *r = pyd_live_runtimes;
   pyd_live_runtimes = NULL;
   while (r) {
@@ -44,6 +44,7 @@ static PyObject *pyd_mod_after_fork_child(PyObject *mod, PyObject *unused) {
     r->rt = NULL;
     r->active = 0;
     r->closing = 1;
+    r->forked = 1;
     pyd_bindings_mark_closing(r);
     r = next;
   }
@@ -62,8 +63,12 @@ static PyObject *pyd_mod_set_controller_base(PyObject *mod, PyObject *cls) {
 }
 
 static PyObject *pyd_mod_status_name(PyObject *mod, PyObject *arg) {
-  long v = PyLong_AsLong(arg);
+  int ovf = 0;
+  long v = PyLong_AsLongAndOverflow(arg, &ovf);
   if (v == -1 && PyErr_Occurred()) return NULL;
+  /* No status lies outside a C int: such a value is as unknown as any
+   * other value outside the table (not truncated into one inside it). */
+  if (ovf || v < INT_MIN || v > INT_MAX) v = 1; /* 1: in no row of the table */
   return PyUnicode_FromString(dmem_status_name((dmem_status_t)v));
 }
 

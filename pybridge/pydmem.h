@@ -42,6 +42,7 @@ typedef struct pyd_runtime {
   dmem_backend_t backend;      /* DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
   int device;                  /* device ordinal (DLPack device_id) */
   int closing;                 /* close() has started: refuse new calls */
+  int forked;                  /* inherited by a forked child: calls raise ForkedError */
   int is_default;              /* dmem_runtime_default's: never closed */
   Py_ssize_t active;           /* calls in flight with the GIL released */
   pyd_binding_t *bindings;     /* controller bindings, current first; freed at close */
@@ -200,6 +201,9 @@ int pyd_handle_int_arg(PyObject *o, dmem_handle_t *out);
 int pyd_size_arg(PyObject *o, const char *what, size_t *bytes, double *fraction);
 /* A priority class (an int that fits a C int). -1 on error. */
 int pyd_priority_arg(PyObject *o, int *out);
+/* A non-negative offset or length: TypeError unless an int (or __index__),
+ * ValueError when negative or past Py_ssize_t (never OverflowError). */
+int pyd_offset_int_arg(PyObject *o, const char *what, Py_ssize_t *out);
 /* A spill tier: 'host', 'disk' or 'controller'. -1 on error. */
 int pyd_tier_arg(PyObject *o, dmem_tier_t *out);
 /* Names of states and tiers, as the Python API spells them. */

@@ -215,6 +215,8 @@ static PyObject *pyd_runtime_enter(pyd_runtime_t *self, PyObject *unused) {
 }
 
 static PyObject *pyd_runtime_exit(pyd_runtime_t *self, PyObject *args) {
+  PyObject *et, *ev, *tb;
+  if (!PyArg_UnpackTuple(args, "__exit__", 3, 3, &et, &ev, &tb)) return NULL;
   if (self->is_default) Py_RETURN_FALSE; /* `with dmem.default_runtime() as rt:` keeps it */
   if (pyd_runtime_close_impl(self, -1.0) < 0) return NULL;
   Py_RETURN_FALSE;
@@ -605,6 +607,7 @@ void pyd_runtime_defaults_after_fork(void) {
     r->rt = NULL; /* the C library forgets it in the child too */
     r->active = 0;
     r->closing = 1;
+    r->forked = 1;
     pyd_bindings_mark_closing(r);
     Py_DECREF(r);
   }

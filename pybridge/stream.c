@@ -99,6 +99,8 @@ static PyObject *pyd_stream_enter(pyd_stream_t *self, PyObject *unused) {
 }
 
 static PyObject *pyd_stream_exit(pyd_stream_t *self, PyObject *args) {
+  PyObject *et, *ev, *tb;
+  if (!PyArg_UnpackTuple(args, "__exit__", 3, 3, &et, &ev, &tb)) return NULL;
   PyObject *r = pyd_stream_close(self, NULL);
   if (!r) return NULL;
   Py_DECREF(r);

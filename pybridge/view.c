@@ -41,6 +41,7 @@ PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o) {
 }
 
 static int pyd_view_locked(pyd_view_t *v) {
+  if (v->buf->rt->forked) return pyd_runtime_check(v->buf->rt); /* ForkedError */
   if (v->state != PYD_VIEW_LOCKED || !v->buf->rt->rt || v->buf->rt->closing) {
     pyd_raise(DMEM_ERR_NOT_LOCKED, v->state == PYD_VIEW_NEW
                                        ? "view used before its `with` block"
@@ -115,6 +116,8 @@ static dmem_status_t pyd_view_release(pyd_view_t *self, pyd_ctx_t *ctx, int acce
 }
 
 static PyObject *pyd_view_exit(pyd_view_t *self, PyObject *args) {
+  PyObject *et, *ev, *tb;
+  if (!PyArg_UnpackTuple(args, "__exit__", 3, 3, &et, &ev, &tb)) return NULL;
   if (self->state != PYD_VIEW_LOCKED)
     return pyd_raise(DMEM_ERR_NOT_LOCKED, "view.__exit__ without a matching __enter__");
   pyd_ctx_t ctx = {0};
@@ -310,17 +313,22 @@ static PyObject *pyd_view_dlpack(pyd_view_t *self, PyObject *args, PyObject *kwd
   /* Stream order (CUDA): the consumer's stream must see the retrieve queued
    * on the lock stream. Same stream: nothing to do; -1: consumer opts out;
    * otherwise synchronise the lock stream (simple and always correct). */
-  if (type == kDLCUDA) {
-    long long req = 1; /* None: the legacy default stream */
-    if (stream_o != Py_None) {
-      if (!PyLong_Check(stream_o)) {
-        PyErr_Format(PyExc_TypeError, "stream must be an int or None, not %.100s",
-                     Py_TYPE(stream_o)->tp_name);
-        return NULL;
-      }
-      req = PyLong_AsLongLong(stream_o);
-      if (req == -1 && PyErr_Occurred()) return NULL;
+  long long req = 1; /* None: the legacy default stream */
+  if (stream_o != Py_None) { /* an int or None on every device (DLPack) */
+    if (!PyLong_Check(stream_o)) {
+      PyErr_Format(PyExc_TypeError, "stream must be an int or None, not %.100s",
+                   Py_TYPE(stream_o)->tp_name);
+      return NULL;
     }
+    int ovf = 0;
+    req = PyLong_AsLongLongAndOverflow(stream_o, &ovf);
+    if (req == -1 && PyErr_Occurred()) return NULL;
+    if (ovf) {
+      PyErr_Format(PyExc_ValueError, "stream %R is out of range", stream_o);
+      return NULL;
+    }
+  }
+  if (type == kDLCUDA) {
     unsigned long long mine = self->stream ? (unsigned long long)(uintptr_t)self->stream : 1ull;
     int same = (unsigned long long)req == mine || (!self->stream && req == 0);
     if (req != -1 && !same) {

@@ -62,6 +62,8 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
 
 dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_free: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   dmem__pending_poll(rt, false); /* finished releases first: reclaim at once */
@@ -80,6 +82,8 @@ dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
 dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_info_t *info_out) {
   if (!rt || !info_out)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_info: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   dmem__pending_poll(rt, false); /* lock counts as of now, finished releases done */
@@ -102,6 +106,8 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
 
 dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_set_priority: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */

@@ -40,6 +40,8 @@ dmem_status_t dmem_device_malloc_dedicated(dmem_runtime_t *rt, size_t size,
 
 dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_free: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (!ptr) return DMEM_OK;
   size_t size;
   bool dedicated;
@@ -53,6 +55,8 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
 
 dmem_status_t dmem_stream_forget(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_forget: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (stream) dmem__device_stream_forget(rt, stream);
   return DMEM_OK;
 }
@@ -74,6 +78,8 @@ static size_t spillable_bytes(dmem_runtime_t *rt) {
 
 dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out, size_t *total_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_memory_info: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__spill_poll(rt); /* finished stream releases make buffers spillable */
   size_t dev_free = 0;
   dmem_status_t st = dmem__fatal_keep(rt, rt->be->mem_info(rt->be, &dev_free, NULL));
@@ -96,9 +102,8 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
                               size_t *offset_out) {
   if (!rt || !ptr || !handle_out || !offset_out)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_ipc_handle: NULL argument");
-  if (rt->be->kind != DMEM_BACKEND_CUDA)
-    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
-                       rt->be->name);
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   void *base = NULL;
   size_t off = 0, bsize = 0;
   dmem_status_t st;
@@ -108,6 +113,9 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
     st = dmem__pool_slab_of(rt->pool, ptr, &base, &off);
     if (st != DMEM_OK) return st;
   }
+  if (rt->be->kind != DMEM_BACKEND_CUDA)
+    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
+                       rt->be->name);
   unsigned char h[DMEM_IPC_HANDLE_SIZE];
   st = dmem__fatal_keep(rt, rt->be->ipc_handle(rt->be, base, h));
   if (st != DMEM_OK) return st;
@@ -118,6 +126,8 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
 
 dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_trim: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   size_t released = 0;
   dmem_status_t st = dmem__device_trim(rt, keep_bytes, &released);
   if (st != DMEM_OK) return st;
@@ -127,6 +137,8 @@ dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *re
 
 dmem_status_t dmem_host_trim(dmem_runtime_t *rt, size_t keep_bytes, size_t *released_out) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_host_trim: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__spill_poll(rt); /* finished unspills give their staging back first */
   size_t released = 0;
   dmem_status_t st = dmem__hostpool_trim(rt->hostpool, keep_bytes, &released);

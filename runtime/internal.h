@@ -147,9 +147,14 @@ struct dmem_runtime {
   _Atomic int has_ctl;        /* relaxed hint: skip the mutex when no controller */
   _Atomic int has_ctl_events; /* relaxed hint: the controller has on_event */
 
-  /* Sticky DMEM_ERR_DEVICE_FATAL. Read on the lock fast path: kept on a
-   * line of its own, away from the counters that every thread writes. */
+  /* Why the runtime refuses work, or DMEM__LIVE: DMEM__FATAL (sticky
+   * DMEM_ERR_DEVICE_FATAL, set by dmem__fatal_keep) or DMEM__FORKED (set in
+   * a forked child by runtime/fork.c). Read (relaxed) on the lock fast path,
+   * which so refuses both at no extra cost: kept on a line of its own, away
+   * from the counters that every thread writes. */
   _Alignas(64) _Atomic int fatal;
+  /* The live runtimes of the process (runtime/fork.c), under its mutex. */
+  dmem_runtime_t *fork_prev, *fork_next;
 
   /* LRU epoch: read (relaxed) by unlocks, bumped by allocations and
    * eviction passes. On its own line. */
@@ -212,16 +217,46 @@ static inline void dmem__stats_unspill(dmem_runtime_t *rt, dmem_tier_t tier, siz
 
 /* ---- core helpers that read the runtime --------------------------------------- */
 
+/* rt->fatal: why the runtime refuses work. */
+#define DMEM__LIVE 0
+#define DMEM__FATAL 1  /* a fatal device error: DMEM_ERR_DEVICE_FATAL */
+#define DMEM__FORKED 2 /* inherited by a forked child: DMEM_ERR_FORKED */
+
 /* Pass a backend status on, making DMEM_ERR_DEVICE_FATAL sticky: after it
- * the runtime refuses new work (dmem__check_live). */
+ * the runtime refuses new work (dmem__check_live). A forked runtime stays
+ * forked. */
 static inline dmem_status_t dmem__fatal_keep(dmem_runtime_t *rt, dmem_status_t st) {
-  if (st == DMEM_ERR_DEVICE_FATAL) dmem_atomic_store_relaxed(&rt->fatal, 1);
+  if (st == DMEM_ERR_DEVICE_FATAL) {
+    int why = DMEM__LIVE;
+    while (!dmem_atomic_cas_relaxed(&rt->fatal, &why, DMEM__FATAL) && why == DMEM__LIVE) {
+    }
+  }
   return st;
 }
 
+/* The status of a call made in a forked child on a runtime it inherited
+ * (runtime/fork.c marks them). */
+static inline dmem_status_t dmem__forked_error(void) {
+  return dmem__error(DMEM_ERR_FORKED,
+                     "this runtime was inherited through fork(): a child process cannot use "
+                     "its parent's runtimes (create a new one)");
+}
+
+/* Every call that starts new work checks this first: DMEM_ERR_DEVICE_FATAL
+ * after a fatal device error, DMEM_ERR_FORKED in a forked child. */
 static inline dmem_status_t dmem__check_live(dmem_runtime_t *rt) {
-  if (dmem_atomic_load_relaxed(&rt->fatal))
-    return dmem__error(DMEM_ERR_DEVICE_FATAL, "runtime refuses work after a fatal device error");
+  int why = dmem_atomic_load_relaxed(&rt->fatal);
+  if (why == DMEM__LIVE) return DMEM_OK;
+  if (why == DMEM__FORKED) return dmem__forked_error();
+  return dmem__error(DMEM_ERR_DEVICE_FATAL, "runtime refuses work after a fatal device error");
+}
+
+/* Calls that still work after a fatal device error (free, stats, trims,
+ * synchronisation ...) check this first: in a forked child a mutex may be
+ * held for good by a parent thread that is not there, and the backend's
+ * threads and context are gone, so they must touch nothing. */
+static inline dmem_status_t dmem__check_forked(dmem_runtime_t *rt) {
+  if (dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED) return dmem__forked_error();
   return DMEM_OK;
 }
 
@@ -253,6 +288,19 @@ static inline bool dmem__reserve(_Atomic size_t *used_p, size_t limit, size_t si
 #include "spill/spill.h"
 
 /* ---- API layer internals -------------------------------------------------------- */
+
+/* The most handles one call takes (dmem_lock_and_launch, dmem_launch_async,
+ * dmem_prefetch): an array of more could not be in memory, and the entry
+ * points' lock sets (16 bytes a handle) would overflow. */
+#define DMEM__HANDLES_MAX (SIZE_MAX / 16)
+_Static_assert(sizeof(dmem__reg_entry_t) <= 16, "DMEM__HANDLES_MAX assumes 16-byte entries");
+
+/* runtime/fork.c: the process's live runtimes, marked DMEM__FORKED in a
+ * forked child. Tracked by create (DMEM_ERR_HOST_OUT_OF_MEMORY when the
+ * fork handler could not be installed), untracked by destroy (but not in a
+ * forked child, whose list starts empty). */
+dmem_status_t dmem__fork_track(dmem_runtime_t *rt);
+void dmem__fork_untrack(dmem_runtime_t *rt);
 
 /* runtime/buffer.c: lock h for the caller (fast path here, slow path in
  * spill/retrieve.c); *b_out (may be NULL) is the buffer. */

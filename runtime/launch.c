@@ -48,9 +48,12 @@ static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
   for (size_t i = 0; i < n; i++) (void)dmem__unlock_buffer(rt, e[i].b, e[i].h);
 }
 
-/* All or nothing: on failure nothing stays locked. */
+/* All or nothing: on failure nothing stays locked. A bad handle anywhere
+ * fails before anything is locked or brought back. */
 static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n, void *stream,
                               lockset_t *ls) {
+  dmem_status_t cst = dmem__table_check_all(rt->table, hs, n);
+  if (cst != DMEM_OK) return cst;
   for (size_t i = 0; i < n; i++) {
     dmem__buffer_t *b = NULL;
     dmem_status_t st = dmem__lock(rt, hs[i], stream, &ls->ptrs[i], &b);
@@ -68,8 +71,12 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
                                    dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: NULL argument");
+  if (n > DMEM__HANDLES_MAX)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: n %zu is too large", n);
+  dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
+  if (st != DMEM_OK) return st;
   lockset_t ls = {0};
-  dmem_status_t st = lockset_init(&ls, n);
+  st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, NULL, &ls);
   if (st == DMEM_OK) {
@@ -91,8 +98,12 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
                                 size_t n, dmem_launch_fn fn, void *user) {
   if (!rt || !fn || (!hs && n > 0))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: NULL argument");
+  if (n > DMEM__HANDLES_MAX)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: n %zu is too large", n);
+  dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
+  if (st != DMEM_OK) return st;
   lockset_t ls = {0};
-  dmem_status_t st = lockset_init(&ls, n);
+  st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, stream, &ls);
   if (st == DMEM_OK) {
@@ -114,7 +125,9 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
 
 dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_sync_and_unlock: rt is NULL");
-  dmem_status_t st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
+  dmem_status_t st = dmem__check_forked(rt);
+  if (st != DMEM_OK) return st;
+  st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
   if (st != DMEM_OK) return st;
   dmem__reg_entry_t *v;

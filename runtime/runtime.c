@@ -141,9 +141,12 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   pthread_mutex_init(&rt->ctl_mu, NULL);
   pthread_mutex_init(&rt->ahead_mu, NULL);
   pthread_cond_init(&rt->ahead_cv, NULL);
+  /* before the first thread starts: a fork from now on marks it */
+  st = dmem__fork_track(rt);
+  if (st != DMEM_OK) goto fail_mutexes;
 
   st = make_backend(&cfg, &rt->be);
-  if (st != DMEM_OK) goto fail_mutexes;
+  if (st != DMEM_OK) goto fail_track;
   rt->capacity = rt->be->device_capacity;
   if (cfg.device_limit) rt->limit = cfg.device_limit;
   else if (cfg.device_limit_fraction > 0)
@@ -205,6 +208,8 @@ fail_hostpool:
   dmem__hostpool_destroy(rt->hostpool);
 fail_backend:
   rt->be->destroy(rt->be);
+fail_track:
+  dmem__fork_untrack(rt);
 fail_mutexes:
   destroy_mutexes(rt);
   pthread_mutex_destroy(&rt->reg.mu);
@@ -242,6 +247,12 @@ static void print_stats(dmem_runtime_t *rt) {
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
+  /* Inherited by a forked child (runtime/fork.c): its threads are not
+   * here, its mutexes may be held for good and its device context is the
+   * parent's. Release nothing: the child's copy of its memory goes with
+   * the child's exit or exec. */
+  if (dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED) return;
+  dmem__fork_untrack(rt);
   dmem__ahead_stop(rt); /* first: it moves buffers */
   /* The I/O threads first: a push-down in progress stops at its next
    * chunk. Nothing reads or writes the disk after this. */

@@ -7,6 +7,8 @@
 
 dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   if (!rt || !stats_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stats: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   dmem__spill_poll(rt);
   dmem_stats_t s;
   memset(&s, 0, sizeof s);

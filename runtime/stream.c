@@ -15,6 +15,8 @@ dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_out) {
 
 dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
   if (!rt || !s) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_destroy: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (dmem__registry_has(rt, s))
     return dmem__error(DMEM_ERR_BUSY,
                        "stream %p still has locked buffers registered: call "
@@ -27,7 +29,9 @@ dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
 
 dmem_status_t dmem_stream_synchronize(dmem_runtime_t *rt, dmem_stream_t s) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_synchronize: rt is NULL");
-  dmem_status_t st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
+  dmem_status_t st = dmem__check_forked(rt);
+  if (st != DMEM_OK) return st;
+  st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
   /* the releases of s (and any other finished ones) unlock now */
   dmem__pending_poll(rt, false);
   return st;
@@ -46,6 +50,10 @@ dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: rt is NULL");
   if (n == 0) return DMEM_OK;
   if (!dst || !src) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: NULL address");
+  if (n > UINTPTR_MAX - (uintptr_t)dst || n > UINTPTR_MAX - (uintptr_t)src)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_copy(%p, %p, %zu): the range passes the end of the address space",
+                       dst, src, n);
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   return dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dst, src, n, s));

@@ -8,7 +8,12 @@
 dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
                              void *stream, size_t *done_out) {
   size_t i = 0;
-  dmem_status_t st = DMEM_OK;
+  /* a bad handle anywhere: nothing is prefetched */
+  dmem_status_t st = dmem__table_check_all(rt->table, hs, n);
+  if (st != DMEM_OK) {
+    if (done_out) *done_out = 0;
+    return st;
+  }
   DMEM_NVTX_PUSH("dmem prefetch");
   for (; i < n; i++) {
     dmem__buffer_t *b = dmem__table_lookup(rt->table, hs[i]);

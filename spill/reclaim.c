@@ -68,6 +68,13 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
       return dmem__error(DMEM_ERR_NOT_LOCKED, "handle 0x%016llx is not locked",
                          (unsigned long long)h);
     }
+    /* The last unlock of a freed buffer reclaims it, which a forked child
+     * must not do (mutexes, the backend): refused there, nothing changes.
+     * Any other unlock in a child only writes the child's copy of the word
+     * (and so costs no check here). */
+    if (dmem__w_count(w) == 1 && (w & DMEM__F_FREED) &&
+        dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED)
+      return dmem__forked_error();
     nw = w - 1;
     /* release: the caller's device work is done; partner is the spiller's
      * acquiring CAS */

@@ -7,6 +7,7 @@ TEST_CASE(names_and_messages) {
   CHECK_STR(dmem_status_name(DMEM_OK), "DMEM_OK");
   CHECK_STR(dmem_status_name(DMEM_ERR_BUSY), "DMEM_ERR_BUSY");
   CHECK_STR(dmem_status_name(DMEM_ERR_DEVICE_FATAL), "DMEM_ERR_DEVICE_FATAL");
+  CHECK_STR(dmem_status_name(DMEM_ERR_FORKED), "DMEM_ERR_FORKED");
   CHECK_STR(dmem_status_name((dmem_status_t)-999), "DMEM_UNKNOWN_STATUS");
   CHECK_STR(dmem_status_string((dmem_status_t)-999), "unknown status");
   CHECK_EQ(DMEM_OK, 0);
@@ -17,7 +18,7 @@ TEST_CASE(names_and_messages) {
 #undef X
   };
   size_t n = sizeof all / sizeof all[0];
-  CHECK_EQ(n, 13);
+  CHECK_EQ(n, 14);
   for (size_t i = 0; i < n; i++) {
     if (i > 0) CHECK_LT(all[i], 0);
     CHECK_TRUE(strncmp(dmem_status_name(all[i]), "DMEM_", 5) == 0);

@@ -49,8 +49,9 @@ typedef struct dmem_buffer_info {
  * @param h_out  receives the handle on success; untouched on failure.
  * @return DMEM_OK;
  *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL, size 0, unknown flags;
- *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit, or nothing more
- *                                    can be spilled;
+ *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit (SIZE_MAX
+ *                                    included: at once, nothing spilled), or
+ *                                    nothing more can be spilled;
  *         DMEM_ERR_HOST_OUT_OF_MEMORY handle table could not grow, or victims
  *                                    could not be spilled for lack of host
  *                                    memory;
@@ -67,8 +68,8 @@ DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flag
  * A buffer in a spill or unspill is reclaimed when that move finishes.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
- *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free - or
- *         forged handle).
+ *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free -,
+ *         forged or another runtime's handle).
  */
 DMEM_API dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h);
 
@@ -114,14 +115,22 @@ DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
  * Release one lock. At the last unlock the buffer becomes spillable again, and
  * if it was freed while locked its memory is reclaimed.
  *
+ * In a forked child, on an inherited runtime, the lock is dropped in the
+ * child's own copy of the buffer's state (the parent keeps its lock), with
+ * the same statuses; the last unlock of a buffer freed while locked gives
+ * DMEM_ERR_FORKED and changes nothing (see dmem/runtime.h).
+ *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
- *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_NOT_LOCKED (lock count is 0).
+ *         DMEM_ERR_STALE_HANDLE (zero, freed, forged or another runtime's
+ *         handle); DMEM_ERR_NOT_LOCKED (lock count is 0: an unlock without a
+ *         lock changes nothing); DMEM_ERR_FORKED (see above).
  */
 DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
 
 /**
  * Set a buffer's priority class. Eviction spills lower priorities first, and
- * within a class the least recently unlocked first. Default 0.
+ * within a class the least recently unlocked first. Default 0; every int
+ * (INT_MIN to INT_MAX) is a priority.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_STALE_HANDLE.

@@ -18,6 +18,9 @@
  *   DMEM_STATS         0 | 1: print statistics to stderr at destroy
  *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
  *                      K/M/G/T suffix)
+ *   DMEM_OOM_WAIT      milliseconds an allocation waits for moves and stream
+ *                      releases in flight before DMEM_ERR_OUT_OF_MEMORY
+ *                      (0..3600000; see dmem_config_t.oom_wait_ms)
  *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
  *                      device use passes N % of the limit (on: 95 %), a
  *                      background thread spills by policy down to M %
@@ -49,7 +52,10 @@ typedef struct dmem_config {
   size_t struct_size;            /**< sizeof(dmem_config_t), set by dmem_config_init */
   dmem_backend_t backend;        /**< default DMEM_BACKEND_AUTO */
   int device;                    /**< CUDA device ordinal, default 0 */
-  size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity */
+  size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity.
+                                      Above the capacity (up to SIZE_MAX) it is
+                                      kept as given: the device's own
+                                      out-of-memory then drives spilling */
   double device_limit_fraction;  /**< 0 < f <= 1: limit = f * capacity (used when device_limit is 0) */
   /** Bytes of spilled data kept in (pinned) host memory; 0: unlimited.
    *  Spills go to the host tier; when it holds more than host_limit, the

@@ -123,7 +123,7 @@ DMEM_API dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_
  * Thread-safe.
  * @return DMEM_OK (both outputs written);
  *         DMEM_ERR_INVALID_ARGUMENT  NULL argument, or ptr in no slab of the
- *                                    runtime's pool;
+ *                                    runtime's pool (checked first);
  *         DMEM_ERR_NO_DEVICE         the host backend, which has no IPC;
  *         DMEM_ERR_DEVICE            the driver refused.
  */

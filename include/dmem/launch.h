@@ -21,12 +21,19 @@ extern "C" {
 /**
  * Lock all `n` handles (all or nothing), call fn(user, NULL, ptrs, n) on the
  * default stream, synchronise the default stream, unlock all. Duplicated
- * handles are allowed (each is locked once per occurrence).
+ * handles are allowed (each is locked once per occurrence; the duplicates
+ * get the same address). n == 0 calls fn with no buffers. The handles are
+ * checked before anything is locked: a bad one anywhere in hs brings no
+ * buffer back.
  *
  * @return fn's status if it was called and the synchronisation succeeded;
- *         DMEM_ERR_INVALID_ARGUMENT  rt or fn NULL, or hs NULL with n > 0;
- *         any status of dmem_lock (then fn is not called and nothing stays
- *         locked); DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL from the
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or fn NULL, hs NULL with n > 0, or
+ *                                    n > SIZE_MAX / 16 (more handles than
+ *                                    memory can hold);
+ *         DMEM_ERR_STALE_HANDLE      a zero, freed, forged or another
+ *                                    runtime's handle in hs;
+ *         any other status of dmem_lock (then fn is not called and nothing
+ *         stays locked); DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL from the
  *         synchronisation.
  */
 DMEM_API dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs,
@@ -37,10 +44,13 @@ DMEM_API dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handl
  * stream's lock registry and call fn(user, stream, ptrs, n). The buffers stay
  * locked until dmem_sync_and_unlock(stream) or dmem_stream_release(stream).
  * If fn fails, its buffers are still registered: work it enqueued before
- * failing may use them.
+ * failing may use them. Duplicated handles are allowed (registered once per
+ * occurrence); a bad handle anywhere in hs fails before anything is locked.
  *
  * @return fn's status; DMEM_ERR_INVALID_ARGUMENT (rt or fn NULL, hs NULL with
- *         n > 0); any status of dmem_lock (fn not called, nothing locked);
+ *         n > 0, n > SIZE_MAX / 16); DMEM_ERR_STALE_HANDLE (a zero, freed,
+ *         forged or another runtime's handle in hs: fn not called, nothing
+ *         locked); any other status of dmem_lock (likewise);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY (registry could not grow; nothing locked).
  */
 DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream,
@@ -49,7 +59,8 @@ DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t strea
 
 /**
  * Synchronise `stream`, then unlock every buffer its registry holds (RMMEP-1
- * syncAndUnlock). A stream with nothing registered is just synchronised.
+ * syncAndUnlock). A stream with nothing registered is just synchronised
+ * (DMEM_OK).
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL (synchronisation failed; the
@@ -66,6 +77,8 @@ DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t st
  * dmem_stats, dmem_free, an allocation that needs room, dmem_runtime_poll.
  * Each of these looks at finished releases before it looks at lock counts;
  * when none is pending that costs one relaxed load.
+ *
+ * A stream with nothing registered: DMEM_OK, nothing recorded.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL

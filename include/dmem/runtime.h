@@ -1,5 +1,28 @@
 /*
- * dmem/runtime.h - creating and destroying a runtime.
+ * dmem/runtime.h - creating and destroying a runtime, and what fork() means
+ * for one.
+ *
+ * fork(). A child made by fork() gets a copy of its parent's runtimes but
+ * none of their threads (the host backend's stream workers, the I/O
+ * threads, spill-ahead, the pinned pool's grower), no usable CUDA context,
+ * and possibly internal mutexes that a parent thread held at the fork and
+ * that nobody in the child will ever release. So an inherited runtime is
+ * unusable in the child, and dmem says so: every call on it returns
+ * DMEM_ERR_FORKED, at once, without taking a mutex, calling the device or
+ * waiting for anything (argument checks that need no runtime state, such as
+ * a NULL output, may give DMEM_ERR_INVALID_ARGUMENT first). The exceptions:
+ *   - dmem_unlock of a buffer that is not freed drops the lock in the
+ *     child's own copy of the runtime (one atomic operation on memory the
+ *     child owns: the lock fast path has no room for a check); the last
+ *     unlock of a buffer freed while locked returns DMEM_ERR_FORKED;
+ *   - dmem_runtime_backend answers as in the parent;
+ *   - dmem_runtime_destroy releases nothing (see there).
+ * The parent is not affected: its runtimes, buffers, data and statistics
+ * are as they were, whatever the child calls. The child may create runtimes
+ * of its own (and dmem_runtime_default gives it a new default runtime);
+ * under CUDA, only if it has not used CUDA in the parent's context (CUDA's
+ * own rule for forked children). A runtime created in the child is
+ * inherited by its own children in the same way.
  */
 #ifndef DMEM_RUNTIME_H
 #define DMEM_RUNTIME_H
@@ -40,12 +63,20 @@ DMEM_API dmem_status_t dmem_runtime_create(const dmem_config_t *cfg,
  * name and goes with the process in any case). rt == NULL is a no-op. Not
  * thread-safe with respect to other calls on the same runtime: no other
  * thread may use rt during or after this call.
+ *
+ * In a forked child, on a runtime inherited from the parent, it returns at
+ * once and releases nothing: not the parent's device memory, streams,
+ * spill directory or file (they are the parent's), and not the child's copy
+ * of the runtime's host memory either (its mutexes may be held for good);
+ * that copy goes with the child's exit or exec. The runtime stays unusable
+ * (DMEM_ERR_FORKED) in the child.
  */
 DMEM_API void dmem_runtime_destroy(dmem_runtime_t *rt);
 
 /**
  * The backend actually in use (DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST).
- * Thread-safe. Returns DMEM_BACKEND_AUTO for rt == NULL.
+ * Thread-safe. Returns DMEM_BACKEND_AUTO for rt == NULL. Works in a forked
+ * child too (it reads a field set at creation).
  */
 DMEM_API dmem_backend_t dmem_runtime_backend(const dmem_runtime_t *rt);
 
@@ -56,7 +87,8 @@ DMEM_API dmem_backend_t dmem_runtime_backend(const dmem_runtime_t *rt);
  * looks for spill victims or reports state. Thread-safe.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE or
- *         DMEM_ERR_DEVICE_FATAL if querying an event failed.
+ *         DMEM_ERR_DEVICE_FATAL if querying an event failed; DMEM_ERR_FORKED
+ *         (an inherited runtime in a forked child).
  */
 DMEM_API dmem_status_t dmem_runtime_poll(dmem_runtime_t *rt);
 

@@ -32,10 +32,13 @@ extern "C" {
  * @param tier DMEM_TIER_HOST, DMEM_TIER_DISK or DMEM_TIER_CONTROLLER (the
  *             latter only with a controller that has store and retrieve).
  * @return DMEM_OK;
- *         DMEM_ERR_INVALID_ARGUMENT  rt NULL, tier invalid, controller tier
- *                                    without such a controller, or moving
- *                                    from disk/controller back to host;
- *         DMEM_ERR_STALE_HANDLE;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt NULL, tier not one of those three
+ *                                    (DMEM_TIER_DEVICE included: that is
+ *                                    dmem_unspill), controller tier without
+ *                                    such a controller, or moving from
+ *                                    disk/controller back to host;
+ *         DMEM_ERR_STALE_HANDLE      zero, freed, forged or another
+ *                                    runtime's handle;
  *         DMEM_ERR_BUSY              locked, pinned, being moved by another
  *                                    thread, or the spill was cancelled;
  *         DMEM_ERR_HOST_OUT_OF_MEMORY, DMEM_ERR_IO, DMEM_ERR_CALLBACK (the
@@ -76,16 +79,19 @@ DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_st
  * (the lock then brings it back as usual). A lock that arrives while the
  * prefetch copy is in flight orders its stream after that copy.
  *
- * Handles are taken in order; on the first failure the call stops and
- * returns its status: the buffers before it stay prefetched (and `stream`
- * waits for them), the ones after it are untouched.
+ * The handles are checked first: a zero, freed, forged or another
+ * runtime's handle anywhere in hs gives DMEM_ERR_STALE_HANDLE and nothing
+ * is prefetched. Then they are taken in order; on the first failure the
+ * call stops and returns its status: the buffers before it stay prefetched
+ * (and `stream` waits for them), the ones after it are untouched.
  *
- * @param hs  n handles (may be NULL when n is 0); duplicates are allowed.
+ * @param hs  n handles (may be NULL when n is 0: a no-op); duplicates are
+ *            allowed.
  * @param stream  the stream whose later work uses the buffers (NULL: the
  *                default stream).
  * Thread-safe.
- * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, or hs NULL with
- *         n > 0); DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, hs NULL with n > 0,
+ *         or n > SIZE_MAX / 16); DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a
  *         controller callback moving one of the buffers);
  *         DMEM_ERR_OUT_OF_MEMORY (no room even after spilling);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_IO; DMEM_ERR_CALLBACK;
@@ -98,7 +104,8 @@ DMEM_API dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs
 /**
  * Spill unlocked buffers by policy (or by the controller's victim selection)
  * until at least `bytes` of device memory have been freed or nothing more can
- * be spilled.
+ * be spilled (bytes SIZE_MAX: every unlocked, unpinned buffer). bytes 0 is a
+ * no-op: no eviction pass, no controller call, *freed_out 0.
  *
  * @param freed_out receives the bytes actually freed (may be less than
  *                  `bytes`); may be NULL. Written on DMEM_OK only.

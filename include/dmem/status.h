@@ -8,7 +8,8 @@
  *  -20 .. -29   callbacks supplied by the caller failed
  *  -30 .. -39   configuration and environment
  *  -40 .. -49   the device or driver failed; the runtime is still usable
- *  -50 ..       the device context is lost; the runtime refuses further work
+ *  -50 ..       the runtime refuses further work: its device context is lost,
+ *               or it was inherited through fork()
  */
 #ifndef DMEM_STATUS_H
 #define DMEM_STATUS_H
@@ -38,7 +39,8 @@ extern "C" {
   X(ERR_CONFIG, -30, "invalid configuration or environment variable")             \
   X(ERR_NO_DEVICE, -40, "no usable device or driver")                             \
   X(ERR_DEVICE, -41, "device or driver call failed")                              \
-  X(ERR_DEVICE_FATAL, -50, "device context lost; runtime refuses further work")
+  X(ERR_DEVICE_FATAL, -50, "device context lost; runtime refuses further work")   \
+  X(ERR_FORKED, -51, "runtime inherited through fork(); refused in the child")
 
 /** Status returned by every fallible dmem call. DMEM_OK is 0, errors are
  *  negative. */

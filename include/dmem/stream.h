@@ -26,7 +26,8 @@ DMEM_API dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_o
 
 /**
  * Destroy a stream made by dmem_stream_create after its queued work has run.
- * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL or s NULL);
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL or s NULL: the default
+ *         stream is not destroyed);
  *         DMEM_ERR_BUSY (buffers are still registered on s: call
  *         dmem_sync_and_unlock first; the stream is left as it was);
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL.
@@ -59,9 +60,11 @@ DMEM_API dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_
  * rules for cudaMemcpyAsync: the host side may be read or written when the
  * call is made rather than in stream order, so synchronise s before a copy
  * whose host side depends on earlier work on s.
- * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, or dst/src NULL with
- *         n > 0); DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE;
- *         DMEM_ERR_DEVICE_FATAL.
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, dst/src NULL with
+ *         n > 0, or dst + n or src + n past the end of the address space,
+ *         such as n SIZE_MAX); DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE;
+ *         DMEM_ERR_DEVICE_FATAL. dmem cannot check that the n bytes are
+ *         memory the caller owns: copying past a buffer's end is undefined.
  */
 DMEM_API dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n,
                                  dmem_stream_t s);

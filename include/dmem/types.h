@@ -18,8 +18,11 @@ extern "C" {
 typedef struct dmem_runtime dmem_runtime_t;
 
 /** Buffer handle: slot index (low 32 bits) and generation (high 32 bits).
- *  0 (DMEM_HANDLE_NULL) is never a valid handle. A freed or forged handle
- *  gives DMEM_ERR_STALE_HANDLE, never another buffer. */
+ *  0 (DMEM_HANDLE_NULL) is never a valid handle. A zero, freed or forged
+ *  handle gives DMEM_ERR_STALE_HANDLE wherever a handle is taken, never
+ *  another buffer; so does a handle of another runtime (generations start
+ *  at a random value per runtime: it names a buffer here with probability
+ *  2^-32 at most), and nothing changes in either runtime. */
 typedef uint64_t dmem_handle_t;
 #define DMEM_HANDLE_NULL ((dmem_handle_t)0)
 

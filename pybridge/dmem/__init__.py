@@ -22,6 +22,12 @@ methods of a closed Runtime or Stream raise ValueError. An exception raised by a
 launch function (``lock_and_launch``/``launch_async``) propagates unchanged; one
 raised by a controller callback surfaces as CallbackError (``__cause__`` is the
 original).
+
+In a child made by ``os.fork()`` the runtimes inherited from the parent are
+unusable (their threads and device context are not in the child): every call
+on them and their objects raises ForkedError, and close() does nothing. The
+child may create runtimes of its own; ``dmem.default_runtime()`` gives it a
+new one.
 """
 
 import atexit as _atexit
@@ -37,6 +43,7 @@ from ._dmem import (
     DeviceMemory,
     DeviceFatalError,
     DmemError,
+    ForkedError,
     HostOutOfMemoryError,
     InvalidArgumentError,
     NoDeviceError,
@@ -57,7 +64,8 @@ _dmem._set_controller_base(Controller)
 # Close runtimes still open at exit (removes their spill directories).
 _atexit.register(_dmem._shutdown)
 # A forked child has none of the runtime's threads: its runtimes are disowned
-# (their Buffers raise StaleHandleError there) instead of destroyed.
+# (every call on them, their Buffers, Streams and views raises ForkedError
+# there; close() does nothing) instead of destroyed.
 if hasattr(_os, "register_at_fork"):
     _os.register_at_fork(after_in_child=_dmem._after_fork_child)
 
@@ -73,6 +81,7 @@ __all__ = [
     "DeviceMemory",
     "DeviceFatalError",
     "DmemError",
+    "ForkedError",
     "HostOutOfMemoryError",
     "InvalidArgumentError",
     "NoDeviceError",

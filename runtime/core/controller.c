@@ -9,6 +9,8 @@
 
 dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_set_controller: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
   if (c && c->struct_size < sizeof *c)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "dmem_set_controller: struct_size %zu < %zu", c->struct_size, sizeof *c);

@@ -258,6 +258,10 @@ static inline dmem__buffer_t *dmem__table_lookup(dmem__table_t *t, dmem_handle_t
 }
 /* Record and return DMEM_ERR_STALE_HANDLE for h. */
 dmem_status_t dmem__stale(dmem_handle_t h);
+/* DMEM_ERR_STALE_HANDLE (for the first) unless every handle of hs[0..n)
+ * names a live buffer of t now: the entry points check their handles before
+ * they move or lock anything, so that a bad one changes nothing. */
+dmem_status_t dmem__table_check_all(dmem__table_t *t, const dmem_handle_t *hs, size_t n);
 
 /* ---- the TRANSIT protocol (core/transit.c) ----------------------------------- */
 

@@ -116,6 +116,16 @@ dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffe
   return DMEM_OK;
 }
 
+dmem_status_t dmem__table_check_all(dmem__table_t *t, const dmem_handle_t *hs, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    dmem__buffer_t *b = dmem__table_lookup(t, hs[i]);
+    /* acquire: partner is the release in dmem_alloc / dmem__table_give */
+    if (!b || !dmem__word_live(dmem_atomic_load_acquire(&b->word), hs[i]))
+      return dmem__stale(hs[i]);
+  }
+  return DMEM_OK;
+}
+
 void dmem__table_give(dmem__table_t *t, dmem__buffer_t *b) {
   uint32_t slot = b->slot;
   uint64_t w = dmem_atomic_load_relaxed(&b->word);

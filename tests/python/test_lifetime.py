@@ -361,6 +361,10 @@ def test_callback_error_path_does_not_leak(rt):
 def test_fork_child_disowns_runtimes():
     code = PRELUDE + """
 rt, bufs = make()
+s = rt.stream()
+m = rt.device_malloc(4096)
+held = bufs[4].lock(s); held.__enter__()   # locked across the fork
+before = rt.stats()
 import warnings
 with warnings.catch_warnings():
     # Python 3.12+ warns when a process with threads (the runtime's stream
@@ -370,20 +374,60 @@ with warnings.catch_warnings():
 if pid == 0:
     import signal
     signal.alarm(20)  # a regression (hang) must not leave an orphan behind
-    # the child has none of the runtime's threads: objects raise, exit is clean
-    try:
-        bufs[3].read()
+    # the child has none of the runtime's threads: every call on the
+    # inherited runtime and its objects raises ForkedError, exit is clean
+    calls = {
+        "Buffer.read": lambda: bufs[3].read(),
+        "Buffer.write": lambda: bufs[3].write(b"x"),
+        "Buffer.spill": lambda: bufs[3].spill("host"),
+        "Buffer.unspill": lambda: bufs[0].unspill(),
+        "Buffer.prefetch": lambda: bufs[1].prefetch(),
+        "Buffer.lock": lambda: bufs[3].lock().__enter__(),
+        "Buffer.free": lambda: bufs[5].free(),
+        "Buffer.state": lambda: bufs[3].state,
+        "Buffer.priority=": lambda: setattr(bufs[3], "priority", 3),
+        "View.ptr": lambda: held.ptr,
+        "Runtime.alloc": lambda: rt.alloc(10),
+        "Runtime.stats": lambda: rt.stats(),
+        "Runtime.evict": lambda: rt.evict(1 << 20),
+        "Runtime.stream": lambda: rt.stream(),
+        "Runtime.synchronize": lambda: rt.synchronize(),
+        "Runtime.sync_and_unlock": lambda: rt.sync_and_unlock(s),
+        "Runtime.lock_and_launch": lambda: rt.lock_and_launch([bufs[3]], lambda st, p: 0),
+        "Runtime.device_malloc": lambda: rt.device_malloc(10),
+        "Runtime.memory_info": lambda: rt.memory_info(),
+        "Runtime.poll": lambda: rt.poll(),
+        "Runtime.__enter__": lambda: rt.__enter__(),
+        "Stream.synchronize": lambda: s.synchronize(),
+    }
+    wrong = []
+    for name, call in calls.items():
+        try:
+            call()
+            wrong.append(name + ": no exception")
+        except dmem.ForkedError as e:
+            if e.status != -51 or e.name != "DMEM_ERR_FORKED" or "fork" not in e.detail:
+                wrong.append(name + ": " + repr(e))
+        except BaseException as e:
+            wrong.append(name + ": " + repr(e))
+    m.free()  # the parent's block: freeing it here does nothing
+    rt.close()  # nothing to release in the child
+    if wrong:
+        print("\\n".join(wrong), file=sys.stderr)
         os._exit(10)
-    except dmem.StaleHandleError:
-        pass
-    try:
-        rt.alloc(10)
-        os._exit(11)
-    except ValueError:
-        pass
+    # the child's own runtime works
+    with dmem.Runtime(backend="host", host_capacity=4 << 20) as mine:
+        b = mine.alloc(100); b.write(b"child"); b.spill("host")
+        assert b.read(5) == b"child"
     sys.exit(0)  # runs atexit and collection: must not hang or crash
 _, status = os.waitpid(pid, 0)
 assert os.WIFEXITED(status), status
-print(os.WEXITSTATUS(status), bufs[3].read(100) == bytes([3]) * 100)
+after = rt.stats()
+same = all(after[k] == before[k] for k in
+           ("buffer_count", "device_used", "raw_used", "host_used", "disk_used", "spill_count"))
+held.__exit__(None, None, None)
+m.free()
+print(os.WEXITSTATUS(status), bufs[3].read(100) == bytes([3]) * 100,
+      bufs[1].read(100) == bytes([1]) * 100, bufs[4].lock_count, same)
 """
-    check_clean(run_python(code, timeout=60), "0 True")
+    check_clean(run_python(code, timeout=60), "0 True True 0 True")

@@ -45,6 +45,7 @@ def test_error_hierarchy():
         dmem.NoDeviceError: (None, -40, "DMEM_ERR_NO_DEVICE"),
         dmem.DeviceError: (None, -41, "DMEM_ERR_DEVICE"),
         dmem.DeviceFatalError: (dmem.DeviceError, -50, "DMEM_ERR_DEVICE_FATAL"),
+        dmem.ForkedError: (None, -51, "DMEM_ERR_FORKED"),
     }
     for cls, (extra, status, name) in pairs.items():
         assert issubclass(cls, dmem.DmemError), cls
