@@ -1,0 +1,929 @@
+/* Fault injection, SQLite style (label `fault`): every core scenario runs
+ * once per injection point, for n = 1, 2, ... with the n-th backend or disk
+ * call failed (runtime/backend/fault.c), until a run reaches no n-th call.
+ * After each injected failure:
+ *  - every public call of the scenario returned a status its header
+ *    documents;
+ *  - unless the failure was fatal: every byte of every live buffer and raw
+ *    allocation is intact (checksums), nothing stayed locked, the runtime
+ *    still allocates, spills to host and disk and locks, and once
+ *    everything is freed no byte stays charged anywhere (device, host tier,
+ *    disk, controller, device pool, pinned pool);
+ *  - after a fatal failure: DMEM_ERR_DEVICE_FATAL is sticky (every call
+ *    that needs the device gives it), frees still work;
+ *  - in every case, after destroy nothing the backend handed out is still
+ *    held (device and pinned allocations, events, streams); ASan checks the
+ *    heap on top.
+ * Each scenario runs the loop twice: with each call's own failure status
+ * (out of memory, a device error, EIO/ENOSPC, a sticky error where that is
+ * the only one the call can give) and with every backend call failing as
+ * DMEM_ERR_DEVICE_FATAL.
+ *
+ * Runs on the backend of DMEM_BACKEND (default host). DMEM_FAULT_STRIDE=k
+ * (default 1) injects only at n = 1, 1+k, 1+2k, ... (scripts/gpu-test uses
+ * it where each runtime costs a cudaMallocHost).
+ *
+ * White-box: the plan (dmem__fault_arm) and a few internal counters (the
+ * pools, staging) are internal. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "runtime/internal.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* ---- documented statuses --------------------------------------------------------- */
+
+#define B(st) (1ull << (unsigned)(-(int)(st)))
+#define OK_ B(DMEM_OK)
+#define INV B(DMEM_ERR_INVALID_ARGUMENT)
+#define STALE B(DMEM_ERR_STALE_HANDLE)
+#define BUSY B(DMEM_ERR_BUSY)
+#define NOTL B(DMEM_ERR_NOT_LOCKED)
+#define OOM B(DMEM_ERR_OUT_OF_MEMORY)
+#define HOOM B(DMEM_ERR_HOST_OUT_OF_MEMORY)
+#define IO B(DMEM_ERR_IO)
+#define CB B(DMEM_ERR_CALLBACK)
+#define CFG B(DMEM_ERR_CONFIG)
+#define NODEV B(DMEM_ERR_NO_DEVICE)
+#define DEV B(DMEM_ERR_DEVICE)
+#define FATAL B(DMEM_ERR_DEVICE_FATAL)
+
+typedef enum api {
+  API_CREATE, API_ALLOC, API_FREE, API_LOCK, API_UNLOCK, API_INFO, API_SPILL, API_UNSPILL,
+  API_PREFETCH, API_EVICT, API_LAUNCH_ASYNC, API_LOCK_AND_LAUNCH, API_SYNC_AND_UNLOCK,
+  API_STREAM_RELEASE, API_STREAM_CREATE, API_STREAM_DESTROY, API_STREAM_SYNC,
+  API_ENQUEUE_HOST, API_COPY, API_DEVICE_MALLOC, API_DEVICE_FREE, API_MEMORY_INFO,
+  API_DEVICE_TRIM, API_HOST_TRIM, API_POLL, API_STATS, API_N
+} api_t;
+
+/* What each call's header (include/dmem/) says it returns. */
+static const struct {
+  const char *name;
+  unsigned long long ok;
+} apis[API_N] = {
+    [API_CREATE] = {"dmem_runtime_create", OK_ | INV | CFG | NODEV | DEV | FATAL | HOOM},
+    [API_ALLOC] = {"dmem_alloc", OK_ | INV | OOM | HOOM | IO | DEV | FATAL},
+    [API_FREE] = {"dmem_free", OK_ | INV | STALE},
+    [API_LOCK] = {"dmem_lock", OK_ | INV | STALE | BUSY | OOM | IO | CB | DEV | FATAL},
+    [API_UNLOCK] = {"dmem_unlock", OK_ | INV | STALE | NOTL},
+    [API_INFO] = {"dmem_buffer_info", OK_ | INV | STALE},
+    [API_SPILL] = {"dmem_spill", OK_ | INV | STALE | BUSY | HOOM | IO | CB | DEV | FATAL},
+    [API_UNSPILL] = {"dmem_unspill", OK_ | INV | STALE | BUSY | OOM | IO | CB | DEV | FATAL},
+    [API_PREFETCH] = {"dmem_prefetch",
+                      OK_ | INV | STALE | BUSY | OOM | HOOM | IO | CB | DEV | FATAL},
+    [API_EVICT] = {"dmem_evict", OK_ | INV | CB | DEV | FATAL},
+    /* fn's status (the test's launch functions return dmem_copy's) or
+     * dmem_lock's, or HOST_OUT_OF_MEMORY */
+    [API_LAUNCH_ASYNC] = {"dmem_launch_async",
+                          OK_ | INV | STALE | BUSY | OOM | HOOM | IO | CB | DEV | FATAL},
+    [API_LOCK_AND_LAUNCH] = {"dmem_lock_and_launch",
+                             OK_ | INV | STALE | BUSY | OOM | HOOM | IO | CB | DEV | FATAL},
+    [API_SYNC_AND_UNLOCK] = {"dmem_sync_and_unlock", OK_ | INV | DEV | FATAL},
+    [API_STREAM_RELEASE] = {"dmem_stream_release", OK_ | INV | HOOM | DEV | FATAL},
+    [API_STREAM_CREATE] = {"dmem_stream_create", OK_ | INV | HOOM | DEV | FATAL},
+    [API_STREAM_DESTROY] = {"dmem_stream_destroy", OK_ | INV | BUSY | DEV | FATAL},
+    [API_STREAM_SYNC] = {"dmem_stream_synchronize", OK_ | INV | DEV | FATAL},
+    [API_ENQUEUE_HOST] = {"dmem_stream_enqueue_host", OK_ | INV | HOOM | DEV | FATAL},
+    [API_COPY] = {"dmem_copy", OK_ | INV | HOOM | DEV | FATAL},
+    [API_DEVICE_MALLOC] = {"dmem_device_malloc", OK_ | INV | OOM | DEV | FATAL | HOOM},
+    [API_DEVICE_FREE] = {"dmem_device_free", OK_ | INV},
+    [API_MEMORY_INFO] = {"dmem_device_memory_info", OK_ | INV | DEV | FATAL},
+    [API_DEVICE_TRIM] = {"dmem_device_trim", OK_ | INV | DEV},
+    [API_HOST_TRIM] = {"dmem_host_trim", OK_ | INV},
+    [API_POLL] = {"dmem_runtime_poll", OK_ | INV | DEV | FATAL},
+    [API_STATS] = {"dmem_stats", OK_ | INV},
+};
+
+/* ---- the fixture: a runtime and what lives in it ------------------------------------- */
+
+#define NBUF 12
+#define NRAW 4
+
+/* The controller tier: copies kept by handle. */
+typedef struct ctl_entry {
+  dmem_handle_t h;
+  void *data;
+  size_t size;
+} ctl_entry_t;
+
+typedef struct fx {
+  dmem_runtime_t *rt;
+  dmem_stream_t s; /* a stream of the test's */
+  size_t limit, host_limit;
+  bool with_controller;
+  /* buffers: known content `seed` when `known` */
+  int nbuf;
+  dmem_handle_t h[NBUF];
+  size_t size[NBUF];
+  uint64_t seed[NBUF];
+  bool live[NBUF], known[NBUF];
+  /* raw allocations (their stream is raw_s) */
+  void *raw[NRAW];
+  size_t rawsize[NRAW];
+  uint64_t rawseed[NRAW];
+  dmem_stream_t raw_s[NRAW];
+  /* host memory that copies enqueued by launch functions read */
+  void *src[8];
+  int nsrc;
+  ctl_entry_t ctl[NBUF * 2];
+  int nctl;
+  int bad;           /* undocumented statuses */
+  const char *where; /* scenario and plan, for messages */
+  uint64_t seeds;    /* the next seed */
+} fx_t;
+
+static char where_buf[160];
+
+static dmem_status_t checked(fx_t *f, api_t api, dmem_status_t st, int line) {
+  if (!(apis[api].ok & B(st))) {
+    fprintf(stderr, "test_fault.c:%d: %s returned %s, which its header does not document (%s) [%s]\n",
+            line, apis[api].name, dmem_status_name(st), dmem_last_error_detail(), f->where);
+    f->bad++;
+    check_failed_ = 1;
+  }
+  return st;
+}
+#define DO(api, expr) checked(f, (api), (expr), __LINE__)
+
+/* A failed expectation of the verification phase (which runs with no fault
+ * injected): report once per run with the plan. */
+#define EXPECT(cond, ...)                                                        \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "test_fault.c:%d: [%s] ", __LINE__, f->where);             \
+      fprintf(stderr, __VA_ARGS__);                                              \
+      fprintf(stderr, "\n");                                                     \
+      check_failed_ = 1;                                                         \
+      f->bad++;                                                                  \
+    }                                                                            \
+  } while (0)
+
+/* ---- the controller ---------------------------------------------------------------- */
+
+static ctl_entry_t *ctl_find(fx_t *f, dmem_handle_t h) {
+  for (int i = 0; i < f->nctl; i++)
+    if (f->ctl[i].h == h) return &f->ctl[i];
+  return NULL;
+}
+
+static dmem_status_t ctl_store(void *user, dmem_handle_t h, const void *data, size_t size) {
+  fx_t *f = user;
+  ctl_entry_t *e = ctl_find(f, h);
+  if (!e) {
+    if (f->nctl == (int)(sizeof f->ctl / sizeof f->ctl[0])) return DMEM_ERR_CALLBACK;
+    e = &f->ctl[f->nctl++];
+    e->h = h;
+    e->data = NULL;
+  }
+  free(e->data);
+  e->data = malloc(size);
+  if (!e->data) return DMEM_ERR_CALLBACK;
+  memcpy(e->data, data, size);
+  e->size = size;
+  return DMEM_OK;
+}
+
+static dmem_status_t ctl_retrieve(void *user, dmem_handle_t h, void *out, size_t size) {
+  fx_t *f = user;
+  ctl_entry_t *e = ctl_find(f, h);
+  if (!e || !e->data || e->size != size) return DMEM_ERR_CALLBACK;
+  memcpy(out, e->data, size);
+  return DMEM_OK; /* the copy stays: the runtime may ask again after a failed retrieve */
+}
+
+/* Victims: the newest buffers first (not the default policy's order). */
+static dmem_status_t ctl_victims(void *user, size_t need, dmem_handle_t *v, size_t cap,
+                                 size_t *n_out) {
+  fx_t *f = user;
+  size_t n = 0, got = 0;
+  for (int i = f->nbuf - 1; i >= 0 && n < cap && got < need; i--) {
+    if (!f->live[i]) continue;
+    v[n++] = f->h[i];
+    got += f->size[i];
+  }
+  *n_out = n;
+  return DMEM_OK;
+}
+
+static void ctl_free_all(fx_t *f) {
+  for (int i = 0; i < f->nctl; i++) free(f->ctl[i].data);
+  f->nctl = 0;
+}
+
+/* ---- setup helpers (no fault armed: failures abort) ------------------------------------ */
+
+static dmem_status_t create_runtime(fx_t *f, dmem_runtime_t **rt_out) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.spill_ahead = 0;
+  cfg.device_limit = f->limit;
+  cfg.host_limit = f->host_limit;
+  cfg.oom_wait_ms = 0; /* nothing runs in the background to wait for */
+  cfg.log_level = DMEM_LOG_ERROR; /* quarantined blocks and the like are expected here */
+  return dmem_runtime_create(&cfg, rt_out);
+}
+
+static void setup_fail(const char *what, dmem_status_t st) {
+  fprintf(stderr, "setup: %s: %s (%s)\n", what, dmem_status_name(st), dmem_last_error_detail());
+  abort();
+}
+
+/* Write the pattern `seed` into buffer i (lock, copy, synchronise,
+ * unlock). Returns the first failing status; the content is then unknown. */
+static dmem_status_t put(fx_t *f, int i, uint64_t seed) {
+  size_t n = f->size[i];
+  void *tmp = malloc(n), *p = NULL;
+  if (!tmp) abort();
+  check_fill(tmp, n, seed);
+  dmem_status_t st = DO(API_LOCK, dmem_lock(f->rt, f->h[i], NULL, &p));
+  if (st == DMEM_OK) {
+    f->known[i] = false;
+    st = DO(API_COPY, dmem_copy(f->rt, p, tmp, n, NULL));
+    dmem_status_t sy = DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, NULL));
+    if (st == DMEM_OK) st = sy;
+    if (st == DMEM_OK) {
+      f->seed[i] = seed;
+      f->known[i] = true;
+    }
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+  }
+  free(tmp);
+  return st;
+}
+
+/* Allocate buffer slot i of `size` bytes and fill it (under a plan: each
+ * status is checked; a buffer whose fill failed has unknown content). */
+static dmem_status_t add_buffer(fx_t *f, size_t size, unsigned flags) {
+  if (f->nbuf == NBUF) abort();
+  int i = f->nbuf;
+  dmem_status_t st = DO(API_ALLOC, dmem_alloc(f->rt, size, flags, &f->h[i]));
+  if (st != DMEM_OK) return st;
+  f->nbuf++;
+  f->size[i] = size;
+  f->live[i] = true;
+  f->known[i] = false;
+  return put(f, i, ++f->seeds);
+}
+
+static void setup_buffers(fx_t *f, int n, size_t size) {
+  for (int k = 0; k < n; k++) {
+    dmem_status_t st = add_buffer(f, size, 0);
+    if (st != DMEM_OK) setup_fail("buffer", st);
+  }
+}
+
+static void setup_controller(fx_t *f) {
+  dmem_controller_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.user = f;
+  c.store = ctl_store;
+  c.retrieve = ctl_retrieve;
+  c.select_victims = ctl_victims;
+  dmem_status_t st = dmem_set_controller(f->rt, &c);
+  if (st != DMEM_OK) setup_fail("controller", st);
+}
+
+/* Bytes of buffer i that differ from its pattern, or SIZE_MAX when it
+ * cannot be read (the status printed). */
+static size_t bad_bytes(fx_t *f, int i) {
+  size_t n = f->size[i];
+  void *tmp = calloc(1, n), *p = NULL;
+  if (!tmp) abort();
+  dmem_status_t st = dmem_lock(f->rt, f->h[i], NULL, &p);
+  if (st == DMEM_OK) st = dmem_copy(f->rt, tmp, p, n, NULL);
+  if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, NULL);
+  if (p) (void)dmem_unlock(f->rt, f->h[i]);
+  size_t bad = st == DMEM_OK ? check_verify(tmp, n, f->seed[i]) : SIZE_MAX;
+  if (st != DMEM_OK)
+    fprintf(stderr, "reading buffer %d: %s (%s)\n", i, dmem_status_name(st),
+            dmem_last_error_detail());
+  free(tmp);
+  return bad;
+}
+
+static size_t raw_bad_bytes(fx_t *f, int r) {
+  size_t n = f->rawsize[r];
+  void *tmp = calloc(1, n);
+  if (!tmp) abort();
+  dmem_status_t st = dmem_copy(f->rt, tmp, f->raw[r], n, f->raw_s[r]);
+  if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, f->raw_s[r]);
+  size_t bad = st == DMEM_OK ? check_verify(tmp, n, f->rawseed[r]) : SIZE_MAX;
+  free(tmp);
+  return bad;
+}
+
+/* ---- launch functions: "kernels" that write a buffer through a copy ------------------- */
+
+typedef struct launch_arg {
+  fx_t *f;
+  int target;    /* which of the handles (index into the launch's list) is written */
+  int buf;       /* and its buffer slot */
+  uint64_t seed; /* with this pattern */
+} launch_arg_t;
+
+/* A host buffer holding pattern `seed` for n bytes, alive until the
+ * fixture is torn down (copies read it in stream order). */
+static void *pattern(fx_t *f, size_t n, uint64_t seed) {
+  if (f->nsrc == (int)(sizeof f->src / sizeof f->src[0])) abort();
+  void *p = malloc(n);
+  if (!p) abort();
+  check_fill(p, n, seed);
+  f->src[f->nsrc++] = p;
+  return p;
+}
+
+static dmem_status_t launch_write(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
+  launch_arg_t *a = user;
+  fx_t *f = a->f;
+  (void)n;
+  size_t size = f->size[a->buf];
+  void *src = pattern(f, size, a->seed);
+  f->known[a->buf] = false;
+  dmem_status_t st = DO(API_COPY, dmem_copy(f->rt, ptrs[a->target], src, size, s));
+  if (st == DMEM_OK) {
+    /* enqueued: the buffer holds the new pattern once the stream gets there
+     * (and unknown content only if the stream's work is lost: fatal) */
+    f->seed[a->buf] = a->seed;
+    f->known[a->buf] = true;
+  } else {
+    f->known[a->buf] = true; /* nothing was enqueued: the old content stays */
+  }
+  return st;
+}
+
+static void host_noop(void *user) { atomic_fetch_add((atomic_int *)user, 1); }
+
+/* ---- scenarios ------------------------------------------------------------------------- */
+
+typedef struct scenario {
+  const char *name;
+  size_t limit, host_limit;
+  bool controller;
+  bool in_run; /* the runtime is created (and destroyed) under the plan */
+  void (*setup)(fx_t *f);
+  void (*run)(fx_t *f);
+} scenario_t;
+
+/* alloc: allocations under the limit, a pinned one, then more than the
+ * limit holds (on-demand eviction to the host tier). */
+static void alloc_setup(fx_t *f) { setup_buffers(f, 3, 512 * KiB); }
+static void alloc_run(fx_t *f) {
+  (void)add_buffer(f, 512 * KiB, 0);
+  (void)add_buffer(f, 256 * KiB, DMEM_ALLOC_PINNED);
+  (void)add_buffer(f, 1 * MiB, 0);
+  (void)add_buffer(f, 2 * MiB, 0); /* past the limit: spills */
+  (void)add_buffer(f, 96 * KiB, 0);
+}
+
+/* lock / unlock: resident, from the host tier, from disk, twice, on a
+ * stream, and the lock of a spilled buffer that needs room. */
+static void lock_setup(fx_t *f) {
+  setup_buffers(f, 5, 512 * KiB);
+  dmem_status_t st = dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST);
+  if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK);
+  if (st != DMEM_OK) setup_fail("spill", st);
+  (void)add_buffer(f, 1536 * KiB, 0); /* 3.5 MiB resident of 4 */
+}
+static void lock_run(fx_t *f) {
+  void *p[6] = {0};
+  dmem_status_t st[6];
+  st[0] = DO(API_LOCK, dmem_lock(f->rt, f->h[0], NULL, &p[0]));
+  st[1] = DO(API_LOCK, dmem_lock(f->rt, f->h[1], f->s, &p[1])); /* host tier */
+  st[2] = DO(API_LOCK, dmem_lock(f->rt, f->h[2], NULL, &p[2])); /* disk, needs room */
+  st[3] = DO(API_LOCK, dmem_lock(f->rt, f->h[0], f->s, &p[3])); /* a second lock */
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+  for (int k = 0; k < 4; k++)
+    if (st[k] == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[k == 3 ? 0 : k]));
+  (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[3])); /* not locked */
+  /* written while locked on a stream */
+  if (DO(API_LOCK, dmem_lock(f->rt, f->h[4], f->s, &p[4])) == DMEM_OK) {
+    uint64_t seed = ++f->seeds;
+    void *src = pattern(f, f->size[4], seed);
+    f->known[4] = false;
+    if (DO(API_COPY, dmem_copy(f->rt, p[4], src, f->size[4], f->s)) == DMEM_OK) f->seed[4] = seed;
+    f->known[4] = true;
+    (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[4]));
+  }
+  dmem_buffer_info_t info;
+  (void)DO(API_INFO, dmem_buffer_info(f->rt, f->h[2], &info));
+}
+
+/* spill and unspill through the host tier: spill, unspill on a stream,
+ * prefetch, lock after spill, pinned-pool trim. */
+static void host_setup(fx_t *f) { setup_buffers(f, 4, 256 * KiB); }
+static void host_run(fx_t *f) {
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[2], DMEM_TIER_HOST));
+  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[0], f->s));
+  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, &f->h[1], 1, f->s));
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+  void *p;
+  if (DO(API_LOCK, dmem_lock(f->rt, f->h[2], NULL, &p)) == DMEM_OK)
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[2]));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[3], DMEM_TIER_HOST));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
+  (void)DO(API_FREE, dmem_free(f->rt, f->h[3]));
+  f->live[3] = false;
+  (void)DO(API_HOST_TRIM, dmem_host_trim(f->rt, 0, NULL));
+  (void)DO(API_POLL, dmem_runtime_poll(f->rt));
+}
+
+/* spill and unspill through disk: device -> disk, host -> disk, disk ->
+ * device by lock, unspill and prefetch. */
+static void disk_setup(fx_t *f) { setup_buffers(f, 4, 256 * KiB); }
+static void disk_run(fx_t *f) {
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_DISK));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_DISK));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK));
+  void *p;
+  if (DO(API_LOCK, dmem_lock(f->rt, f->h[0], f->s, &p)) == DMEM_OK) {
+    (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
+  }
+  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[1], NULL));
+  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, &f->h[2], 1, f->s));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[3], DMEM_TIER_DISK));
+  (void)DO(API_FREE, dmem_free(f->rt, f->h[3])); /* freed on disk */
+  f->live[3] = false;
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+}
+
+/* the host tier over its limit: the I/O threads push the least recently
+ * used buffers down to disk; then they come back. */
+static void pushdown_setup(fx_t *f) { setup_buffers(f, 4, 256 * KiB); }
+static void pushdown_run(fx_t *f) {
+  for (int i = 0; i < 4; i++) (void)DO(API_SPILL, dmem_spill(f->rt, f->h[i], DMEM_TIER_HOST));
+  dmem__io_quiesce(f->rt->io);
+  void *p;
+  if (DO(API_LOCK, dmem_lock(f->rt, f->h[0], NULL, &p)) == DMEM_OK)
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
+  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[3], NULL));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
+  dmem__io_quiesce(f->rt->io);
+}
+
+/* the controller tier: spill to it from the device and from the host tier,
+ * bring back by unspill and lock, and eviction with the controller's
+ * victims. */
+static void controller_setup(fx_t *f) {
+  setup_controller(f);
+  setup_buffers(f, 5, 512 * KiB);
+}
+static void controller_run(fx_t *f) {
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_CONTROLLER));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_CONTROLLER));
+  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[0], f->s));
+  void *p;
+  if (DO(API_LOCK, dmem_lock(f->rt, f->h[1], NULL, &p)) == DMEM_OK)
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[1]));
+  size_t freed = 0;
+  (void)DO(API_EVICT, dmem_evict(f->rt, 1 * MiB, &freed));
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+}
+
+/* evict: by policy, then an allocation that needs room, then locks that
+ * bring everything back (each spilling others). */
+static void evict_setup(fx_t *f) { setup_buffers(f, 6, 512 * KiB); }
+static void evict_run(fx_t *f) {
+  size_t freed = 0;
+  (void)DO(API_EVICT, dmem_evict(f->rt, 1536 * KiB, &freed));
+  (void)add_buffer(f, 2 * MiB, 0);
+  for (int i = 0; i < f->nbuf; i++) {
+    void *p;
+    if (f->live[i] && DO(API_LOCK, dmem_lock(f->rt, f->h[i], NULL, &p)) == DMEM_OK)
+      (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+  }
+  (void)DO(API_EVICT, dmem_evict(f->rt, 8 * MiB, &freed));
+}
+
+/* launch_async / stream_release / sync_and_unlock / lock_and_launch, a
+ * host function, and a spill of a buffer a release still holds. */
+static void launch_setup(fx_t *f) {
+  setup_buffers(f, 4, 256 * KiB);
+  dmem_status_t st = dmem_spill(f->rt, f->h[2], DMEM_TIER_HOST);
+  if (st != DMEM_OK) setup_fail("spill", st);
+}
+static void launch_run(fx_t *f) {
+  launch_arg_t a1 = {f, 1, 1, ++f->seeds};
+  dmem_handle_t hs1[2] = {f->h[0], f->h[1]};
+  (void)DO(API_LAUNCH_ASYNC, dmem_launch_async(f->rt, f->s, hs1, 2, launch_write, &a1));
+  (void)DO(API_STREAM_RELEASE, dmem_stream_release(f->rt, f->s));
+  launch_arg_t a2 = {f, 0, 2, ++f->seeds};
+  dmem_handle_t hs2[2] = {f->h[2], f->h[3]};
+  (void)DO(API_LAUNCH_ASYNC, dmem_launch_async(f->rt, f->s, hs2, 2, launch_write, &a2));
+  atomic_int ran = 0;
+  (void)DO(API_ENQUEUE_HOST, dmem_stream_enqueue_host(f->rt, f->s, host_noop, &ran));
+  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST)); /* may be BUSY */
+  (void)DO(API_SYNC_AND_UNLOCK, dmem_sync_and_unlock(f->rt, f->s));
+  launch_arg_t a3 = {f, 1, 3, ++f->seeds};
+  dmem_handle_t hs3[2] = {f->h[1], f->h[3]};
+  (void)DO(API_LOCK_AND_LAUNCH, dmem_lock_and_launch(f->rt, hs3, 2, launch_write, &a3));
+  (void)DO(API_STREAM_RELEASE, dmem_stream_release(f->rt, f->s));
+  (void)DO(API_POLL, dmem_runtime_poll(f->rt));
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+}
+
+/* raw allocations: on a stream and on the default stream, one that needs
+ * buffers spilled, memory info, free and trim. */
+static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s) {
+  void *p = NULL;
+  dmem_status_t st = DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, size, s, &p));
+  if (st != DMEM_OK) return st;
+  f->raw[r] = p;
+  f->rawsize[r] = size;
+  f->raw_s[r] = s;
+  f->rawseed[r] = ++f->seeds;
+  void *src = pattern(f, size, f->rawseed[r]);
+  st = DO(API_COPY, dmem_copy(f->rt, p, src, size, s));
+  if (st != DMEM_OK) f->rawseed[r] = 0; /* unknown */
+  return st;
+}
+static void raw_setup(fx_t *f) { setup_buffers(f, 4, 512 * KiB); }
+static void raw_run(fx_t *f) {
+  (void)raw_add(f, 0, 1 * MiB, f->s);
+  (void)raw_add(f, 1, 1536 * KiB, NULL); /* spills buffers */
+  size_t fr = 0, tot = 0;
+  (void)DO(API_MEMORY_INFO, dmem_device_memory_info(f->rt, &fr, &tot));
+  if (f->raw[0]) {
+    (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, f->raw[0], f->s));
+    f->raw[0] = NULL;
+  }
+  (void)raw_add(f, 2, 256 * KiB, NULL);
+  (void)DO(API_DEVICE_TRIM, dmem_device_trim(f->rt, 0, NULL));
+  (void)raw_add(f, 3, 2 * MiB, f->s); /* more spilling */
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+}
+
+/* create / destroy: the whole life of a runtime under the plan. */
+static void create_run(fx_t *f) {
+  dmem_status_t st = DO(API_CREATE, create_runtime(f, &f->rt));
+  if (st != DMEM_OK) {
+    f->rt = NULL;
+    return;
+  }
+  dmem_stream_t s = NULL;
+  if (DO(API_STREAM_CREATE, dmem_stream_create(f->rt, &s)) != DMEM_OK) s = NULL;
+  (void)add_buffer(f, 256 * KiB, 0);
+  (void)add_buffer(f, 256 * KiB, 0);
+  if (f->nbuf > 0) (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
+  if (f->nbuf > 1) (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_DISK));
+  for (int i = 0; i < f->nbuf; i++) {
+    void *p;
+    if (DO(API_LOCK, dmem_lock(f->rt, f->h[i], s, &p)) == DMEM_OK)
+      (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+  }
+  void *raw = NULL;
+  if (DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, 64 * KiB, s, &raw)) == DMEM_OK)
+    (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, raw, s));
+  if (s) (void)DO(API_STREAM_DESTROY, dmem_stream_destroy(f->rt, s));
+  dmem_stats_t stats;
+  (void)DO(API_STATS, dmem_stats(f->rt, &stats));
+  dmem_runtime_destroy(f->rt); /* with buffers still live, under the plan too */
+  f->rt = NULL;
+  f->nbuf = 0;
+}
+
+/* ---- verification ------------------------------------------------------------------------ */
+
+/* No fault armed. The runtime must work: nothing left locked, every known
+ * byte intact, alloc / spill to host and disk / lock still fine. */
+static void verify_working(fx_t *f) {
+  dmem_runtime_t *rt = f->rt;
+  dmem_status_t st;
+  if (f->s) EXPECT((st = dmem_sync_and_unlock(rt, f->s)) == DMEM_OK, "sync_and_unlock(s): %s",
+                   dmem_status_name(st));
+  EXPECT((st = dmem_sync_and_unlock(rt, NULL)) == DMEM_OK, "sync_and_unlock(NULL): %s",
+         dmem_status_name(st));
+  EXPECT((st = dmem_runtime_poll(rt)) == DMEM_OK, "poll: %s", dmem_status_name(st));
+  /* raw allocations first (then freed: they are never spilled and would
+   * keep the buffers below from coming back) */
+  for (int r = 0; r < NRAW; r++) {
+    if (!f->raw[r]) continue;
+    if (f->rawseed[r]) {
+      size_t bad = raw_bad_bytes(f, r);
+      EXPECT(bad == 0, "raw allocation %d: %zu bytes differ", r, bad);
+    }
+    st = dmem_device_free(rt, f->raw[r], f->raw_s[r]);
+    EXPECT(st == DMEM_OK, "device_free of raw %d: %s", r, dmem_status_name(st));
+    f->raw[r] = NULL;
+  }
+  for (int i = 0; i < f->nbuf; i++) {
+    if (!f->live[i]) continue;
+    dmem_buffer_info_t info;
+    st = dmem_buffer_info(rt, f->h[i], &info);
+    EXPECT(st == DMEM_OK, "buffer %d: info %s", i, dmem_status_name(st));
+    if (st == DMEM_OK)
+      EXPECT(info.lock_count == 0, "buffer %d still locked (%u) in state %d", i, info.lock_count,
+             (int)info.state);
+    if (!f->known[i]) continue;
+    size_t bad = bad_bytes(f, i);
+    EXPECT(bad == 0, "buffer %d (state %d): %zu bytes differ from its pattern", i,
+           st == DMEM_OK ? (int)info.state : -1, bad);
+  }
+  /* still working: a new buffer through host, disk and back */
+  dmem_handle_t h = 0;
+  st = dmem_alloc(rt, 64 * KiB, 0, &h);
+  EXPECT(st == DMEM_OK, "alloc after the fault: %s (%s)", dmem_status_name(st),
+         dmem_last_error_detail());
+  if (st != DMEM_OK) return;
+  void *tmp = malloc(64 * KiB), *p = NULL;
+  check_fill(tmp, 64 * KiB, 77);
+  st = dmem_lock(rt, h, NULL, &p);
+  if (st == DMEM_OK) st = dmem_copy(rt, p, tmp, 64 * KiB, NULL);
+  if (st == DMEM_OK) st = dmem_stream_synchronize(rt, NULL);
+  if (p) (void)dmem_unlock(rt, h);
+  if (st == DMEM_OK) st = dmem_spill(rt, h, DMEM_TIER_HOST);
+  if (st == DMEM_OK) st = dmem_spill(rt, h, DMEM_TIER_DISK);
+  memset(tmp, 0, 64 * KiB);
+  p = NULL;
+  if (st == DMEM_OK) st = dmem_lock(rt, h, NULL, &p);
+  if (st == DMEM_OK) st = dmem_copy(rt, tmp, p, 64 * KiB, NULL);
+  if (st == DMEM_OK) st = dmem_stream_synchronize(rt, NULL);
+  if (p) (void)dmem_unlock(rt, h);
+  EXPECT(st == DMEM_OK, "a new buffer through host and disk: %s (%s)", dmem_status_name(st),
+         dmem_last_error_detail());
+  if (st == DMEM_OK) EXPECT(check_verify(tmp, 64 * KiB, 77) == 0, "a new buffer came back wrong");
+  free(tmp);
+  EXPECT(dmem_free(rt, h) == DMEM_OK, "free of the new buffer");
+}
+
+/* No fault armed, the runtime went fatal: it says so at every call that
+ * needs the device, from the first one on. */
+static void verify_fatal(fx_t *f) {
+  dmem_runtime_t *rt = f->rt;
+  dmem_status_t st = dmem_stream_synchronize(rt, NULL);
+  EXPECT(st == DMEM_ERR_DEVICE_FATAL, "synchronize after a fatal fault: %s", dmem_status_name(st));
+  dmem_handle_t h;
+  EXPECT((st = dmem_alloc(rt, 4 * KiB, 0, &h)) == DMEM_ERR_DEVICE_FATAL, "alloc: %s",
+         dmem_status_name(st));
+  void *p = NULL;
+  for (int i = 0; i < f->nbuf; i++) {
+    if (!f->live[i]) continue;
+    EXPECT((st = dmem_lock(rt, f->h[i], NULL, &p)) == DMEM_ERR_DEVICE_FATAL, "lock %d: %s", i,
+           dmem_status_name(st));
+    if (st == DMEM_OK) (void)dmem_unlock(rt, f->h[i]);
+    EXPECT((st = dmem_spill(rt, f->h[i], DMEM_TIER_HOST)) == DMEM_ERR_DEVICE_FATAL,
+           "spill %d: %s", i, dmem_status_name(st));
+    break;
+  }
+  EXPECT((st = dmem_device_malloc(rt, 4 * KiB, NULL, &p)) == DMEM_ERR_DEVICE_FATAL,
+         "device_malloc: %s", dmem_status_name(st));
+  if (st == DMEM_OK) (void)dmem_device_free(rt, p, NULL);
+  EXPECT((st = dmem_copy(rt, &h, &p, sizeof h, NULL)) == DMEM_ERR_DEVICE_FATAL, "copy: %s",
+         dmem_status_name(st));
+  EXPECT((st = dmem_runtime_poll(rt)) == DMEM_ERR_DEVICE_FATAL, "poll: %s", dmem_status_name(st));
+  dmem_stream_t s2;
+  EXPECT((st = dmem_stream_create(rt, &s2)) == DMEM_ERR_DEVICE_FATAL, "stream_create: %s",
+         dmem_status_name(st));
+  if (st == DMEM_OK) (void)dmem_stream_destroy(rt, s2);
+  /* what a stream still holds is let go: the lost context runs nothing */
+  if (f->s)
+    EXPECT((st = dmem_sync_and_unlock(rt, f->s)) == DMEM_ERR_DEVICE_FATAL,
+           "sync_and_unlock(s): %s", dmem_status_name(st));
+  EXPECT((st = dmem_sync_and_unlock(rt, NULL)) == DMEM_ERR_DEVICE_FATAL,
+         "sync_and_unlock(NULL): %s", dmem_status_name(st));
+  for (int i = 0; i < f->nbuf; i++) {
+    dmem_buffer_info_t info;
+    if (!f->live[i] || dmem_buffer_info(rt, f->h[i], &info) != DMEM_OK) continue;
+    EXPECT(info.lock_count == 0, "buffer %d still locked (%u) after a fatal error", i,
+           info.lock_count);
+  }
+}
+
+/* Free what the fixture holds; when the runtime works, nothing may stay
+ * charged anywhere afterwards. */
+static void teardown(fx_t *f, bool fatal) {
+  dmem_runtime_t *rt = f->rt;
+  dmem_status_t st;
+  for (int i = 0; i < f->nbuf; i++) {
+    if (!f->live[i]) continue;
+    st = dmem_free(rt, f->h[i]);
+    EXPECT(st == DMEM_OK, "free of buffer %d: %s", i, dmem_status_name(st));
+    f->live[i] = false;
+  }
+  for (int r = 0; r < NRAW; r++) {
+    if (!f->raw[r]) continue;
+    st = dmem_device_free(rt, f->raw[r], f->raw_s[r]);
+    EXPECT(st == DMEM_OK, "device_free of raw %d: %s", r, dmem_status_name(st));
+    f->raw[r] = NULL;
+  }
+  if (!fatal) {
+    EXPECT(dmem_stream_synchronize(rt, f->s) == DMEM_OK, "synchronize");
+    dmem__staging_poll(rt, true);
+    dmem__pending_poll(rt, true);
+    dmem_stats_t s;
+    memset(&s, 0, sizeof s);
+    EXPECT(dmem_stats(rt, &s) == DMEM_OK, "stats");
+    EXPECT(s.buffer_count == 0, "%zu buffers left after every free", s.buffer_count);
+    EXPECT(s.device_used == 0, "%zu device bytes still charged", s.device_used);
+    EXPECT(s.device_locked == 0 && s.device_pinned == 0, "locked %zu, pinned %zu",
+           s.device_locked, s.device_pinned);
+    EXPECT(s.host_used == 0, "%zu bytes left in the host tier", s.host_used);
+    EXPECT(s.disk_used == 0, "%zu bytes left on disk", s.disk_used);
+    EXPECT(s.controller_used == 0, "%zu bytes left with the controller", s.controller_used);
+    EXPECT(s.raw_used == 0, "%zu raw bytes left", s.raw_used);
+    EXPECT(s.host_pool_free == s.host_pool_reserved,
+           "pinned pool: %zu of %zu bytes free (staging or a host copy lost)",
+           s.host_pool_free, s.host_pool_reserved);
+    dmem__pool_stats_t ps;
+    dmem__pool_stats(rt->pool, &ps);
+    EXPECT(ps.in_use == 0, "device pool: %zu bytes in blocks nobody owns", ps.in_use);
+  }
+  if (f->s) {
+    st = dmem_stream_destroy(rt, f->s);
+    EXPECT(st == DMEM_OK, "stream_destroy: %s", dmem_status_name(st));
+    f->s = NULL;
+  }
+}
+
+/* ---- the loop ------------------------------------------------------------------------- */
+
+typedef struct loop_result {
+  int points;       /* runs in which a call was failed */
+  int fatal_points; /* of which the failure was (or became) fatal */
+  uint64_t clean_calls;
+} loop_result_t;
+
+static int64_t live_sum(const dmem__fault_report_t *r) {
+  return r->live_device_allocs + r->live_host_allocs + r->live_events + r->live_streams;
+}
+
+/* One run with `plan`; returns whether a call was failed. */
+static bool run_once(const scenario_t *sc, const dmem__fault_plan_t *plan, loop_result_t *res) {
+  static fx_t fx;
+  fx_t *f = &fx;
+  memset(f, 0, sizeof *f);
+  snprintf(where_buf, sizeof where_buf, "%s, %s call %llu%s", sc->name,
+           dmem__fault_call_name(plan->call), (unsigned long long)plan->n,
+           plan->fatal ? " (fatal)" : "");
+  f->where = where_buf;
+  f->limit = sc->limit;
+  f->host_limit = sc->host_limit;
+  f->with_controller = sc->controller;
+  dmem__fault_report_t r0;
+  dmem__fault_report(&r0);
+  if (!sc->in_run) {
+    /* counted from here on: the runtime is wrapped */
+    dmem__fault_plan_t none = {DMEM__FAULT_ANY, 0, false};
+    dmem__fault_arm(&none);
+    dmem_status_t st = create_runtime(f, &f->rt);
+    if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
+    if (st != DMEM_OK) setup_fail("runtime", st);
+    st = dmem_stream_create(f->rt, &f->s);
+    if (st != DMEM_OK) setup_fail("stream", st);
+    sc->setup(f);
+    dmem__fault_disarm();
+  }
+  dmem__fault_arm(plan);
+  sc->run(f);
+  dmem__fault_disarm();
+  dmem__fault_report_t r;
+  dmem__fault_report(&r);
+  if (r.fired) {
+    res->points++;
+    /* the detail of the failure, for a failing run's output */
+  } else {
+    res->clean_calls = r.calls[DMEM__FAULT_ANY];
+  }
+  bool fatal = r.fired && r.fired_status == DMEM_ERR_DEVICE_FATAL;
+  if (f->rt) {
+    if (dmem_atomic_load_relaxed(&f->rt->fatal)) fatal = true;
+    if (fatal) {
+      res->fatal_points++;
+      verify_fatal(f);
+    } else {
+      verify_working(f);
+    }
+    teardown(f, fatal);
+    dmem_runtime_destroy(f->rt);
+    f->rt = NULL;
+  } else if (sc->in_run && !fatal) {
+    /* the failure was in create or during the runtime's life: a new one
+     * works */
+    dmem_runtime_t *rt = NULL;
+    dmem_status_t st = create_runtime(f, &rt);
+    EXPECT(st == DMEM_OK, "create after the fault: %s", dmem_status_name(st));
+    dmem_runtime_destroy(rt);
+  }
+  ctl_free_all(f);
+  for (int i = 0; i < f->nsrc; i++) free(f->src[i]);
+  dmem__fault_report_t r1;
+  dmem__fault_report(&r1);
+  EXPECT(live_sum(&r1) == live_sum(&r0),
+         "after destroy the backend still holds %lld device allocations, %lld pinned, "
+         "%lld events, %lld streams more than before",
+         (long long)(r1.live_device_allocs - r0.live_device_allocs),
+         (long long)(r1.live_host_allocs - r0.live_host_allocs),
+         (long long)(r1.live_events - r0.live_events),
+         (long long)(r1.live_streams - r0.live_streams));
+  if (f->bad && r.fired)
+    fprintf(stderr, "  (the injected failure: %s gave %s)\n", dmem__fault_call_name(r.fired_call),
+            dmem_status_name(r.fired_status));
+  return r.fired;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* For n = 1, 2, ... (every stride-th): fail the n-th call, check, until a
+ * run fails nothing. Both plans: own statuses, then everything fatal. */
+static void run_scenario(const scenario_t *sc) {
+  long stride = 1;
+  const char *e = getenv("DMEM_FAULT_STRIDE");
+  if (e && *e) stride = strtol(e, NULL, 10);
+  if (stride < 1) stride = 1;
+  double t0 = now_s();
+  loop_result_t res[2];
+  memset(res, 0, sizeof res);
+  for (int fatal = 0; fatal < 2; fatal++) {
+    uint64_t n = 1;
+    for (;; n += (uint64_t)stride) {
+      dmem__fault_plan_t plan = {DMEM__FAULT_ANY, n, fatal != 0};
+      int before = check_failed_;
+      check_failed_ = 0;
+      bool fired = run_once(sc, &plan, &res[fatal]);
+      bool failed = check_failed_;
+      check_failed_ = before || failed;
+      if (!fired) break;
+      if (n > 100000) {
+        fprintf(stderr, "%s: more than 100000 injection points: stopping\n", sc->name);
+        check_failed_ = 1;
+        break;
+      }
+    }
+  }
+  /* the clean run passed every check too (it ended each loop) */
+  CHECK_GT(res[0].points, 0);
+  CHECK_GT(res[1].points, 0);
+  fprintf(stderr,
+          "fault %s: %d injection points with each call's own status (%d of them fatal), "
+          "%d with fatal errors; %llu backend and disk calls in a clean run; %.2f s\n",
+          sc->name, res[0].points, res[0].fatal_points, res[1].points,
+          (unsigned long long)res[0].clean_calls, now_s() - t0);
+}
+
+#define LIMIT (4 * MiB)
+
+TEST_CASE(alloc) {
+  scenario_t sc = {"alloc", LIMIT, 0, false, false, alloc_setup, alloc_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(lock_unlock) {
+  scenario_t sc = {"lock_unlock", LIMIT, 0, false, false, lock_setup, lock_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(spill_host) {
+  scenario_t sc = {"spill_host", LIMIT, 0, false, false, host_setup, host_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(spill_disk) {
+  scenario_t sc = {"spill_disk", LIMIT, 0, false, false, disk_setup, disk_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(pushdown) {
+  scenario_t sc = {"pushdown", LIMIT, 512 * KiB, false, false, pushdown_setup, pushdown_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(controller) {
+  scenario_t sc = {"controller", LIMIT, 0, true, false, controller_setup, controller_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(evict) {
+  scenario_t sc = {"evict", LIMIT, 0, false, false, evict_setup, evict_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(launch) {
+  scenario_t sc = {"launch", LIMIT, 0, false, false, launch_setup, launch_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(raw) {
+  scenario_t sc = {"raw", LIMIT, 0, false, false, raw_setup, raw_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(create_destroy) {
+  scenario_t sc = {"create_destroy", LIMIT, 0, false, true, NULL, create_run};
+  run_scenario(&sc);
+}
