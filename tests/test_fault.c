@@ -21,7 +21,8 @@
  *
  * Runs on the backend of DMEM_BACKEND (default host). DMEM_FAULT_STRIDE=k
  * (default 1) injects only at n = 1, 1+k, 1+2k, ... (scripts/gpu-test uses
- * it where each runtime costs a cudaMallocHost).
+ * it where each runtime costs a cudaMallocHost); DMEM_FAULT_ONLY=n (or
+ * n:fatal) runs the one plan, to reproduce a failure.
  *
  * White-box: the plan (dmem__fault_arm) and a few internal counters (the
  * pools, staging) are internal. */
@@ -93,7 +94,7 @@ static const struct {
     [API_DEVICE_MALLOC] = {"dmem_device_malloc", OK_ | INV | OOM | DEV | FATAL | HOOM},
     [API_DEVICE_FREE] = {"dmem_device_free", OK_ | INV},
     [API_MEMORY_INFO] = {"dmem_device_memory_info", OK_ | INV | DEV | FATAL},
-    [API_DEVICE_TRIM] = {"dmem_device_trim", OK_ | INV | DEV},
+    [API_DEVICE_TRIM] = {"dmem_device_trim", OK_ | INV | DEV | FATAL},
     [API_HOST_TRIM] = {"dmem_host_trim", OK_ | INV},
     [API_POLL] = {"dmem_runtime_poll", OK_ | INV | DEV | FATAL},
     [API_STATS] = {"dmem_stats", OK_ | INV},
@@ -225,7 +226,7 @@ static dmem_status_t create_runtime(fx_t *f, dmem_runtime_t **rt_out) {
   cfg.device_limit = f->limit;
   cfg.host_limit = f->host_limit;
   cfg.oom_wait_ms = 0; /* nothing runs in the background to wait for */
-  cfg.log_level = DMEM_LOG_ERROR; /* quarantined blocks and the like are expected here */
+  cfg.log_level = DMEM_LOG_ERROR; /* warnings of injected failures are expected here */
   return dmem_runtime_create(&cfg, rt_out);
 }
 
@@ -739,6 +740,9 @@ static void teardown(fx_t *f, bool fatal) {
     dmem__pool_stats_t ps;
     dmem__pool_stats(rt->pool, &ps);
     EXPECT(ps.in_use == 0, "device pool: %zu bytes in blocks nobody owns", ps.in_use);
+    EXPECT(ps.quarantined == 0,
+           "device pool: %zu bytes quarantined (lost until destroy) after a transient failure",
+           ps.quarantined);
   }
   if (f->s) {
     st = dmem_stream_destroy(rt, f->s);
@@ -849,6 +853,13 @@ static void run_scenario(const scenario_t *sc) {
   double t0 = now_s();
   loop_result_t res[2];
   memset(res, 0, sizeof res);
+  const char *only = getenv("DMEM_FAULT_ONLY"); /* "n" or "n:fatal": one run (reproducing) */
+  if (only && *only) {
+    dmem__fault_plan_t plan = {DMEM__FAULT_ANY, strtoull(only, NULL, 10),
+                               strstr(only, "fatal") != NULL};
+    CHECK_TRUE(run_once(sc, &plan, &res[0]));
+    return;
+  }
   for (int fatal = 0; fatal < 2; fatal++) {
     uint64_t n = 1;
     for (;; n += (uint64_t)stride) {

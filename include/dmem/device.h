@@ -114,7 +114,9 @@ DMEM_API dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *hand
  *
  * Thread-safe.
  * @return DMEM_OK (*released_out, may be NULL, = bytes given back);
- *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE.
+ *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE;
+ *         DMEM_ERR_DEVICE_FATAL (cudaFree reported a lost context; the slab
+ *         stays with the pool until destroy).
  */
 DMEM_API dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes,
                                         size_t *released_out);

@@ -9,8 +9,12 @@
  * error: the streams it knows (every stream made through it, and the
  * default stream) are drained first, then every later call is refused with
  * DMEM_ERR_DEVICE_FATAL except the frees and destroys, which still free
- * (the host backend's memory would leak otherwise; under CUDA the context
- * holds it) and return DMEM_OK.
+ * and return DMEM_OK (the CUDA backend makes them no-ops: the context holds
+ * the memory until it goes). A free or destroy that is itself failed frees
+ * nothing; the wrapper keeps what it was given and frees it at a later
+ * free of the same thing or at destroy, as a lost CUDA context would, so
+ * that neither a runtime that retries the free nor one that forgets it
+ * leaks or frees twice.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -222,9 +226,18 @@ typedef struct fault_backend {
   /* 1 once a fatal failure was injected. Set by exchange (only the first
    * one drains); read relaxed: the flag publishes no data. */
   _Atomic int dead;
-  pthread_mutex_t mu; /* the streams made through the wrapper (a leaf) */
-  void **streams;
+  pthread_mutex_t mu; /* the lists below (a leaf) */
+  void **streams;     /* streams made through the wrapper */
   size_t nstreams, capstreams;
+  /* Memory, events and streams whose free or destroy was failed (with the
+   * sticky error): not freed then, as under CUDA, where a lost context
+   * keeps them until it goes; a later free of one frees it, destroy frees
+   * the rest (the context going). */
+  struct orphan {
+    dmem__fault_call_t call; /* the free that failed */
+    void *p;
+  } *orphans;
+  size_t norphans, caporphans;
 } fault_backend_t;
 
 static fault_backend_t *fb_of(dmem__backend_t *be) { return (fault_backend_t *)be; }
@@ -254,14 +267,42 @@ static dmem_status_t enter(fault_backend_t *fb, dmem__fault_call_t call) {
   return injected(call, st, nth);
 }
 
-/* Before a free or destroy, which is done whatever this returns: DMEM_OK,
- * or the injected DMEM_ERR_DEVICE_FATAL (the wrapper is dead then). */
-static dmem_status_t enter_free(fault_backend_t *fb, dmem__fault_call_t call) {
-  if (dmem_atomic_load_relaxed(&fb->dead)) return DMEM_OK;
+/* Forget p as an orphan (it is being freed now). */
+static void orphan_forget(fault_backend_t *fb, void *p) {
+  pthread_mutex_lock(&fb->mu);
+  for (size_t i = 0; i < fb->norphans; i++) {
+    if (fb->orphans[i].p != p) continue;
+    fb->orphans[i] = fb->orphans[--fb->norphans];
+    break;
+  }
+  pthread_mutex_unlock(&fb->mu);
+}
+
+/* Before a free or destroy of p: DMEM_OK (go ahead), or the injected
+ * DMEM_ERR_DEVICE_FATAL: then p is kept as an orphan (freed by a later
+ * free or by destroy) and the wrapper is dead. Once dead, frees go ahead. */
+static dmem_status_t enter_free(fault_backend_t *fb, dmem__fault_call_t call, void *p) {
+  if (dmem_atomic_load_relaxed(&fb->dead)) {
+    orphan_forget(fb, p);
+    return DMEM_OK;
+  }
   uint64_t nth = 0;
-  dmem_status_t st = fires(call, &nth);
-  if (st == DMEM_OK) return DMEM_OK;
+  if (fires(call, &nth) == DMEM_OK) return DMEM_OK;
   go_dead(fb);
+  pthread_mutex_lock(&fb->mu);
+  if (fb->norphans == fb->caporphans) {
+    size_t cap = fb->caporphans ? fb->caporphans * 2 : 16;
+    struct orphan *v = realloc(fb->orphans, cap * sizeof *v);
+    if (v) {
+      fb->orphans = v;
+      fb->caporphans = cap;
+    }
+  }
+  bool kept = fb->norphans < fb->caporphans;
+  if (kept) fb->orphans[fb->norphans++] = (struct orphan){call, p};
+  pthread_mutex_unlock(&fb->mu);
+  /* no room to remember it: free it now rather than leak it */
+  if (!kept) return DMEM_OK;
   return injected(call, DMEM_ERR_DEVICE_FATAL, nth);
 }
 
@@ -276,10 +317,11 @@ static dmem_status_t fb_device_alloc(dmem__backend_t *be, size_t size, void **pt
 static dmem_status_t fb_device_free(dmem__backend_t *be, void *ptr) {
   fault_backend_t *fb = fb_of(be);
   if (!ptr) return DMEM_OK;
-  dmem_status_t st = enter_free(fb, DMEM__FAULT_DEVICE_FREE);
-  dmem_status_t fst = fb->inner->device_free(fb->inner, ptr);
-  if (fst == DMEM_OK) dmem_atomic_sub_relaxed(&live_device, 1);
-  return st != DMEM_OK ? st : fst;
+  dmem_status_t st = enter_free(fb, DMEM__FAULT_DEVICE_FREE, ptr);
+  if (st != DMEM_OK) return st;
+  st = fb->inner->device_free(fb->inner, ptr);
+  if (st == DMEM_OK) dmem_atomic_sub_relaxed(&live_device, 1);
+  return st;
 }
 
 static dmem_status_t fb_host_alloc(dmem__backend_t *be, size_t size, void **ptr_out) {
@@ -293,10 +335,11 @@ static dmem_status_t fb_host_alloc(dmem__backend_t *be, size_t size, void **ptr_
 static dmem_status_t fb_host_free(dmem__backend_t *be, void *ptr) {
   fault_backend_t *fb = fb_of(be);
   if (!ptr) return DMEM_OK;
-  dmem_status_t st = enter_free(fb, DMEM__FAULT_HOST_FREE);
-  dmem_status_t fst = fb->inner->host_free(fb->inner, ptr);
-  if (fst == DMEM_OK) dmem_atomic_sub_relaxed(&live_host, 1);
-  return st != DMEM_OK ? st : fst;
+  dmem_status_t st = enter_free(fb, DMEM__FAULT_HOST_FREE, ptr);
+  if (st != DMEM_OK) return st;
+  st = fb->inner->host_free(fb->inner, ptr);
+  if (st == DMEM_OK) dmem_atomic_sub_relaxed(&live_host, 1);
+  return st;
 }
 
 static dmem_status_t fb_memcpy_async(dmem__backend_t *be, void *dst, const void *src, size_t n,
@@ -334,6 +377,9 @@ static dmem_status_t fb_stream_create(dmem__backend_t *be, void **stream_out) {
 
 static dmem_status_t fb_stream_destroy(dmem__backend_t *be, void *stream) {
   fault_backend_t *fb = fb_of(be);
+  if (!stream) return fb->inner->stream_destroy(fb->inner, stream); /* refused there */
+  dmem_status_t st = enter_free(fb, DMEM__FAULT_STREAM_DESTROY, stream);
+  if (st != DMEM_OK) return st; /* an orphan: still drained by go_dead */
   pthread_mutex_lock(&fb->mu);
   for (size_t i = 0; i < fb->nstreams; i++) {
     if (fb->streams[i] != stream) continue;
@@ -341,10 +387,9 @@ static dmem_status_t fb_stream_destroy(dmem__backend_t *be, void *stream) {
     break;
   }
   pthread_mutex_unlock(&fb->mu);
-  dmem_status_t st = stream ? enter_free(fb, DMEM__FAULT_STREAM_DESTROY) : DMEM_OK;
-  dmem_status_t fst = fb->inner->stream_destroy(fb->inner, stream);
-  if (fst == DMEM_OK) dmem_atomic_sub_relaxed(&live_streams, 1);
-  return st != DMEM_OK ? st : fst;
+  st = fb->inner->stream_destroy(fb->inner, stream);
+  if (st == DMEM_OK) dmem_atomic_sub_relaxed(&live_streams, 1);
+  return st;
 }
 
 static dmem_status_t fb_stream_synchronize(dmem__backend_t *be, void *stream) {
@@ -376,10 +421,11 @@ static dmem_status_t fb_event_create(dmem__backend_t *be, void **event_out) {
 
 static dmem_status_t fb_event_destroy(dmem__backend_t *be, void *event) {
   fault_backend_t *fb = fb_of(be);
-  dmem_status_t st = enter_free(fb, DMEM__FAULT_EVENT_DESTROY);
-  dmem_status_t fst = fb->inner->event_destroy(fb->inner, event);
-  if (fst == DMEM_OK) dmem_atomic_sub_relaxed(&live_events, 1);
-  return st != DMEM_OK ? st : fst;
+  dmem_status_t st = enter_free(fb, DMEM__FAULT_EVENT_DESTROY, event);
+  if (st != DMEM_OK) return st;
+  st = fb->inner->event_destroy(fb->inner, event);
+  if (st == DMEM_OK) dmem_atomic_sub_relaxed(&live_events, 1);
+  return st;
 }
 
 static dmem_status_t fb_event_record(dmem__backend_t *be, void *event, void *stream) {
@@ -421,6 +467,26 @@ static dmem_status_t fb_mem_info(dmem__backend_t *be, size_t *free_out, size_t *
 static void fb_destroy(dmem__backend_t *be) {
   fault_backend_t *fb = fb_of(be);
   if (!fb) return;
+  /* the context goes: what it still held with it */
+  for (size_t i = 0; i < fb->norphans; i++) {
+    dmem__backend_t *in = fb->inner;
+    void *p = fb->orphans[i].p;
+    switch (fb->orphans[i].call) {
+      case DMEM__FAULT_DEVICE_FREE:
+        if (in->device_free(in, p) == DMEM_OK) dmem_atomic_sub_relaxed(&live_device, 1);
+        break;
+      case DMEM__FAULT_HOST_FREE:
+        if (in->host_free(in, p) == DMEM_OK) dmem_atomic_sub_relaxed(&live_host, 1);
+        break;
+      case DMEM__FAULT_EVENT_DESTROY:
+        if (in->event_destroy(in, p) == DMEM_OK) dmem_atomic_sub_relaxed(&live_events, 1);
+        break;
+      default: /* a stream */
+        if (in->stream_destroy(in, p) == DMEM_OK) dmem_atomic_sub_relaxed(&live_streams, 1);
+        break;
+    }
+  }
+  free(fb->orphans);
   fb->inner->destroy(fb->inner);
   free(fb->streams);
   pthread_mutex_destroy(&fb->mu);

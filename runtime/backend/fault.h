@@ -22,8 +22,10 @@
  *   destroys (device_free, host_free, stream_destroy, event_destroy)
  *                                     DMEM_ERR_DEVICE_FATAL: under CUDA these
  *                                     calls fail only with the sticky error
- *                                     of earlier work (the free is still
- *                                     done, so nothing leaks)
+ *                                     of earlier work (a failed free frees
+ *                                     nothing now; the wrapper frees it at
+ *                                     a later free of it or at destroy, as
+ *                                     a lost context would)
  *   disk_open, disk_alloc             ENOSPC (the tier: DMEM_ERR_IO)
  *   disk_write, disk_read             EIO (the tier: DMEM_ERR_IO)
  * A plan with `fatal` fails the chosen backend call with
@@ -34,7 +36,8 @@
  * queued is waited for (the host backend's worker threads would otherwise
  * keep copying into memory the runtime now frees; a dead CUDA context runs
  * nothing more), then every call is refused with DMEM_ERR_DEVICE_FATAL
- * except the frees and destroys, which free and return DMEM_OK.
+ * except the frees and destroys, which free and return DMEM_OK (the CUDA
+ * backend makes them no-ops: the context keeps the memory until it goes).
  *
  * Enabled by DMEM_FAULT_INJECT=<call>:<n>[:fatal] (read by
  * dmem_runtime_create; counting is process-wide) or by dmem__fault_arm
