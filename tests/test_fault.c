@@ -36,6 +36,42 @@
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
+/* Buffer sizes are in units of U, the device limit is 64 U: the suite
+ * scales with U (small, so that the ASan run stays within its minute). */
+#define U ((size_t)32 << 10)
+#define LIMIT (64 * U)
+
+/* The byte pattern of `seed`, 8 bytes at a time (check_fill's per-byte
+ * pattern costs too much under ASan for thousands of runs). */
+static uint64_t pat_next(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+static void pat_fill(void *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  unsigned char *b = p;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = pat_next(&x);
+    memcpy(b + i, &v, n - i < 8 ? n - i : 8);
+  }
+}
+/* Bytes of p that differ from the pattern. */
+static size_t pat_bad(const void *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  const unsigned char *b = p;
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = pat_next(&x), got = 0;
+    size_t k = n - i < 8 ? n - i : 8;
+    memcpy(&got, b + i, k);
+    if (k < 8) v &= ((uint64_t)1 << (8 * k)) - 1;
+    if (got != v)
+      for (size_t j = 0; j < k; j++) bad += ((got >> (8 * j)) & 0xFF) != ((v >> (8 * j)) & 0xFF);
+  }
+  return bad;
+}
 
 /* ---- documented statuses --------------------------------------------------------- */
 
@@ -164,6 +200,48 @@ static dmem_status_t checked(fx_t *f, api_t api, dmem_status_t st, int line) {
     }                                                                            \
   } while (0)
 
+/* ---- moves whose failure must leave the buffer where it was ---------------------------- */
+
+static int state_of(fx_t *f, int i) {
+  dmem_buffer_info_t info;
+  return dmem_buffer_info(f->rt, f->h[i], &info) == DMEM_OK ? (int)info.state : -1;
+}
+
+/* After a failed move of buffer i (status st): "the bytes stay where they
+ * were" (dmem_spill, dmem_unspill, dmem_lock, dmem_prefetch). */
+static void same_place(fx_t *f, int i, int before, dmem_status_t st, const char *what, int line) {
+  if (st == DMEM_OK) return;
+  int after = state_of(f, i);
+  if (after != before) {
+    fprintf(stderr, "test_fault.c:%d: [%s] %s of buffer %d failed (%s) but moved it: state %d -> %d\n",
+            line, f->where, what, i, dmem_status_name(st), before, after);
+    check_failed_ = 1;
+    f->bad++;
+  }
+}
+
+static dmem_status_t t_spill_(fx_t *f, int i, dmem_tier_t tier, int line) {
+  int before = state_of(f, i);
+  dmem_status_t st = checked(f, API_SPILL, dmem_spill(f->rt, f->h[i], tier), line);
+  same_place(f, i, before, st, "spill", line);
+  return st;
+}
+static dmem_status_t t_unspill_(fx_t *f, int i, dmem_stream_t s, int line) {
+  int before = state_of(f, i);
+  dmem_status_t st = checked(f, API_UNSPILL, dmem_unspill(f->rt, f->h[i], s), line);
+  same_place(f, i, before, st, "unspill", line);
+  return st;
+}
+static dmem_status_t t_lock_(fx_t *f, int i, dmem_stream_t s, void **p, int line) {
+  int before = state_of(f, i);
+  dmem_status_t st = checked(f, API_LOCK, dmem_lock(f->rt, f->h[i], s, p), line);
+  same_place(f, i, before, st, "lock", line);
+  return st;
+}
+#define t_spill(f, i, tier) t_spill_((f), (i), (tier), __LINE__)
+#define t_unspill(f, i, s) t_unspill_((f), (i), (s), __LINE__)
+#define t_lock(f, i, s, p) t_lock_((f), (i), (s), (p), __LINE__)
+
 /* ---- the controller ---------------------------------------------------------------- */
 
 static ctl_entry_t *ctl_find(fx_t *f, dmem_handle_t h) {
@@ -241,7 +319,7 @@ static dmem_status_t put(fx_t *f, int i, uint64_t seed) {
   size_t n = f->size[i];
   void *tmp = malloc(n), *p = NULL;
   if (!tmp) abort();
-  check_fill(tmp, n, seed);
+  pat_fill(tmp, n, seed);
   dmem_status_t st = DO(API_LOCK, dmem_lock(f->rt, f->h[i], NULL, &p));
   if (st == DMEM_OK) {
     f->known[i] = false;
@@ -301,7 +379,7 @@ static size_t bad_bytes(fx_t *f, int i) {
   if (st == DMEM_OK) st = dmem_copy(f->rt, tmp, p, n, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, NULL);
   if (p) (void)dmem_unlock(f->rt, f->h[i]);
-  size_t bad = st == DMEM_OK ? check_verify(tmp, n, f->seed[i]) : SIZE_MAX;
+  size_t bad = st == DMEM_OK ? pat_bad(tmp, n, f->seed[i]) : SIZE_MAX;
   if (st != DMEM_OK)
     fprintf(stderr, "reading buffer %d: %s (%s)\n", i, dmem_status_name(st),
             dmem_last_error_detail());
@@ -315,7 +393,7 @@ static size_t raw_bad_bytes(fx_t *f, int r) {
   if (!tmp) abort();
   dmem_status_t st = dmem_copy(f->rt, tmp, f->raw[r], n, f->raw_s[r]);
   if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, f->raw_s[r]);
-  size_t bad = st == DMEM_OK ? check_verify(tmp, n, f->rawseed[r]) : SIZE_MAX;
+  size_t bad = st == DMEM_OK ? pat_bad(tmp, n, f->rawseed[r]) : SIZE_MAX;
   free(tmp);
   return bad;
 }
@@ -335,7 +413,7 @@ static void *pattern(fx_t *f, size_t n, uint64_t seed) {
   if (f->nsrc == (int)(sizeof f->src / sizeof f->src[0])) abort();
   void *p = malloc(n);
   if (!p) abort();
-  check_fill(p, n, seed);
+  pat_fill(p, n, seed);
   f->src[f->nsrc++] = p;
   return p;
 }
@@ -368,43 +446,45 @@ typedef struct scenario {
   size_t limit, host_limit;
   bool controller;
   bool in_run; /* the runtime is created (and destroyed) under the plan */
+  bool full;   /* also the fatal and the persistent loops (not for the
+                  slow large-buffer scenario, whose paths the others reach) */
   void (*setup)(fx_t *f);
   void (*run)(fx_t *f);
 } scenario_t;
 
 /* alloc: allocations under the limit, a pinned one, then more than the
  * limit holds (on-demand eviction to the host tier). */
-static void alloc_setup(fx_t *f) { setup_buffers(f, 3, 512 * KiB); }
+static void alloc_setup(fx_t *f) { setup_buffers(f, 3, 8 * U); }
 static void alloc_run(fx_t *f) {
-  (void)add_buffer(f, 512 * KiB, 0);
-  (void)add_buffer(f, 256 * KiB, DMEM_ALLOC_PINNED);
-  (void)add_buffer(f, 1 * MiB, 0);
-  (void)add_buffer(f, 2 * MiB, 0); /* past the limit: spills */
-  (void)add_buffer(f, 96 * KiB, 0);
+  (void)add_buffer(f, 8 * U, 0);
+  (void)add_buffer(f, 4 * U, DMEM_ALLOC_PINNED);
+  (void)add_buffer(f, 16 * U, 0);
+  (void)add_buffer(f, 32 * U, 0); /* past the limit: spills */
+  (void)add_buffer(f, 3 * U / 2, 0);
 }
 
 /* lock / unlock: resident, from the host tier, from disk, twice, on a
  * stream, and the lock of a spilled buffer that needs room. */
 static void lock_setup(fx_t *f) {
-  setup_buffers(f, 5, 512 * KiB);
+  setup_buffers(f, 5, 8 * U);
   dmem_status_t st = dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST);
   if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK);
   if (st != DMEM_OK) setup_fail("spill", st);
-  (void)add_buffer(f, 1536 * KiB, 0); /* 3.5 MiB resident of 4 */
+  (void)add_buffer(f, 24 * U, 0); /* 56 U resident of 64 */
 }
 static void lock_run(fx_t *f) {
   void *p[6] = {0};
   dmem_status_t st[6];
-  st[0] = DO(API_LOCK, dmem_lock(f->rt, f->h[0], NULL, &p[0]));
-  st[1] = DO(API_LOCK, dmem_lock(f->rt, f->h[1], f->s, &p[1])); /* host tier */
-  st[2] = DO(API_LOCK, dmem_lock(f->rt, f->h[2], NULL, &p[2])); /* disk, needs room */
-  st[3] = DO(API_LOCK, dmem_lock(f->rt, f->h[0], f->s, &p[3])); /* a second lock */
+  st[0] = t_lock(f, 0, NULL, &p[0]);
+  st[1] = t_lock(f, 1, f->s, &p[1]); /* host tier */
+  st[2] = t_lock(f, 2, NULL, &p[2]); /* disk, needs room */
+  st[3] = t_lock(f, 0, f->s, &p[3]); /* a second lock */
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
   for (int k = 0; k < 4; k++)
     if (st[k] == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[k == 3 ? 0 : k]));
   (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[3])); /* not locked */
   /* written while locked on a stream */
-  if (DO(API_LOCK, dmem_lock(f->rt, f->h[4], f->s, &p[4])) == DMEM_OK) {
+  if (t_lock(f, 4, f->s, &p[4]) == DMEM_OK) {
     uint64_t seed = ++f->seeds;
     void *src = pattern(f, f->size[4], seed);
     f->known[4] = false;
@@ -419,19 +499,20 @@ static void lock_run(fx_t *f) {
 
 /* spill and unspill through the host tier: spill, unspill on a stream,
  * prefetch, lock after spill, pinned-pool trim. */
-static void host_setup(fx_t *f) { setup_buffers(f, 4, 256 * KiB); }
+static void host_setup(fx_t *f) { setup_buffers(f, 4, 4 * U); }
 static void host_run(fx_t *f) {
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[2], DMEM_TIER_HOST));
-  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[0], f->s));
-  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, &f->h[1], 1, f->s));
+  (void)t_spill(f, 0, DMEM_TIER_HOST);
+  (void)t_spill(f, 1, DMEM_TIER_HOST);
+  (void)t_spill(f, 2, DMEM_TIER_HOST);
+  (void)t_unspill(f, 0, f->s);
+  dmem_handle_t pf[3] = {f->h[1], f->h[0], f->h[3]}; /* spilled, back, resident */
+  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, pf, 3, f->s));
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
   void *p;
-  if (DO(API_LOCK, dmem_lock(f->rt, f->h[2], NULL, &p)) == DMEM_OK)
+  if (t_lock(f, 2, NULL, &p) == DMEM_OK)
     (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[2]));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[3], DMEM_TIER_HOST));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
+  (void)t_spill(f, 3, DMEM_TIER_HOST);
+  (void)t_spill(f, 0, DMEM_TIER_HOST);
   (void)DO(API_FREE, dmem_free(f->rt, f->h[3]));
   f->live[3] = false;
   (void)DO(API_HOST_TRIM, dmem_host_trim(f->rt, 0, NULL));
@@ -440,36 +521,49 @@ static void host_run(fx_t *f) {
 
 /* spill and unspill through disk: device -> disk, host -> disk, disk ->
  * device by lock, unspill and prefetch. */
-static void disk_setup(fx_t *f) { setup_buffers(f, 4, 256 * KiB); }
+static void disk_setup(fx_t *f) { setup_buffers(f, 4, 4 * U); }
 static void disk_run(fx_t *f) {
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_DISK));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_DISK));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK));
+  (void)t_spill(f, 0, DMEM_TIER_DISK);
+  (void)t_spill(f, 1, DMEM_TIER_HOST);
+  (void)t_spill(f, 1, DMEM_TIER_DISK);
+  (void)t_spill(f, 2, DMEM_TIER_DISK);
   void *p;
-  if (DO(API_LOCK, dmem_lock(f->rt, f->h[0], f->s, &p)) == DMEM_OK) {
+  if (t_lock(f, 0, f->s, &p) == DMEM_OK) {
     (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
     (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
   }
-  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[1], NULL));
+  (void)t_unspill(f, 1, NULL);
   (void)DO(API_PREFETCH, dmem_prefetch(f->rt, &f->h[2], 1, f->s));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[3], DMEM_TIER_DISK));
+  (void)t_spill(f, 3, DMEM_TIER_DISK);
   (void)DO(API_FREE, dmem_free(f->rt, f->h[3])); /* freed on disk */
   f->live[3] = false;
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
 
+/* a buffer larger than one disk chunk (8 MiB): its write and read are
+ * shared with the I/O threads, and a failed chunk stops the others. */
+static void disk_large_setup(fx_t *f) {
+  setup_buffers(f, 1, 9 * MiB);
+  f->rt->copy_chunk = 4 * MiB;
+}
+static void disk_large_run(fx_t *f) {
+  (void)t_spill(f, 0, DMEM_TIER_DISK);
+  void *p;
+  if (t_lock(f, 0, NULL, &p) == DMEM_OK)
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
+}
+
 /* the host tier over its limit: the I/O threads push the least recently
  * used buffers down to disk; then they come back. */
-static void pushdown_setup(fx_t *f) { setup_buffers(f, 4, 256 * KiB); }
+static void pushdown_setup(fx_t *f) { setup_buffers(f, 4, 4 * U); }
 static void pushdown_run(fx_t *f) {
-  for (int i = 0; i < 4; i++) (void)DO(API_SPILL, dmem_spill(f->rt, f->h[i], DMEM_TIER_HOST));
+  for (int i = 0; i < 4; i++) (void)t_spill(f, i, DMEM_TIER_HOST);
   dmem__io_quiesce(f->rt->io);
   void *p;
-  if (DO(API_LOCK, dmem_lock(f->rt, f->h[0], NULL, &p)) == DMEM_OK)
+  if (t_lock(f, 0, NULL, &p) == DMEM_OK)
     (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
-  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[3], NULL));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
+  (void)t_unspill(f, 3, NULL);
+  (void)t_spill(f, 0, DMEM_TIER_HOST);
   dmem__io_quiesce(f->rt->io);
 }
 
@@ -478,40 +572,40 @@ static void pushdown_run(fx_t *f) {
  * victims. */
 static void controller_setup(fx_t *f) {
   setup_controller(f);
-  setup_buffers(f, 5, 512 * KiB);
+  setup_buffers(f, 5, 8 * U);
 }
 static void controller_run(fx_t *f) {
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_CONTROLLER));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_CONTROLLER));
-  (void)DO(API_UNSPILL, dmem_unspill(f->rt, f->h[0], f->s));
+  (void)t_spill(f, 0, DMEM_TIER_CONTROLLER);
+  (void)t_spill(f, 1, DMEM_TIER_HOST);
+  (void)t_spill(f, 1, DMEM_TIER_CONTROLLER);
+  (void)t_unspill(f, 0, f->s);
   void *p;
-  if (DO(API_LOCK, dmem_lock(f->rt, f->h[1], NULL, &p)) == DMEM_OK)
+  if (t_lock(f, 1, NULL, &p) == DMEM_OK)
     (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[1]));
   size_t freed = 0;
-  (void)DO(API_EVICT, dmem_evict(f->rt, 1 * MiB, &freed));
+  (void)DO(API_EVICT, dmem_evict(f->rt, 16 * U, &freed));
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
 
 /* evict: by policy, then an allocation that needs room, then locks that
  * bring everything back (each spilling others). */
-static void evict_setup(fx_t *f) { setup_buffers(f, 6, 512 * KiB); }
+static void evict_setup(fx_t *f) { setup_buffers(f, 5, 8 * U); }
 static void evict_run(fx_t *f) {
   size_t freed = 0;
-  (void)DO(API_EVICT, dmem_evict(f->rt, 1536 * KiB, &freed));
-  (void)add_buffer(f, 2 * MiB, 0);
-  for (int i = 0; i < f->nbuf; i++) {
+  (void)DO(API_EVICT, dmem_evict(f->rt, 16 * U, &freed));
+  (void)add_buffer(f, 24 * U, 0);
+  for (int i = 0; i < 3; i++) {
     void *p;
-    if (f->live[i] && DO(API_LOCK, dmem_lock(f->rt, f->h[i], NULL, &p)) == DMEM_OK)
+    if (t_lock(f, i, NULL, &p) == DMEM_OK)
       (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
   }
-  (void)DO(API_EVICT, dmem_evict(f->rt, 8 * MiB, &freed));
+  (void)DO(API_EVICT, dmem_evict(f->rt, 128 * U, &freed));
 }
 
 /* launch_async / stream_release / sync_and_unlock / lock_and_launch, a
  * host function, and a spill of a buffer a release still holds. */
 static void launch_setup(fx_t *f) {
-  setup_buffers(f, 4, 256 * KiB);
+  setup_buffers(f, 4, 4 * U);
   dmem_status_t st = dmem_spill(f->rt, f->h[2], DMEM_TIER_HOST);
   if (st != DMEM_OK) setup_fail("spill", st);
 }
@@ -520,12 +614,14 @@ static void launch_run(fx_t *f) {
   dmem_handle_t hs1[2] = {f->h[0], f->h[1]};
   (void)DO(API_LAUNCH_ASYNC, dmem_launch_async(f->rt, f->s, hs1, 2, launch_write, &a1));
   (void)DO(API_STREAM_RELEASE, dmem_stream_release(f->rt, f->s));
-  launch_arg_t a2 = {f, 0, 2, ++f->seeds};
-  dmem_handle_t hs2[2] = {f->h[2], f->h[3]};
+  /* h[3] locks first, then h[2] must come back from the host tier: a
+   * failure there must leave h[3] unlocked (all or nothing) */
+  launch_arg_t a2 = {f, 1, 2, ++f->seeds};
+  dmem_handle_t hs2[2] = {f->h[3], f->h[2]};
   (void)DO(API_LAUNCH_ASYNC, dmem_launch_async(f->rt, f->s, hs2, 2, launch_write, &a2));
   atomic_int ran = 0;
   (void)DO(API_ENQUEUE_HOST, dmem_stream_enqueue_host(f->rt, f->s, host_noop, &ran));
-  (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST)); /* may be BUSY */
+  (void)t_spill(f, 1, DMEM_TIER_HOST); /* may be BUSY */
   (void)DO(API_SYNC_AND_UNLOCK, dmem_sync_and_unlock(f->rt, f->s));
   launch_arg_t a3 = {f, 1, 3, ++f->seeds};
   dmem_handle_t hs3[2] = {f->h[1], f->h[3]};
@@ -550,19 +646,19 @@ static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s) {
   if (st != DMEM_OK) f->rawseed[r] = 0; /* unknown */
   return st;
 }
-static void raw_setup(fx_t *f) { setup_buffers(f, 4, 512 * KiB); }
+static void raw_setup(fx_t *f) { setup_buffers(f, 4, 8 * U); }
 static void raw_run(fx_t *f) {
-  (void)raw_add(f, 0, 1 * MiB, f->s);
-  (void)raw_add(f, 1, 1536 * KiB, NULL); /* spills buffers */
+  (void)raw_add(f, 0, 16 * U, f->s);
+  (void)raw_add(f, 1, 24 * U, NULL); /* spills buffers */
   size_t fr = 0, tot = 0;
   (void)DO(API_MEMORY_INFO, dmem_device_memory_info(f->rt, &fr, &tot));
   if (f->raw[0]) {
     (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, f->raw[0], f->s));
     f->raw[0] = NULL;
   }
-  (void)raw_add(f, 2, 256 * KiB, NULL);
+  (void)raw_add(f, 2, 4 * U, NULL);
   (void)DO(API_DEVICE_TRIM, dmem_device_trim(f->rt, 0, NULL));
-  (void)raw_add(f, 3, 2 * MiB, f->s); /* more spilling */
+  (void)raw_add(f, 3, 32 * U, f->s); /* more spilling */
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
 
@@ -575,17 +671,17 @@ static void create_run(fx_t *f) {
   }
   dmem_stream_t s = NULL;
   if (DO(API_STREAM_CREATE, dmem_stream_create(f->rt, &s)) != DMEM_OK) s = NULL;
-  (void)add_buffer(f, 256 * KiB, 0);
-  (void)add_buffer(f, 256 * KiB, 0);
-  if (f->nbuf > 0) (void)DO(API_SPILL, dmem_spill(f->rt, f->h[0], DMEM_TIER_HOST));
-  if (f->nbuf > 1) (void)DO(API_SPILL, dmem_spill(f->rt, f->h[1], DMEM_TIER_DISK));
+  (void)add_buffer(f, 4 * U, 0);
+  (void)add_buffer(f, 4 * U, 0);
+  if (f->nbuf > 0) (void)t_spill(f, 0, DMEM_TIER_HOST);
+  if (f->nbuf > 1) (void)t_spill(f, 1, DMEM_TIER_DISK);
   for (int i = 0; i < f->nbuf; i++) {
     void *p;
-    if (DO(API_LOCK, dmem_lock(f->rt, f->h[i], s, &p)) == DMEM_OK)
+    if (t_lock(f, i, s, &p) == DMEM_OK)
       (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
   }
   void *raw = NULL;
-  if (DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, 64 * KiB, s, &raw)) == DMEM_OK)
+  if (DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, U, s, &raw)) == DMEM_OK)
     (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, raw, s));
   if (s) (void)DO(API_STREAM_DESTROY, dmem_stream_destroy(f->rt, s));
   dmem_stats_t stats;
@@ -607,6 +703,34 @@ static void verify_working(fx_t *f) {
   EXPECT((st = dmem_sync_and_unlock(rt, NULL)) == DMEM_OK, "sync_and_unlock(NULL): %s",
          dmem_status_name(st));
   EXPECT((st = dmem_runtime_poll(rt)) == DMEM_OK, "poll: %s", dmem_status_name(st));
+  if (rt->io) dmem__io_quiesce(rt->io);
+  /* every byte is charged to the tier that holds it, once */
+  size_t want[8] = {0}, raw = 0;
+  for (int i = 0; i < f->nbuf; i++) {
+    int state = f->live[i] ? state_of(f, i) : -1;
+    if (state >= 0 && state < 8) want[state] += f->size[i];
+  }
+  for (int r = 0; r < NRAW; r++)
+    if (f->raw[r]) raw += f->rawsize[r];
+  dmem_stats_t s0;
+  memset(&s0, 0, sizeof s0);
+  EXPECT(dmem_stats(rt, &s0) == DMEM_OK, "stats");
+  EXPECT(s0.device_used == want[DMEM_STATE_RESIDENT] + raw,
+         "device_used %zu, but resident buffers hold %zu and raw allocations %zu", s0.device_used,
+         want[DMEM_STATE_RESIDENT], raw);
+  EXPECT(s0.host_used == want[DMEM_STATE_DEFERRED_HOST],
+         "host_used %zu, but host-tier buffers hold %zu", s0.host_used,
+         want[DMEM_STATE_DEFERRED_HOST]);
+  EXPECT(s0.disk_used == want[DMEM_STATE_DEFERRED_DISK],
+         "disk_used %zu, but disk-tier buffers hold %zu", s0.disk_used,
+         want[DMEM_STATE_DEFERRED_DISK]);
+  EXPECT(s0.controller_used == want[DMEM_STATE_DEFERRED_CONTROLLER],
+         "controller_used %zu, but controller-tier buffers hold %zu", s0.controller_used,
+         want[DMEM_STATE_DEFERRED_CONTROLLER]);
+  EXPECT(want[DMEM_STATE_SPILLING] == 0 && want[DMEM_STATE_UNSPILLING] == 0,
+         "buffers left in a move: %zu bytes spilling, %zu unspilling", want[DMEM_STATE_SPILLING],
+         want[DMEM_STATE_UNSPILLING]);
+  EXPECT(s0.raw_used == raw, "raw_used %zu, raw allocations %zu", s0.raw_used, raw);
   /* raw allocations first (then freed: they are never spilled and would
    * keep the buffers below from coming back) */
   for (int r = 0; r < NRAW; r++) {
@@ -634,27 +758,27 @@ static void verify_working(fx_t *f) {
   }
   /* still working: a new buffer through host, disk and back */
   dmem_handle_t h = 0;
-  st = dmem_alloc(rt, 64 * KiB, 0, &h);
+  st = dmem_alloc(rt, U, 0, &h);
   EXPECT(st == DMEM_OK, "alloc after the fault: %s (%s)", dmem_status_name(st),
          dmem_last_error_detail());
   if (st != DMEM_OK) return;
-  void *tmp = malloc(64 * KiB), *p = NULL;
-  check_fill(tmp, 64 * KiB, 77);
+  void *tmp = malloc(U), *p = NULL;
+  pat_fill(tmp, U, 77);
   st = dmem_lock(rt, h, NULL, &p);
-  if (st == DMEM_OK) st = dmem_copy(rt, p, tmp, 64 * KiB, NULL);
+  if (st == DMEM_OK) st = dmem_copy(rt, p, tmp, U, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, NULL);
   if (p) (void)dmem_unlock(rt, h);
   if (st == DMEM_OK) st = dmem_spill(rt, h, DMEM_TIER_HOST);
   if (st == DMEM_OK) st = dmem_spill(rt, h, DMEM_TIER_DISK);
-  memset(tmp, 0, 64 * KiB);
+  memset(tmp, 0, U);
   p = NULL;
   if (st == DMEM_OK) st = dmem_lock(rt, h, NULL, &p);
-  if (st == DMEM_OK) st = dmem_copy(rt, tmp, p, 64 * KiB, NULL);
+  if (st == DMEM_OK) st = dmem_copy(rt, tmp, p, U, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, NULL);
   if (p) (void)dmem_unlock(rt, h);
   EXPECT(st == DMEM_OK, "a new buffer through host and disk: %s (%s)", dmem_status_name(st),
          dmem_last_error_detail());
-  if (st == DMEM_OK) EXPECT(check_verify(tmp, 64 * KiB, 77) == 0, "a new buffer came back wrong");
+  if (st == DMEM_OK) EXPECT(pat_bad(tmp, U, 77) == 0, "a new buffer came back wrong");
   free(tmp);
   EXPECT(dmem_free(rt, h) == DMEM_OK, "free of the new buffer");
 }
@@ -757,6 +881,7 @@ typedef struct loop_result {
   int points;       /* runs in which a call was failed */
   int fatal_points; /* of which the failure was (or became) fatal */
   uint64_t clean_calls;
+  int by_call[DMEM__FAULT_NCALLS]; /* failed calls per kind */
 } loop_result_t;
 
 static int64_t live_sum(const dmem__fault_report_t *r) {
@@ -768,9 +893,9 @@ static bool run_once(const scenario_t *sc, const dmem__fault_plan_t *plan, loop_
   static fx_t fx;
   fx_t *f = &fx;
   memset(f, 0, sizeof *f);
-  snprintf(where_buf, sizeof where_buf, "%s, %s call %llu%s", sc->name,
+  snprintf(where_buf, sizeof where_buf, "%s, %s call %llu%s%s", sc->name,
            dmem__fault_call_name(plan->call), (unsigned long long)plan->n,
-           plan->fatal ? " (fatal)" : "");
+           plan->fatal ? " (fatal)" : "", plan->persistent ? " and later" : "");
   f->where = where_buf;
   f->limit = sc->limit;
   f->host_limit = sc->host_limit;
@@ -779,13 +904,15 @@ static bool run_once(const scenario_t *sc, const dmem__fault_plan_t *plan, loop_
   dmem__fault_report(&r0);
   if (!sc->in_run) {
     /* counted from here on: the runtime is wrapped */
-    dmem__fault_plan_t none = {DMEM__FAULT_ANY, 0, false};
+    dmem__fault_plan_t none = {DMEM__FAULT_ANY, 0, false, false};
     dmem__fault_arm(&none);
     dmem_status_t st = create_runtime(f, &f->rt);
     if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
     if (st != DMEM_OK) setup_fail("runtime", st);
     st = dmem_stream_create(f->rt, &f->s);
     if (st != DMEM_OK) setup_fail("stream", st);
+    /* copies in pieces (white-box): a failure can hit the middle of one */
+    f->rt->copy_chunk = 2 * U;
     sc->setup(f);
     dmem__fault_disarm();
   }
@@ -794,9 +921,13 @@ static bool run_once(const scenario_t *sc, const dmem__fault_plan_t *plan, loop_
   dmem__fault_disarm();
   dmem__fault_report_t r;
   dmem__fault_report(&r);
+  if (getenv("DMEM_FAULT_ONLY"))
+    fprintf(stderr, "[%s] %s; %llu calls counted\n", f->where,
+            r.fired ? dmem__fault_call_name(r.fired_call) : "nothing failed",
+            (unsigned long long)r.calls[DMEM__FAULT_ANY]);
   if (r.fired) {
     res->points++;
-    /* the detail of the failure, for a failing run's output */
+    res->by_call[r.fired_call]++;
   } else {
     res->clean_calls = r.calls[DMEM__FAULT_ANY];
   }
@@ -856,20 +987,20 @@ static void run_scenario(const scenario_t *sc) {
   const char *only = getenv("DMEM_FAULT_ONLY"); /* "n" or "n:fatal": one run (reproducing) */
   if (only && *only) {
     dmem__fault_plan_t plan = {DMEM__FAULT_ANY, strtoull(only, NULL, 10),
-                               strstr(only, "fatal") != NULL};
+                               strstr(only, "fatal") != NULL, false};
     CHECK_TRUE(run_once(sc, &plan, &res[0]));
     return;
   }
-  for (int fatal = 0; fatal < 2; fatal++) {
+  for (int fatal = 0; fatal < (sc->full ? 2 : 1); fatal++) {
     uint64_t n = 1;
+    int clean = 0;
     for (;; n += (uint64_t)stride) {
-      dmem__fault_plan_t plan = {DMEM__FAULT_ANY, n, fatal != 0};
-      int before = check_failed_;
-      check_failed_ = 0;
+      dmem__fault_plan_t plan = {DMEM__FAULT_ANY, n, fatal != 0, false};
       bool fired = run_once(sc, &plan, &res[fatal]);
-      bool failed = check_failed_;
-      check_failed_ = before || failed;
-      if (!fired) break;
+      /* two runs in a row that reach no n-th call: the number of calls
+       * varies a little (event queries), so one more makes sure */
+      clean = fired ? 0 : clean + 1;
+      if (clean == 2) break;
       if (n > 100000) {
         fprintf(stderr, "%s: more than 100000 injection points: stopping\n", sc->name);
         check_failed_ = 1;
@@ -877,64 +1008,93 @@ static void run_scenario(const scenario_t *sc) {
       }
     }
   }
+  /* Persistent failures of one kind from its n-th call on (a full disk, a
+   * device out of memory, a broken copy engine): every later call of the
+   * kind fails too, then the runtime must recover once they stop. */
+  static const dmem__fault_call_t persistent[] = {
+      DMEM__FAULT_DEVICE_ALLOC, DMEM__FAULT_HOST_ALLOC,  DMEM__FAULT_MEMCPY_ASYNC,
+      DMEM__FAULT_EVENT_RECORD, DMEM__FAULT_DISK_ALLOC, DMEM__FAULT_DISK_WRITE,
+      DMEM__FAULT_DISK_READ};
+  loop_result_t pres;
+  memset(&pres, 0, sizeof pres);
+  for (size_t k = 0; sc->full && k < sizeof persistent / sizeof persistent[0]; k++) {
+    /* from the 1st, 2nd, 4th, 8th ... call of the kind on */
+    for (uint64_t n = 1;; n *= 2) {
+      dmem__fault_plan_t plan = {persistent[k], n, false, true};
+      if (!run_once(sc, &plan, &pres) || n > 100000) break;
+    }
+  }
   /* the clean run passed every check too (it ended each loop) */
   CHECK_GT(res[0].points, 0);
-  CHECK_GT(res[1].points, 0);
+  if (sc->full) CHECK_GT(res[1].points, 0);
+  char kinds[1024];
+  size_t at = 0;
+  for (int c = 1; c < DMEM__FAULT_NCALLS; c++)
+    if (res[0].by_call[c] && at < sizeof kinds)
+      at += (size_t)snprintf(kinds + at, sizeof kinds - at, " %s %d", dmem__fault_call_name(c),
+                             res[0].by_call[c]);
   fprintf(stderr,
           "fault %s: %d injection points with each call's own status (%d of them fatal), "
-          "%d with fatal errors; %llu backend and disk calls in a clean run; %.2f s\n",
-          sc->name, res[0].points, res[0].fatal_points, res[1].points,
-          (unsigned long long)res[0].clean_calls, now_s() - t0);
+          "%d with fatal errors, %d persistent; %llu backend and disk calls in a clean run; "
+          "%.2f s\n  failed:%s\n",
+          sc->name, res[0].points, res[0].fatal_points, res[1].points, pres.points,
+          (unsigned long long)res[0].clean_calls, now_s() - t0, kinds);
 }
 
-#define LIMIT (4 * MiB)
-
 TEST_CASE(alloc) {
-  scenario_t sc = {"alloc", LIMIT, 0, false, false, alloc_setup, alloc_run};
+  scenario_t sc = {"alloc", LIMIT, 0, false, false, true, alloc_setup, alloc_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(lock_unlock) {
-  scenario_t sc = {"lock_unlock", LIMIT, 0, false, false, lock_setup, lock_run};
+  scenario_t sc = {"lock_unlock", LIMIT, 0, false, false, true, lock_setup, lock_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(spill_host) {
-  scenario_t sc = {"spill_host", LIMIT, 0, false, false, host_setup, host_run};
+  scenario_t sc = {"spill_host", LIMIT, 0, false, false, true, host_setup, host_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(spill_disk) {
-  scenario_t sc = {"spill_disk", LIMIT, 0, false, false, disk_setup, disk_run};
+  scenario_t sc = {"spill_disk", LIMIT, 0, false, false, true, disk_setup, disk_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(spill_disk_large) {
+  scenario_t sc = {"spill_disk_large", 16 * MiB, 0, false, false, false, disk_large_setup,
+                   disk_large_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(pushdown) {
-  scenario_t sc = {"pushdown", LIMIT, 512 * KiB, false, false, pushdown_setup, pushdown_run};
+  scenario_t sc = {"pushdown", LIMIT, 8 * U, false, false, true, pushdown_setup,
+                   pushdown_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(controller) {
-  scenario_t sc = {"controller", LIMIT, 0, true, false, controller_setup, controller_run};
+  scenario_t sc = {"controller", LIMIT, 0, true, false, true, controller_setup,
+                   controller_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(evict) {
-  scenario_t sc = {"evict", LIMIT, 0, false, false, evict_setup, evict_run};
+  scenario_t sc = {"evict", LIMIT, 0, false, false, true, evict_setup, evict_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(launch) {
-  scenario_t sc = {"launch", LIMIT, 0, false, false, launch_setup, launch_run};
+  scenario_t sc = {"launch", LIMIT, 0, false, false, true, launch_setup, launch_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(raw) {
-  scenario_t sc = {"raw", LIMIT, 0, false, false, raw_setup, raw_run};
+  scenario_t sc = {"raw", LIMIT, 0, false, false, true, raw_setup, raw_run};
   run_scenario(&sc);
 }
 
 TEST_CASE(create_destroy) {
-  scenario_t sc = {"create_destroy", LIMIT, 0, false, true, NULL, create_run};
+  scenario_t sc = {"create_destroy", LIMIT, 0, false, true, true, NULL, create_run};
   run_scenario(&sc);
 }

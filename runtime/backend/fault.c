@@ -68,6 +68,7 @@ static _Atomic int armed;
 static _Atomic int plan_call;
 static _Atomic uint64_t plan_n;
 static _Atomic int plan_fatal;
+static _Atomic int plan_persistent;
 /* Counts since the last arm (relaxed: each call takes its own number). */
 static _Atomic uint64_t counts[DMEM__FAULT_NCALLS];
 /* The injected failure (relaxed: read by the tests after the scenario). */
@@ -85,6 +86,7 @@ void dmem__fault_arm(const dmem__fault_plan_t *plan) {
   dmem_atomic_store_relaxed(&plan_call, (int)plan->call);
   dmem_atomic_store_relaxed(&plan_n, plan->n);
   dmem_atomic_store_relaxed(&plan_fatal, plan->fatal ? 1 : 0);
+  dmem_atomic_store_relaxed(&plan_persistent, plan->persistent ? 1 : 0);
   for (int i = 0; i < DMEM__FAULT_NCALLS; i++) dmem_atomic_store_relaxed(&counts[i], 0);
   dmem_atomic_store_relaxed(&fired, 0);
   dmem_atomic_store_relaxed(&fired_call, 0);
@@ -145,7 +147,14 @@ static dmem_status_t fires(dmem__fault_call_t call, uint64_t *nth_out) {
   uint64_t n = dmem_atomic_load_relaxed(&plan_n);
   int want = dmem_atomic_load_relaxed(&plan_call);
   uint64_t at = want == DMEM__FAULT_ANY ? any : want == (int)call ? own : 0;
-  if (n == 0 || at != n) return DMEM_OK;
+  if (n == 0 || at < n || (at > n && !dmem_atomic_load_relaxed(&plan_persistent)))
+    return DMEM_OK;
+  if (at > n) { /* persistent: the first failure is the one reported */
+    *nth_out = at;
+    dmem_status_t st = own_status(call);
+    if (dmem_atomic_load_relaxed(&plan_fatal) && !is_disk(call)) st = DMEM_ERR_DEVICE_FATAL;
+    return st;
+  }
   dmem_status_t st = own_status(call);
   if (dmem_atomic_load_relaxed(&plan_fatal) && !is_disk(call)) st = DMEM_ERR_DEVICE_FATAL;
   dmem_atomic_store_relaxed(&fired_call, (int)call);
@@ -187,16 +196,21 @@ dmem_status_t dmem__fault_parse(const char *text, dmem__fault_plan_t *plan_out) 
   char *end = NULL;
   unsigned long long n = strtoull(colon + 1, &end, 10);
   if (errno != 0 || n == 0) return DMEM_ERR_CONFIG;
-  bool fatal = false;
-  if (*end == ':') {
-    if (strcmp(end + 1, "fatal") != 0) return DMEM_ERR_CONFIG;
-    fatal = true;
-  } else if (*end != '\0') {
-    return DMEM_ERR_CONFIG;
+  bool fatal = false, persistent = false;
+  while (*end == ':') {
+    const char *opt = end + 1;
+    end = strchr(opt, ':');
+    if (!end) end = (char *)opt + strlen(opt);
+    size_t olen = (size_t)(end - opt);
+    if (olen == 5 && strncmp(opt, "fatal", 5) == 0) fatal = true;
+    else if (olen == 10 && strncmp(opt, "persistent", 10) == 0) persistent = true;
+    else return DMEM_ERR_CONFIG;
   }
+  if (*end != '\0') return DMEM_ERR_CONFIG;
   plan_out->call = (dmem__fault_call_t)call;
   plan_out->n = n;
   plan_out->fatal = fatal;
+  plan_out->persistent = persistent;
   return DMEM_OK;
 }
 

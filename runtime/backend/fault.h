@@ -39,7 +39,7 @@
  * except the frees and destroys, which free and return DMEM_OK (the CUDA
  * backend makes them no-ops: the context keeps the memory until it goes).
  *
- * Enabled by DMEM_FAULT_INJECT=<call>:<n>[:fatal] (read by
+ * Enabled by DMEM_FAULT_INJECT=<call>:<n>[:fatal][:persistent] (read by
  * dmem_runtime_create; counting is process-wide) or by dmem__fault_arm
  * (tests). Every runtime created after either is
  * wrapped; without them nothing is wrapped and nothing is counted.
@@ -88,7 +88,8 @@ typedef enum dmem__fault_call {
 typedef struct dmem__fault_plan {
   dmem__fault_call_t call;
   uint64_t n;
-  bool fatal; /* DMEM_ERR_DEVICE_FATAL instead of the call's own status */
+  bool fatal;      /* DMEM_ERR_DEVICE_FATAL instead of the call's own status */
+  bool persistent; /* the n-th and every later counted call fail */
 } dmem__fault_plan_t;
 
 /* Calls counted since the plan was armed, and the failure injected. */
@@ -113,8 +114,8 @@ void dmem__fault_report(dmem__fault_report_t *out);
 
 /* "device_alloc", ... ("any" for DMEM__FAULT_ANY); NULL when out of range. */
 const char *dmem__fault_call_name(dmem__fault_call_t call);
-/* Parse "<call>:<n>[:fatal]" (n >= 1). DMEM_ERR_CONFIG (no detail
- * recorded: the caller names the variable) when malformed. */
+/* Parse "<call>:<n>[:fatal][:persistent]" (n >= 1). DMEM_ERR_CONFIG (no
+ * detail recorded: the caller names the variable) when malformed. */
 dmem_status_t dmem__fault_parse(const char *text, dmem__fault_plan_t *plan_out);
 /* Arm from DMEM_FAULT_INJECT (dmem_runtime_create calls it): when it is set
  * to a value other than the one armed last, the plan is armed with counts
