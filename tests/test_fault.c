@@ -1098,3 +1098,75 @@ TEST_CASE(create_destroy) {
   scenario_t sc = {"create_destroy", LIMIT, 0, false, true, true, NULL, create_run};
   run_scenario(&sc);
 }
+
+/* DMEM_FAULT_INJECT: malformed values are a configuration error; a plan
+ * armed from it fails the named call (counting across runtimes while the
+ * value stays), :persistent keeps failing, a new value re-arms. */
+static dmem_status_t env_create(const char *value, dmem_runtime_t **rt_out) {
+  setenv("DMEM_FAULT_INJECT", value, 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = LIMIT;
+  cfg.log_level = DMEM_LOG_ERROR;
+  *rt_out = NULL;
+  return dmem_runtime_create(&cfg, rt_out);
+}
+
+TEST_CASE(env_plan) {
+  dmem_runtime_t *rt = NULL;
+  const char *bad[] = {"nosuch:1", "device_alloc", "device_alloc:0", "device_alloc:x",
+                       "device_alloc:1:bogus", "device_alloc:1:fatal:", ":1"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CHECK_STATUS(env_create(bad[i], &rt), DMEM_ERR_CONFIG);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_FAULT_INJECT") != NULL);
+    CHECK_TRUE(rt == NULL);
+  }
+  /* the third stream of the first runtime: create fails and cleans up */
+  dmem__fault_report_t r0, r;
+  dmem__fault_report(&r0);
+  dmem_status_t st = env_create("stream_create:3", &rt);
+  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
+  CHECK_STATUS(st, DMEM_ERR_DEVICE);
+  dmem__fault_report(&r);
+  CHECK_TRUE(r.fired);
+  CHECK_EQ(r.fired_call, DMEM__FAULT_STREAM_CREATE);
+  CHECK_UEQ(r.calls[DMEM__FAULT_STREAM_CREATE], 3);
+  CHECK_EQ(r.live_streams, r0.live_streams);
+  /* the same value: counting goes on, nothing fails any more */
+  REQUIRE_OK(env_create("stream_create:3", &rt));
+  dmem__fault_report(&r);
+  CHECK_UEQ(r.calls[DMEM__FAULT_STREAM_CREATE], 6);
+  dmem_runtime_destroy(rt);
+  /* the backend itself */
+  CHECK_STATUS(env_create("backend_create:1", &rt), DMEM_ERR_DEVICE);
+  /* persistent: every copy from the first fails, until disarmed */
+  REQUIRE_OK(env_create("memcpy_async:1:persistent", &rt));
+  dmem_handle_t h;
+  void *p;
+  char buf[64] = {0};
+  REQUIRE_OK(dmem_alloc(rt, sizeof buf, 0, &h));
+  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
+  CHECK_STATUS(dmem_copy(rt, p, buf, sizeof buf, NULL), DMEM_ERR_DEVICE);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "memcpy_async: injected failure") != NULL);
+  CHECK_STATUS(dmem_copy(rt, p, buf, sizeof buf, NULL), DMEM_ERR_DEVICE);
+  dmem__fault_disarm();
+  CHECK_OK(dmem_copy(rt, p, buf, sizeof buf, NULL));
+  CHECK_OK(dmem_stream_synchronize(rt, NULL));
+  CHECK_OK(dmem_unlock(rt, h));
+  /* fatal: the runtime refuses work from then on, destroy frees all */
+  dmem_runtime_destroy(rt);
+  REQUIRE_OK(env_create("event_record:1:fatal", &rt));
+  REQUIRE_OK(dmem_alloc(rt, sizeof buf, 0, &h));
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_alloc(rt, sizeof buf, 0, &h), DMEM_ERR_DEVICE_FATAL);
+  dmem_runtime_destroy(rt);
+  dmem__fault_report(&r);
+  CHECK_EQ(r.live_device_allocs, r0.live_device_allocs);
+  CHECK_EQ(r.live_host_allocs, r0.live_host_allocs);
+  CHECK_EQ(r.live_events, r0.live_events);
+  CHECK_EQ(r.live_streams, r0.live_streams);
+  unsetenv("DMEM_FAULT_INJECT");
+  dmem__fault_disarm();
+}
