@@ -573,8 +573,14 @@ TEST_CASE(pushdown_blocks_no_other_lock_and_yields_to_its_own) {
   locker_t l = {rt, x, 40 * MiB, 21, 1, 0};
   pthread_t t;
   pthread_create(&t, NULL, locker_thread, &l);
-  struct timespec ms20 = {0, 20 * 1000 * 1000};
-  nanosleep(&ms20, NULL); /* the locker asks the writer to stop */
+  /* the locker asks the writer to stop (white-box: it sets io_cancel
+   * before it waits; a fixed 20 ms sleep was too short under TSan on a
+   * loaded machine) */
+  dmem__buffer_t *xb = dmem__table_lookup(rt->table, x);
+  struct timespec ms1 = {0, 1000 * 1000};
+  for (int i = 0; i < 10000 && !dmem_atomic_load_relaxed(&xb->io_cancel); i++)
+    nanosleep(&ms1, NULL);
+  CHECK_EQ(dmem_atomic_load_relaxed(&xb->io_cancel), 1);
   CHECK_EQ(atomic_load(&l.done), 0);
   pthread_mutex_lock(&k->mu);
   k->gate_closed = 0;
