@@ -169,6 +169,7 @@ typedef struct fx {
   int nsrc;
   ctl_entry_t ctl[NBUF * 2];
   int nctl;
+  atomic_int host_ran; /* host functions run (the fixture outlives its stream) */
   int bad;           /* undocumented statuses */
   const char *where; /* scenario and plan, for messages */
   uint64_t seeds;    /* the next seed */
@@ -619,8 +620,7 @@ static void launch_run(fx_t *f) {
   launch_arg_t a2 = {f, 1, 2, ++f->seeds};
   dmem_handle_t hs2[2] = {f->h[3], f->h[2]};
   (void)DO(API_LAUNCH_ASYNC, dmem_launch_async(f->rt, f->s, hs2, 2, launch_write, &a2));
-  atomic_int ran = 0;
-  (void)DO(API_ENQUEUE_HOST, dmem_stream_enqueue_host(f->rt, f->s, host_noop, &ran));
+  (void)DO(API_ENQUEUE_HOST, dmem_stream_enqueue_host(f->rt, f->s, host_noop, &f->host_ran));
   (void)t_spill(f, 1, DMEM_TIER_HOST); /* may be BUSY */
   (void)DO(API_SYNC_AND_UNLOCK, dmem_sync_and_unlock(f->rt, f->s));
   launch_arg_t a3 = {f, 1, 3, ++f->seeds};

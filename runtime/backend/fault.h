@@ -39,6 +39,11 @@
  * except the frees and destroys, which free and return DMEM_OK (the CUDA
  * backend makes them no-ops: the context keeps the memory until it goes).
  *
+ * The wrapper copies the wrapped backend's name and kind: code must not
+ * cast a backend of kind DMEM_BACKEND_CUDA to the CUDA backend's struct
+ * (the helpers of cuda_driver.h take the CUDA backend itself; nothing in the
+ * runtime calls them with rt->be).
+ *
  * Enabled by DMEM_FAULT_INJECT=<call>:<n>[:fatal][:persistent] (read by
  * dmem_runtime_create; counting is process-wide) or by dmem__fault_arm
  * (tests). Every runtime created after either is
