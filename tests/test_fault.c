@@ -867,6 +867,27 @@ static void teardown(fx_t *f, bool fatal) {
     EXPECT(ps.quarantined == 0,
            "device pool: %zu bytes quarantined (lost until destroy) after a transient failure",
            ps.quarantined);
+    /* and, the empty slabs given back, the whole limit can be had again:
+     * eight locked buffers of an eighth each */
+    EXPECT((st = dmem_device_trim(rt, 0, NULL)) == DMEM_OK, "trim: %s", dmem_status_name(st));
+    dmem_handle_t hs[8];
+    int nh = 0;
+    for (; nh < 8; nh++) {
+      void *p;
+      st = dmem_alloc(rt, f->limit / 8, 0, &hs[nh]);
+      if (st != DMEM_OK) break;
+      st = dmem_lock(rt, hs[nh], NULL, &p); /* locked: never spilled for the next one */
+      if (st != DMEM_OK) {
+        (void)dmem_free(rt, hs[nh]);
+        break;
+      }
+    }
+    EXPECT(nh == 8, "only %d of 8 locked buffers of %zu bytes fit the empty runtime: %s (%s)",
+           nh, f->limit / 8, dmem_status_name(st), dmem_last_error_detail());
+    for (int k = 0; k < nh; k++) {
+      (void)dmem_unlock(rt, hs[k]);
+      (void)dmem_free(rt, hs[k]);
+    }
   }
   if (f->s) {
     st = dmem_stream_destroy(rt, f->s);
