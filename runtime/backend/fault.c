@@ -149,18 +149,14 @@ static dmem_status_t fires(dmem__fault_call_t call, uint64_t *nth_out) {
   uint64_t at = want == DMEM__FAULT_ANY ? any : want == (int)call ? own : 0;
   if (n == 0 || at < n || (at > n && !dmem_atomic_load_relaxed(&plan_persistent)))
     return DMEM_OK;
-  if (at > n) { /* persistent: the first failure is the one reported */
-    *nth_out = at;
-    dmem_status_t st = own_status(call);
-    if (dmem_atomic_load_relaxed(&plan_fatal) && !is_disk(call)) st = DMEM_ERR_DEVICE_FATAL;
-    return st;
-  }
   dmem_status_t st = own_status(call);
   if (dmem_atomic_load_relaxed(&plan_fatal) && !is_disk(call)) st = DMEM_ERR_DEVICE_FATAL;
-  dmem_atomic_store_relaxed(&fired_call, (int)call);
-  dmem_atomic_store_relaxed(&fired_status, (int)st);
-  dmem_atomic_store_relaxed(&fired, 1);
-  *nth_out = n;
+  if (at == n) { /* the report names the first failure (of a persistent plan too) */
+    dmem_atomic_store_relaxed(&fired_call, (int)call);
+    dmem_atomic_store_relaxed(&fired_status, (int)st);
+    dmem_atomic_store_relaxed(&fired, 1);
+  }
+  *nth_out = at;
   return st;
 }
 
