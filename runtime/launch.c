@@ -129,13 +129,16 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (st != DMEM_OK) return st;
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
-  if (st != DMEM_OK) return st;
+  /* A lost context runs nothing more: the buffers are unlocked as after a
+   * successful synchronisation (else the stream could never be destroyed).
+   * Any other failure leaves them locked: the work may still run. */
+  if (st != DMEM_OK && st != DMEM_ERR_DEVICE_FATAL) return st;
   dmem__reg_entry_t *v;
   size_t n;
   (void)dmem__registry_take(rt, stream, &v, &n);
   unlock_n(rt, v, n);
   free(v);
-  return DMEM_OK;
+  return st;
 }
 
 dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream) {

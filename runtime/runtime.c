@@ -81,7 +81,7 @@ static size_t first_slab(size_t limit) {
   return s;
 }
 
-static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
+static dmem_status_t pick_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
   switch (cfg->backend) {
     case DMEM_BACKEND_HOST: return dmem__backend_host_create(cfg, be_out);
     case DMEM_BACKEND_CUDA: return dmem__backend_cuda_create(cfg, be_out);
@@ -92,6 +92,21 @@ static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be
     if (st != DMEM_ERR_NO_DEVICE) return st;
   }
   return dmem__backend_host_create(cfg, be_out);
+}
+
+/* The backend, wrapped by the fault injector (runtime/backend/fault.c) when
+ * DMEM_FAULT_INJECT or a test armed it. */
+static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
+  dmem__fault_from_env();
+  dmem__backend_t *be = NULL;
+  dmem_status_t st = dmem__fault_point(DMEM__FAULT_BACKEND_CREATE);
+  if (st == DMEM_OK) st = pick_backend(cfg, &be);
+  if (st == DMEM_OK) {
+    st = dmem__fault_wrap(&be);
+    if (st != DMEM_OK) be->destroy(be);
+  }
+  if (st == DMEM_OK) *be_out = be;
+  return st;
 }
 
 dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **rt_out) {

@@ -67,8 +67,26 @@ void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user) {
   dmem_atomic_store_release(&disk_hook, fn);
 }
 
-/* 0, or the errno the test hook wants this operation to fail with. */
+/* The fault injector's name for a disk operation (DIRECT is no failure:
+ * a filesystem without O_DIRECT is used buffered). */
+static dmem__fault_call_t fault_call(dmem__disk_op_t op) {
+  switch (op) {
+    case DMEM__DISK_OP_DIR:
+    case DMEM__DISK_OP_OPEN: return DMEM__FAULT_DISK_OPEN;
+    case DMEM__DISK_OP_ALLOC: return DMEM__FAULT_DISK_ALLOC;
+    case DMEM__DISK_OP_WRITE: return DMEM__FAULT_DISK_WRITE;
+    case DMEM__DISK_OP_READ: return DMEM__FAULT_DISK_READ;
+    default: return DMEM__FAULT_ANY;
+  }
+}
+
+/* 0, or the errno this operation must fail with: the fault injector's
+ * (runtime/backend/fault.c: DMEM_FAULT_INJECT or a test's plan), then the
+ * test hook's. */
 static int hook(dmem__disk_op_t op, uint64_t off, size_t len) {
+  dmem__fault_call_t call = fault_call(op);
+  int e = call != DMEM__FAULT_ANY ? dmem__fault_errno(call) : 0;
+  if (e != 0) return e;
   dmem__disk_hook_fn fn = dmem_atomic_load_acquire(&disk_hook); /* partner: hook_set */
   if (!fn) return 0;
   return fn(dmem_atomic_load_relaxed(&disk_hook_user), op, off, len);
@@ -80,6 +98,8 @@ static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* Open the unnamed spill file in d->dir. Returns 0 or an errno. */
 static int open_file(dmem__disk_t *d) {
+  int e0 = hook(DMEM__DISK_OP_OPEN, 0, 0);
+  if (e0 != 0) return e0;
   int fd = open(d->dir, O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0 && (errno == EISDIR || errno == EOPNOTSUPP || errno == EINVAL)) {
     /* no O_TMPFILE here: a named file, unlinked before anything is in it */

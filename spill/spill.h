@@ -90,9 +90,11 @@ dmem_status_t dmem__disk_read(dmem__disk_t *disk, uint64_t off, void *data, size
  * each disk operation with its kind, file offset and length; a non-zero
  * return is the errno the operation fails with (DIRECT: the file is used
  * buffered, as on a filesystem that rejects O_DIRECT). fn NULL removes
- * it. Process-wide. */
+ * it. Process-wide. The fault injector (DMEM_FAULT_INJECT, runtime/backend/
+ * fault.h) is asked first at the same points (but DIRECT). */
 typedef enum dmem__disk_op {
   DMEM__DISK_OP_DIR,    /* making the private directory */
+  DMEM__DISK_OP_OPEN,   /* opening the spill file in it */
   DMEM__DISK_OP_DIRECT, /* turning O_DIRECT on for the file */
   DMEM__DISK_OP_ALLOC,  /* reserving an extent (fallocate) */
   DMEM__DISK_OP_WRITE,  /* one pwrite */

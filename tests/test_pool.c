@@ -610,6 +610,8 @@ typedef struct cbe {
   atomic_int records;
   atomic_int waits;
   atomic_int fail_records; /* event_record fails while set */
+  atomic_int fail_syncs;   /* stream_synchronize fails while set */
+  atomic_int syncs;
 } cbe_t;
 
 static dmem__backend_t *cbe_inner(dmem__backend_t *be) { return ((cbe_t *)be)->inner; }
@@ -645,6 +647,13 @@ static dmem_status_t cbe_event_record(dmem__backend_t *be, void *event, void *st
   atomic_fetch_add(&c->records, 1);
   return c->inner->event_record(c->inner, event, stream);
 }
+static dmem_status_t cbe_stream_synchronize(dmem__backend_t *be, void *stream) {
+  cbe_t *c = (cbe_t *)be;
+  if (atomic_load(&c->fail_syncs))
+    return dmem__error(DMEM_ERR_DEVICE, "test backend: stream_synchronize refused");
+  atomic_fetch_add(&c->syncs, 1);
+  return c->inner->stream_synchronize(c->inner, stream);
+}
 static dmem_status_t cbe_event_query(dmem__backend_t *be, void *event) {
   return cbe_inner(be)->event_query(cbe_inner(be), event);
 }
@@ -664,7 +673,7 @@ static cbe_t *cbe_wrap(dmem__backend_t *inner) {
   c->base.memcpy_async = NULL;
   c->base.stream_create = cbe_stream_create;
   c->base.stream_destroy = cbe_stream_destroy;
-  c->base.stream_synchronize = NULL;
+  c->base.stream_synchronize = cbe_stream_synchronize;
   c->base.stream_wait_event = cbe_stream_wait_event;
   c->base.launch_host_func = NULL;
   c->base.event_create = cbe_event_create;
@@ -898,9 +907,11 @@ TEST_CASE(forget_records_lazy) {
   be->destroy(be);
 }
 
-/* When the lazy event cannot be recorded (here: the backend refuses), the
- * blocks under it are quarantined: never handed to another stream unordered,
- * nor to anyone later; the limit holds and the slab is never trimmed. */
+/* When the lazy event cannot be recorded and the stream cannot be waited
+ * for either (here: the backend refuses both; a destroyed stream, a lost
+ * device), the blocks under it are quarantined: never handed to another
+ * stream unordered, nor to anyone later; the limit holds and the slab is
+ * never trimmed. */
 TEST_CASE(lazy_record_failure_quarantines) {
   dmem__backend_t *be = make_backend(8 * MiB);
   cbe_t *c = cbe_wrap(be);
@@ -914,13 +925,16 @@ TEST_CASE(lazy_record_failure_quarantines) {
   REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sa, &y));
   dmem__pool_free(p, x, 2 * MiB, sa);
   atomic_store(&c->fail_records, 1);
+  atomic_store(&c->fail_syncs, 1);
   CHECK_STATUS(dmem__pool_alloc(p, 2 * MiB, sb, &z), DMEM_ERR_OUT_OF_MEMORY);
   atomic_store(&c->fail_records, 0);
+  atomic_store(&c->fail_syncs, 0);
   CHECK_STATUS(dmem__pool_alloc(p, 2 * MiB, sa, &z), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_TRUE(z == NULL);
   dmem__pool_stats_t s = stats_of(p);
   CHECK_UEQ(s.in_use, 2 * MiB);
   CHECK_UEQ(s.reserved, 4 * MiB);
+  CHECK_UEQ(s.quarantined, 2 * MiB);
   dmem__pool_free(p, y, 2 * MiB, sa);
   REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sb, &z)); /* Y, ordered as usual */
   CHECK_TRUE(z == y);
@@ -941,9 +955,11 @@ TEST_CASE(lazy_record_failure_quarantines) {
   for (int i = 0; i < NB; i++) REQUIRE_OK(dmem__pool_alloc(p, 256 * KiB, sa, &b[i]));
   for (int i = 0; i < NB; i += 2) dmem__pool_free(p, b[i], 256 * KiB, sa);
   atomic_store(&c->fail_records, 1);
+  atomic_store(&c->fail_syncs, 1);
   z = NULL;
   REQUIRE_OK(dmem__pool_alloc(p, 256 * KiB, sb, &z));
   atomic_store(&c->fail_records, 0);
+  atomic_store(&c->fail_syncs, 0);
   void *base = NULL;
   CHECK_UEQ(offset_in_slab(p, z, &base), 7 * MiB + 768 * KiB);
   CHECK_UEQ(stats_of(p).slabs, 1);
@@ -952,6 +968,50 @@ TEST_CASE(lazy_record_failure_quarantines) {
   for (int i = 1; i < NB; i += 2) dmem__pool_free(p, b[i], 256 * KiB, sa);
   dmem__pool_stream_forget(p, sa);
   dmem__pool_stream_forget(p, sb);
+  dmem__pool_destroy(p);
+  CHECK_UEQ(backend_used(be), 0);
+  be->stream_destroy(be, sa);
+  be->stream_destroy(be, sb);
+  free(c);
+  be->destroy(be);
+}
+
+/* When only the record fails (a transient device error), the pool waits
+ * for the freeing stream on the host instead: the blocks are free for
+ * every stream, nothing is quarantined. Before, one failed record lost
+ * them until destroy (found by the fault-injection suite). */
+TEST_CASE(lazy_record_failure_waits_for_the_stream) {
+  dmem__backend_t *be = make_backend(8 * MiB);
+  cbe_t *c = cbe_wrap(be);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(&c->base, 4 * MiB, 4 * MiB, &p));
+  void *sa = NULL, *sb = NULL;
+  REQUIRE_OK(be->stream_create(be, &sa));
+  REQUIRE_OK(be->stream_create(be, &sb));
+  void *x = NULL, *y = NULL, *z = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sa, &x));
+  REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sa, &y));
+  dmem__pool_free(p, x, 2 * MiB, sa); /* lazy: no event yet */
+  int syncs = atomic_load(&c->syncs);
+  atomic_store(&c->fail_records, 1);
+  REQUIRE_OK(dmem__pool_alloc(p, 2 * MiB, sb, &z)); /* X, after a host wait on sa */
+  atomic_store(&c->fail_records, 0);
+  CHECK_TRUE(z == x);
+  CHECK_EQ(atomic_load(&c->syncs), syncs + 1);
+  dmem__pool_stats_t s = stats_of(p);
+  CHECK_UEQ(s.quarantined, 0);
+  CHECK_UEQ(s.in_use, 4 * MiB);
+  dmem__pool_free(p, z, 2 * MiB, sb);
+  dmem__pool_free(p, y, 2 * MiB, sa);
+  /* an uncached free whose event fails: the same */
+  atomic_store(&c->fail_records, 1);
+  dmem__pool_stream_forget(p, sa);
+  dmem__pool_stream_forget(p, sb);
+  atomic_store(&c->fail_records, 0);
+  CHECK_UEQ(stats_of(p).quarantined, 0);
+  size_t rel = 0;
+  REQUIRE_OK(dmem__pool_trim(p, 0, &rel));
+  CHECK_UEQ(rel, 4 * MiB); /* the slab is whole again */
   dmem__pool_destroy(p);
   CHECK_UEQ(backend_used(be), 0);
   be->stream_destroy(be, sa);

@@ -26,6 +26,14 @@
  *                      background thread spills by policy down to M %
  *                      (default N - 5). Default: on for the CUDA backend,
  *                      off for the host backend (deterministic tests).
+ *   DMEM_FAULT_INJECT  <call>:<n>[:fatal][:persistent], for testing only:
+ *                      fail the n-th call (counted process-wide) of a
+ *                      backend function (device_alloc, host_alloc,
+ *                      memcpy_async, event_record, ...), of backend_create,
+ *                      or of the disk tier's I/O (disk_open, disk_alloc,
+ *                      disk_write, disk_read), or of any of them ("any"),
+ *                      with the status that call really gives;
+ *                      docs/reliability-fault.md lists the calls
  */
 #ifndef DMEM_CONFIG_H
 #define DMEM_CONFIG_H

@@ -107,7 +107,8 @@ DMEM_API dmem_status_t dmem_stream_forget(dmem_runtime_t *rt, dmem_stream_t stre
  *              pinned). It may overstate what one allocation gets when the
  *              free bytes are fragmented.
  * Either output may be NULL. Thread-safe; O(live buffers).
- * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE.
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE;
+ *         DMEM_ERR_DEVICE_FATAL (the device's context is lost).
  */
 DMEM_API dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out,
                                                size_t *total_out);
@@ -139,7 +140,9 @@ DMEM_API dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *hand
  *
  * Thread-safe.
  * @return DMEM_OK (*released_out, may be NULL, = bytes given back);
- *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE.
+ *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_DEVICE;
+ *         DMEM_ERR_DEVICE_FATAL (cudaFree reported a lost context; the slab
+ *         stays with the pool until destroy).
  */
 DMEM_API dmem_status_t dmem_device_trim(dmem_runtime_t *rt, size_t keep_bytes,
                                         size_t *released_out);

@@ -63,8 +63,11 @@ DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t strea
  * (DMEM_OK).
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
- *         DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL (synchronisation failed; the
- *         buffers stay registered and locked).
+ *         DMEM_ERR_DEVICE (synchronisation failed; the buffers stay
+ *         registered and locked);
+ *         DMEM_ERR_DEVICE_FATAL (the context is lost and runs no more work:
+ *         the buffers are unlocked all the same, so that they can be freed
+ *         and the stream destroyed).
  */
 DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream);
 

@@ -50,6 +50,9 @@ extern "C" {
  *         DMEM_ERR_NO_DEVICE         backend CUDA asked for and no device or
  *                                    driver is usable;
  *         DMEM_ERR_DEVICE            the CUDA backend failed to start;
+ *         DMEM_ERR_DEVICE_FATAL      the device's context is already broken
+ *                                    (a sticky error while making the
+ *                                    runtime's streams);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY allocation of runtime structures failed.
  */
 DMEM_API dmem_status_t dmem_runtime_create(const dmem_config_t *cfg,

@@ -96,4 +96,8 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
 /* Whether a CUDA device is usable (for DMEM_BACKEND_AUTO). */
 int dmem__backend_cuda_available(void);
 
+/* Fault injection: a wrapping backend and the disk tier's injection points
+ * (fault.c). */
+#include "fault.h"
+
 #endif /* DMEM_BACKEND_H */

@@ -215,6 +215,15 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
       cfg->spill_ahead_low = low;
     }
   }
+  if ((v = getenv("DMEM_FAULT_INJECT")) && *v) {
+    dmem__fault_plan_t plan;
+    if (dmem__fault_parse(v, &plan) != DMEM_OK)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                           "DMEM_FAULT_INJECT=\"%s\": expected <call>:<n>[:fatal][:persistent] "
+                           "with n >= 1 and <call> any, device_alloc, host_alloc, memcpy_async, "
+                           "... (docs/reliability-fault.md)",
+                           v));
+  }
 #undef ENV_FAIL
   return first;
 }

@@ -255,6 +255,7 @@ struct dmem__pool {
   pool_slab_t **slabs; /* sorted by base */
   size_t nslabs, slabs_cap;
   size_t reserved; /* slab bytes, device_free'd slabs excluded (written under grow_mu and mu) */
+  size_t quarantined; /* bytes in quarantined segments (mu) */
   pool_seg_t *root;    /* treap of FREE segments */
   pool_seg_t *pending; /* FREE segments with a tag */
   pool_tag_t *tags;    /* tags with refs > 0 */
@@ -768,27 +769,40 @@ static void pool_quarantine(dmem__pool_t *p, pool_seg_t *s) {
   pool_map_remove(&p->map, s);
   s->state = SEG_QUARANTINED;
   s->tag = NULL;
+  p->quarantined += s->size;
 }
 
-/* mu held; t lazy and its event cannot be recorded (the stream is gone or
- * the device broken): every FREE range carrying t is quarantined, since
- * nothing could order its reuse by another stream. */
+/* mu held; t lazy and its event cannot be recorded. Its stream is waited
+ * for on the host instead (a failure path only; the pool's mutex stays held
+ * meanwhile): then every FREE range carrying t is free for every stream.
+ * When even that fails (the stream is gone or the device broken) the
+ * ranges are quarantined, since nothing could order their reuse by another
+ * stream. Before that wait a single failed record (a transient device
+ * error) lost the ranges until destroy. */
 static void pool_tag_quarantine(dmem__pool_t *p, pool_tag_t *t) {
   size_t n = 0, bytes = 0;
+  bool synced = p->be->stream_synchronize(p->be, t->stream) == DMEM_OK;
   for (pool_seg_t *s = p->pending, *next; s; s = next) {
     next = s->pnext;
     if (s->tag != t) continue;
     pool_unindex(p, s);
-    s->state = SEG_QUARANTINED;
     s->tag = NULL;
     pool_tag_unref(p, t); /* stays: lazy */
+    if (synced) {
+      pool_index(p, s); /* free for all; neighbours join it at the next settle */
+      s->slab->dirty = true;
+      continue;
+    }
+    s->state = SEG_QUARANTINED;
+    p->quarantined += s->size;
     n++;
     bytes += s->size;
   }
-  DMEM_LOG_AT(DMEM_LOG_WARN,
-              "pool: no event can be recorded on stream %p (%s): %zu free range(s), %zu bytes, "
-              "quarantined",
-              t->stream, dmem_last_error_detail(), n, bytes);
+  if (n)
+    DMEM_LOG_AT(DMEM_LOG_WARN,
+                "pool: no event can be recorded on stream %p (%s): %zu free range(s), %zu "
+                "bytes, quarantined",
+                t->stream, dmem_last_error_detail(), n, bytes);
 }
 
 /* Re-coalesce every segment of a slab (after tags settled). */
@@ -1269,6 +1283,31 @@ static size_t pool_shard_push_large(const dmem__pool_t *p, pool_shard_t *sh, voi
   return n;
 }
 
+/* Blocks freed on `stream` whose reuse no event could order (recording
+ * failed): wait for the stream on the host (a failure path only) and free
+ * them for every stream; when even that fails (the stream is gone or the
+ * device lost) they are quarantined until destroy. No pool lock held but
+ * possibly table_mu. */
+static void pool_release_synced(dmem__pool_t *p, void *stream, void *const *ptrs, size_t n) {
+  dmem_status_t st = p->be->stream_synchronize(p->be, stream);
+  size_t lost = 0;
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < n; i++) {
+    pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptrs[i]);
+    if (!s) continue; /* logged by the caller */
+    if (st == DMEM_OK) {
+      pool_release(p, s, NULL);
+    } else {
+      pool_quarantine(p, s);
+      lost++;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (lost)
+    DMEM_LOG_AT(DMEM_LOG_WARN, "pool: no event for %zu freed block(s) (%s): quarantined", lost,
+                dmem_last_error_detail());
+}
+
 /* Hand blocks freed on `stream` (ps: its cache struct, or NULL) to the
  * global structure under one event recorded now. in_use_dec: bytes to take
  * off the global in_use (frees that bypass the caches). No lock held except
@@ -1284,19 +1323,14 @@ static void pool_give_back(dmem__pool_t *p, pool_stream_t *ps, void *stream, voi
   if (tag) pool_tag_link(p, tag);
   for (size_t i = 0; i < n; i++) {
     pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptrs[i]);
-    if (!s) {
+    if (!s)
       DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored", ptrs[i]);
-    } else if (st == DMEM_OK) {
+    else if (st == DMEM_OK)
       pool_release(p, s, tag);
-    } else {
-      pool_quarantine(p, s);
-    }
   }
   if (tag) pool_tag_unref(p, tag);
   pthread_mutex_unlock(&p->mu);
-  if (st != DMEM_OK)
-    DMEM_LOG_AT(DMEM_LOG_WARN, "pool: no event for %zu freed block(s) (%s): quarantined", n,
-                dmem_last_error_detail());
+  if (st != DMEM_OK) pool_release_synced(p, stream, ptrs, n);
 }
 
 /* Blocks freed on a stream with a cache struct that do not go to (or leave)
@@ -1307,7 +1341,7 @@ static void pool_free_lazy(dmem__pool_t *p, pool_stream_t *ps, void *stream, voi
                            size_t n, size_t in_use_dec) {
   pool_tag_t *tag = NULL;
   dmem_status_t st = DMEM_OK;
-  size_t lost = 0;
+  size_t failed_from = n; /* blocks from here on got no tag */
   pthread_mutex_lock(&p->mu);
   p->global_locks++;
   p->in_use -= in_use_dec;
@@ -1321,14 +1355,12 @@ static void pool_free_lazy(dmem__pool_t *p, pool_stream_t *ps, void *stream, voi
     if (st == DMEM_OK) {
       pool_release(p, s, tag);
     } else {
-      pool_quarantine(p, s);
-      lost++;
+      failed_from = i;
+      break;
     }
   }
   pthread_mutex_unlock(&p->mu);
-  if (lost)
-    DMEM_LOG_AT(DMEM_LOG_WARN, "pool: no event tag for %zu freed block(s) (%s): quarantined",
-                lost, dmem_last_error_detail());
+  if (failed_from < n) pool_release_synced(p, stream, ptrs + failed_from, n - failed_from);
 }
 
 /* Empty one shard into the global structure: small blocks under one event
@@ -1599,6 +1631,12 @@ void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event)
       st = pool_tag_record(p, NULL, &p->aux_seq, p->aux_stream, (uintptr_t)p->aux_stream, &tag);
     pthread_mutex_unlock(&p->aux_mu);
   }
+  if (!settled && st != DMEM_OK && event) {
+    /* No event of the pool's could order the reuse: wait for the caller's
+     * on the host (a failure path only). Before that wait one transient
+     * failure lost the block until destroy. */
+    settled = be->event_synchronize(be, event) == DMEM_OK;
+  }
   pthread_mutex_lock(&p->mu);
   p->global_locks++;
   p->in_use -= rsize;
@@ -1689,6 +1727,7 @@ void dmem__pool_stats(dmem__pool_t *p, dmem__pool_stats_t *out) {
   memset(&s, 0, sizeof s);
   pthread_mutex_lock(&p->mu);
   s.reserved = p->reserved;
+  s.quarantined = p->quarantined;
   s.in_use = p->in_use;
   s.hits = p->hits;
   s.misses = p->misses;

@@ -18,7 +18,8 @@
  *    and by any other stream only once an event recorded on S after the free
  *    has completed (event_query) or after that stream was made to wait on it
  *    (be->stream_wait_event). The pool never synchronises the host on the
- *    alloc or free path.
+ *    alloc or free path, unless the backend fails to record an event (see
+ *    dmem__pool_free).
  *  - A per-stream cache, sharded per thread, so that the common alloc+free
  *    pair takes no pool-wide lock: small blocks by size class; large ones
  *    (above DMEM__POOL_SMALL_MAX, up to limit/64) with their exact rounded
@@ -80,6 +81,8 @@ typedef struct dmem__pool_stats {
   size_t cached;         /* bytes of freed blocks waiting in per-stream caches
                             (small and large) */
   uint64_t global_locks; /* alloc/free/flush operations that took the pool-wide mutex */
+  size_t quarantined;    /* bytes freed whose reuse nothing could order: never
+                            handed out again (see dmem__pool_free) */
 } dmem__pool_stats_t;
 
 /*
@@ -180,7 +183,9 @@ dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *strea
  *  - On a stream the pool keeps no cache struct for (cudaStreamPerThread,
  *    or a full stream table) the free records an event at once.
  * p or ptr NULL is a no-op. If no event can be recorded when one is needed
- * (backend failure), the blocks it would cover are quarantined until
+ * (backend failure), the pool waits for the freeing stream on the host
+ * instead and the blocks are free for everyone; only if that fails too (the
+ * stream is gone, the device lost) are they quarantined until
  * dmem__pool_destroy: never handed out again, since nothing would order
  * their reuse.
  */
@@ -196,8 +201,10 @@ void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream);
  * events there; the block is reusable by a stream after that event completes
  * or after the stream waits on it. The caller may destroy or re-record
  * `event` as soon as this returns. event NULL means the last use has
- * completed. A failure to create the internal stream or record the event, or
- * an invalid event, quarantines the block (as in dmem__pool_free).
+ * completed. When the internal stream cannot be made or the event not
+ * recorded, the pool waits for `event` on the host instead; a block whose
+ * event cannot be waited for either (an invalid event, a lost device) is
+ * quarantined (as in dmem__pool_free).
  */
 void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event);
 
