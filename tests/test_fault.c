@@ -632,10 +632,13 @@ static void launch_run(fx_t *f) {
 }
 
 /* raw allocations: on a stream and on the default stream, one that needs
- * buffers spilled, memory info, free and trim. */
-static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s) {
+ * buffers spilled, memory info, free and trim; dedicated blocks too, one of
+ * them freed on one stream and taken back from the cache by another. */
+static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s, bool dedicated) {
   void *p = NULL;
-  dmem_status_t st = DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, size, s, &p));
+  dmem_status_t st =
+      dedicated ? DO(API_DEVICE_MALLOC, dmem_device_malloc_dedicated(f->rt, size, s, &p))
+                : DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, size, s, &p));
   if (st != DMEM_OK) return st;
   f->raw[r] = p;
   f->rawsize[r] = size;
@@ -648,17 +651,24 @@ static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s) {
 }
 static void raw_setup(fx_t *f) { setup_buffers(f, 4, 8 * U); }
 static void raw_run(fx_t *f) {
-  (void)raw_add(f, 0, 16 * U, f->s);
-  (void)raw_add(f, 1, 24 * U, NULL); /* spills buffers */
+  (void)raw_add(f, 0, 16 * U, f->s, false);
+  (void)raw_add(f, 1, 24 * U, NULL, false); /* spills buffers */
   size_t fr = 0, tot = 0;
   (void)DO(API_MEMORY_INFO, dmem_device_memory_info(f->rt, &fr, &tot));
   if (f->raw[0]) {
     (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, f->raw[0], f->s));
     f->raw[0] = NULL;
   }
-  (void)raw_add(f, 2, 4 * U, NULL);
+  /* a dedicated block freed on s, then taken from the cache by the default
+   * stream (an event orders it) */
+  (void)raw_add(f, 2, U / 2, f->s, true);
+  if (f->raw[2]) {
+    (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, f->raw[2], f->s));
+    f->raw[2] = NULL;
+  }
+  (void)raw_add(f, 2, U / 2, NULL, true);
   (void)DO(API_DEVICE_TRIM, dmem_device_trim(f->rt, 0, NULL));
-  (void)raw_add(f, 3, 32 * U, f->s); /* more spilling */
+  (void)raw_add(f, 3, 32 * U, f->s, true); /* more spilling */
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
 

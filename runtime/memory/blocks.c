@@ -19,6 +19,10 @@
  *    the oldest leave first. A block leaving the cache (overflow, trim,
  *    destroy) waits for its last use (event_synchronize) before
  *    device_free.
+ *  - When no event can be recorded (a device error), the host waits for the
+ *    block's stream instead; when even that fails, the block is set aside
+ *    (`lost`) and freed only at destroy, never reused or freed under a use
+ *    that may be pending.
  * One mutex (rank DMEM__RANK_BLOCKS) guards the lists; no backend call that
  * can block runs under it (device_alloc, device_free and event_synchronize
  * run outside; event_record, event_query and stream_wait_event do not
@@ -53,6 +57,8 @@ struct dmem__blocks {
   size_t live_bytes, free_bytes;
   void **spare; /* events no block waits on */
   size_t nspare, cap_spare;
+  void **lost; /* blocks whose last use could not be waited for */
+  size_t nlost, cap_lost;
   uint64_t allocs, hits;
 };
 
@@ -165,15 +171,47 @@ static dmem_status_t entry_record(dmem__blocks_t *b, blk_free_t *e) {
   return DMEM_OK;
 }
 
-/* Give a block that left the cache back to the backend after its last use.
- * When that use cannot be waited for (a device error), the block is left
- * allocated rather than freed under a pending use, and the status returned
- * for the caller to keep (fatal errors are sticky). */
-static dmem_status_t entry_release(dmem__blocks_t *b, blk_free_t *e) {
+/* Set a block aside until destroy (outside mu). */
+static void set_aside(dmem__blocks_t *b, void *ptr) {
+  dmem__mutex_lock(&b->mu, DMEM__RANK_BLOCKS);
+  if (b->nlost == b->cap_lost) {
+    size_t cap = b->cap_lost ? b->cap_lost * 2 : 8;
+    void **v = realloc(b->lost, cap * sizeof *v);
+    if (!v) {
+      dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
+      return; /* no host memory even for that: the device keeps it to the end */
+    }
+    b->lost = v;
+    b->cap_lost = cap;
+  }
+  b->lost[b->nlost++] = ptr;
+  dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
+}
+
+/* Wait on the host for e's last use: its event, or else its whole stream. */
+static dmem_status_t entry_wait(dmem__blocks_t *b, blk_free_t *e) {
   dmem_status_t st = entry_record(b, e);
-  if (st == DMEM_OK && e->event) st = b->be->event_synchronize(b->be, e->event);
-  if (st != DMEM_OK) return st; /* leaked rather than freed under a pending use */
-  event_put(b, e->event);
+  if (st != DMEM_OK && e->on_stream) st = b->be->stream_synchronize(b->be, e->stream);
+  else if (st == DMEM_OK && e->event) st = b->be->event_synchronize(b->be, e->event);
+  if (st == DMEM_OK) {
+    e->on_stream = false;
+    event_put(b, e->event);
+    e->event = NULL;
+  }
+  return st;
+}
+
+/* Give a block that left the cache back to the backend after its last use.
+ * When that use cannot be waited for (a device error) the block is set
+ * aside until destroy rather than freed under a pending use; the status is
+ * returned for the caller to keep (fatal errors are sticky). */
+static dmem_status_t entry_release(dmem__blocks_t *b, blk_free_t *e) {
+  dmem_status_t st = entry_wait(b, e);
+  if (st != DMEM_OK) {
+    event_put(b, e->event); /* destroyed with the others */
+    set_aside(b, e->ptr);
+    return st;
+  }
   return b->be->device_free(b->be, e->ptr);
 }
 
@@ -215,23 +253,23 @@ dmem_status_t dmem__blocks_alloc(dmem__blocks_t *b, size_t size, void *stream, v
     dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
     dmem_status_t st = DMEM_OK;
     if (!(e.on_stream && e.stream == stream)) {
-      /* another stream's block: order `stream` after its last use */
+      /* another stream's block: order `stream` after its last use (an
+       * event), or else wait for it on the host */
       st = entry_record(b, &e);
-      if (st == DMEM_OK && e.event) {
-        if (b->be->event_query(b->be, e.event) != DMEM_OK)
-          st = b->be->stream_wait_event(b->be, stream, e.event);
-      }
-      if (st == DMEM_OK) {
-        event_put(b, e.event);
-      } else {
-        /* Unorderable: never reuse it. Forget it (leaked to the backend
-         * rather than freed under a pending use) and report the error. */
+      if (st == DMEM_OK && e.event && b->be->event_query(b->be, e.event) != DMEM_OK)
+        st = b->be->stream_wait_event(b->be, stream, e.event);
+      if (st != DMEM_OK) st = entry_wait(b, &e);
+      if (st != DMEM_OK) {
+        /* unorderable: set aside, never handed out */
         dmem__mutex_lock(&b->mu, DMEM__RANK_BLOCKS);
         blk_live_t *l = live_at(b, e.ptr);
         if (l) live_erase(b, l);
         dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
+        event_put(b, e.event);
+        set_aside(b, e.ptr);
         return st;
       }
+      event_put(b, e.event);
     }
     *ptr_out = e.ptr;
     return DMEM_OK;
@@ -316,13 +354,16 @@ void dmem__blocks_stream_forget(dmem__blocks_t *b, void *stream) {
   dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
   if (n == 0) return;
   for (size_t i = 0; i < n; i++) {
-    if (entry_record(b, &mine[i]) != DMEM_OK) {
-      /* cannot order it: wait for the whole stream instead, then free */
-      b->be->stream_synchronize(b->be, stream);
-      mine[i].on_stream = false;
-      mine[i].stream = NULL;
+    if (entry_record(b, &mine[i]) != DMEM_OK && entry_wait(b, &mine[i]) != DMEM_OK) {
+      event_put(b, mine[i].event);
+      set_aside(b, mine[i].ptr); /* neither: never reused */
+      mine[i].size = 0;
     }
   }
+  size_t m = 0; /* compact out the ones set aside */
+  for (size_t i = 0; i < n; i++)
+    if (mine[i].size) mine[m++] = mine[i];
+  n = m;
   dmem__mutex_lock(&b->mu, DMEM__RANK_BLOCKS);
   size_t room = BLOCKS_CACHE_MAX - b->nfree, keep = n < room ? n : room;
   memmove(&b->free[keep], &b->free[0], b->nfree * sizeof *b->free);
@@ -361,8 +402,11 @@ void dmem__blocks_stats(dmem__blocks_t *b, dmem__blocks_stats_t *out) {
 void dmem__blocks_destroy(dmem__blocks_t *b) {
   if (!b) return;
   dmem__blocks_trim(b, 0, NULL);
-  /* blocks the user never freed: the runtime synchronised before destroy */
+  /* blocks the user never freed, and those set aside: the runtime
+   * synchronised before destroy */
   for (size_t i = 0; i < b->nlive; i++) b->be->device_free(b->be, (void *)b->live[i].base);
+  for (size_t i = 0; i < b->nlost; i++) b->be->device_free(b->be, b->lost[i]);
+  free(b->lost);
   for (size_t i = 0; i < b->nspare; i++) b->be->event_destroy(b->be, b->spare[i]);
   free(b->spare);
   free(b->live);
