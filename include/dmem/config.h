@@ -33,7 +33,7 @@
  *                      or of the disk tier's I/O (disk_open, disk_alloc,
  *                      disk_write, disk_read), or of any of them ("any"),
  *                      with the status that call really gives;
- *                      docs/reliability-fault.md lists the calls
+ *                      docs/reliability.md, "Fault injection" lists the calls
  */
 #ifndef DMEM_CONFIG_H
 #define DMEM_CONFIG_H

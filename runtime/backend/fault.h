@@ -2,7 +2,7 @@
  * runtime/backend/fault.h - fault injection, SQLite style: fail the n-th
  * call of a kind (or of any kind) with the status that call really returns,
  * so that tests can walk every failure path of a scenario (tests/test_fault.c,
- * docs/reliability-fault.md).
+ * docs/reliability.md, "Fault injection").
  *
  * Where it injects:
  *  - every function of the backend table, through a wrapping backend

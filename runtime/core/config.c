@@ -221,7 +221,7 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
                            "DMEM_FAULT_INJECT=\"%s\": expected <call>:<n>[:fatal][:persistent] "
                            "with n >= 1 and <call> any, device_alloc, host_alloc, memcpy_async, "
-                           "... (docs/reliability-fault.md)",
+                           "... (docs/reliability.md, Fault injection)",
                            v));
   }
 #undef ENV_FAIL
