@@ -366,8 +366,10 @@ static PyMethodDef pyd_buffer_methods[] = {
     {"lock", (PyCFunction)(void (*)(void))pyd_buffer_lock, METH_VARARGS | METH_KEYWORDS,
      "lock(stream=None) -> View, for `with buf.lock(stream) as view:`.\n"
      "The buffer is locked (resident) inside the block; view.ptr, __cuda_array_interface__\n"
-     "(CUDA), __array_interface__ (host backend) and __dlpack__ are valid there only.\n"
-     "At the end of the block the stream is synchronised (CUDA) and the buffer unlocked."},
+     "(CUDA), __array_interface__ and the buffer protocol (host backend) and __dlpack__ are\n"
+     "handed out there only. At the end of the block the stream is synchronised (CUDA) and the\n"
+     "block's claim ends; what the view handed out (arrays, capsules, tensors) keeps the\n"
+     "buffer locked until it is collected (see Buffer.exposed)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pyd_buffer_getset[] = {

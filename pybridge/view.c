@@ -216,11 +216,11 @@ Py_ssize_t pyd_view_exposed_buffers(pyd_runtime_t *rt) {
 }
 
 PyObject *pyd_view_raise_exposed(pyd_runtime_t *rt, dmem_handle_t h, const char *what) {
-  static const char *const kinds[PYD_EXPORT_KINDS] = {
-      "numpy/buffer-protocol export (memoryview, numpy.asarray)",
-      "array-interface export (a View whose __array_interface__ or "
-      "__cuda_array_interface__ was taken; arrays made from it keep it alive)",
-      "DLPack export (a capsule from __dlpack__, or the tensor made from it)"};
+  static const char *const kinds[PYD_EXPORT_KINDS][2] = {
+      {"numpy/buffer-protocol export", "memoryview, numpy.asarray"},
+      {"array-interface export", "a View whose __array_interface__ or __cuda_array_interface__ "
+                                 "was taken; arrays made from it keep it alive"},
+      {"DLPack export", "a capsule from __dlpack__, or the tensor made from it"}};
   Py_ssize_t counts[PYD_EXPORT_KINDS] = {0};
   pyd_view_exposure(rt, h, counts);
   char text[640];
@@ -229,8 +229,8 @@ PyObject *pyd_view_raise_exposed(pyd_runtime_t *rt, dmem_handle_t h, const char 
   int first = 1;
   for (int k = 0; k < PYD_EXPORT_KINDS && len < sizeof text; k++) {
     if (!counts[k]) continue;
-    len += (size_t)snprintf(text + len, sizeof text - len, "%s%zd %s%s", first ? "" : ", ",
-                            counts[k], kinds[k], counts[k] > 1 ? "s" : "");
+    len += (size_t)snprintf(text + len, sizeof text - len, "%s%zd %s%s (%s)", first ? "" : ", ",
+                            counts[k], kinds[k][0], counts[k] > 1 ? "s" : "", kinds[k][1]);
     first = 0;
   }
   if (len < sizeof text)
