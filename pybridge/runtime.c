@@ -148,7 +148,10 @@ int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s) {
       return -1;
     }
   }
-  if (self->exposed) { /* destroying would free memory under live arrays */
+  /* Destroying would free memory under live exports. Those only garbage
+   * cycles still hold (a traceback's frame holding a view, say) go first. */
+  if (self->exposed) PyGC_Collect();
+  if (self->exposed) {
     pyd_view_raise_exposed(self, 0, "Runtime.close()");
     return -1;
   }

@@ -427,3 +427,30 @@ def test_exit_with_live_export_keeps_memory_valid(tmp_path):
     # the runtime without exports was closed at exit, its directory removed
     # (the other one is destroyed, if at all, when finalisation collects it)
     assert list((tmp_path / "o").iterdir()) == []
+
+
+def test_close_collects_exports_held_by_garbage_cycles(spill_dir):
+    # A frame that raised holds its view through the traceback, which the
+    # exception (kept in the frame) holds back: a garbage cycle. close()
+    # collects it instead of refusing.
+    r = dmem.Runtime(backend="host", host_capacity=4 * MB, spill_dir=str(spill_dir))
+    b = r.alloc(64)
+
+    def use():
+        with b.lock() as v:
+            v.__array_interface__  # the view becomes an export
+        try:
+            v.ptr
+        except dmem.NotLockedError as e:
+            err = e  # noqa: F841 - err -> traceback -> this frame -> err
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(1 << 30)  # enabled, but no automatic collection meanwhile
+    try:
+        use()
+        assert b.exposed  # only the garbage cycle holds the view
+        del b
+        r.close()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert r.closed

@@ -160,6 +160,8 @@ class DmemModel(RuleBasedStateMachine):
         self.live = []  # Recs of buffers not freed
         self.zombies = []  # freed Recs whose exports still hold their memory
         self.exports = []
+        self.pushdown = False  # a host limit: the host tier pushes buffers to disk
+        self.stream = None
 
     def teardown(self):
         try:
@@ -173,6 +175,8 @@ class DmemModel(RuleBasedStateMachine):
         finally:
             self.exports.clear()
             gc.collect()
+            if self.stream is not None:
+                self.stream.close()
             try:
                 self.rt.close()
             except dmem.BusyError:  # a failed rule's frame still holds an export
@@ -197,17 +201,29 @@ class DmemModel(RuleBasedStateMachine):
         used = sum(rounded(r.size) for r in blocks)
         return rounded(size) > (CAP - used) / (len(blocks) + 1)
 
+    def absorb(self, r):
+        """Take in a move the runtime may make on its own: the host tier's
+        push-down to disk (with a host limit). Returns the buffer's state."""
+        now = r.buf.state
+        if now != r.state and self.pushdown and (r.state, now) == ("deferred_host",
+                                                                    "deferred_disk"):
+            event("pushed down to disk")
+            r.state = now
+        return now
+
     def check_others(self, target, may_evict):
         """Buffers other than target change only by eviction, in a rule that
-        needed device memory."""
+        needed device memory (and by push-down, with a host limit)."""
         for r in self.live:
             if r is target:
                 continue
-            now = r.buf.state
+            now = self.absorb(r)
             if now == r.state:
                 continue
+            evicted_to = ("deferred_host", "deferred_disk") if self.pushdown else (
+                "deferred_host",)
             assert may_evict, f"{r.handle:#x} went {r.state} -> {now} by itself"
-            assert (r.state, now) == ("resident", "deferred_host"), (r.state, now)
+            assert r.state == "resident" and now in evicted_to, (r.state, now)
             assert not r.pinned and r.views == 0, "a pinned or exposed buffer was evicted"
             r.state = now
 
@@ -216,6 +232,7 @@ class DmemModel(RuleBasedStateMachine):
         device). Returns (True, fn's result), or (False, None) when it failed
         as the model allows: the controller's retrieve raised, or the device
         cannot hold r beside the unevictable buffers."""
+        self.absorb(r)
         was = r.state
         retrieve_fails = was == "deferred_controller" and self.ctrl.fail == "retrieve"
         try:
@@ -224,7 +241,7 @@ class DmemModel(RuleBasedStateMachine):
             assert retrieve_fails, f"unexpected CallbackError from {was}: {e}"
             event("retrieve raised")
             assert isinstance(e.__cause__, ControllerFailure)
-            assert r.buf.state == was
+            assert self.absorb(r) == was
             self.check_others(r, may_evict=True)
             return False, None
         except dmem.OutOfMemoryError as e:
@@ -232,7 +249,7 @@ class DmemModel(RuleBasedStateMachine):
             assert self.oom_allowed(r.size), (
                 f"OutOfMemoryError for {r.size} bytes with only "
                 f"{sum(x.size for x in self.unevictable())} unevictable: {e}")
-            assert r.buf.state == was
+            assert self.absorb(r) == was
             self.check_others(r, may_evict=True)
             event("lock: out of memory")
             return False, None
@@ -244,8 +261,15 @@ class DmemModel(RuleBasedStateMachine):
     # ---- buffers -------------------------------------------------------------------------
 
     @initialize(sizes=st.lists(st.integers(1, MAX_SIZE), min_size=1, max_size=4),
-                seed=st.integers(0, 1 << 30))
-    def some_buffers(self, sizes, seed):
+                seed=st.integers(0, 1 << 30), host_limit=st.sampled_from([None, 8 * KB]))
+    def some_buffers(self, sizes, seed, host_limit):
+        if host_limit is not None:  # the variant whose host tier pushes down to disk
+            self.rt.close()
+            self.rt = dmem.Runtime(backend="host", host_capacity=CAP, spill_dir=self.dir,
+                                   host_limit=host_limit)
+            self.rt.set_controller(self.ctrl)
+            self.pushdown = True
+        self.stream = self.rt.stream()
         for k, size in enumerate(sizes):
             self.alloc(size, seed + k, 0, False)
 
@@ -323,10 +347,17 @@ class DmemModel(RuleBasedStateMachine):
     @rule(i=st.integers(0, MAX_LIVE), tier=st.sampled_from(TIERS))
     def spill(self, i, tier):
         r = self.pick(i)
+        self.absorb(r)
         was, target = r.state, STATE_OF_TIER[tier]
         busy = r.pinned or r.views > 0
-        movable = was == "resident" or was == target or (
-            was == "deferred_host" and tier in ("disk", "controller"))
+        # with a host limit, a host-tier buffer may reach the disk meanwhile
+        origins = [was] + (["deferred_disk"] if self.pushdown and was == "deferred_host" else [])
+
+        def can_move(o):
+            return o == "resident" or o == target or (
+                o == "deferred_host" and tier in ("disk", "controller"))
+
+        movable = any(can_move(o) for o in origins)
         store_fails = tier == "controller" and was != target and self.ctrl.fail == "store"
         try:
             r.buf.spill(tier)
@@ -341,18 +372,20 @@ class DmemModel(RuleBasedStateMachine):
                     assert words[k] in str(e), (k, str(e))
             assert r.buf.state == was
         except dmem.InvalidArgumentError:
-            assert not busy and not movable, f"spill {was} -> {tier} refused"
+            assert not busy and not all(can_move(o) for o in origins), (
+                f"spill {was} -> {tier} refused")
             event("spill: not movable")
-            assert r.buf.state == was
+            assert self.absorb(r) in origins and not can_move(r.state)
         except dmem.CallbackError as e:
             assert not busy and movable and store_fails, f"spill {was} -> {tier}: {e}"
             assert isinstance(e.__cause__, ControllerFailure)
-            assert r.buf.state == was  # intact where it was
+            assert self.absorb(r) == was  # intact where it was
             event("store raised")
         else:
             assert not busy and movable and not store_fails, f"spill {was} -> {tier} succeeded"
             r.state = target
-            assert r.buf.state == target
+            self.absorb(r)
+            assert r.buf.state == r.state
             event(f"spill: {was} -> {target}")
         self.check_others(r, may_evict=False)
 
@@ -370,6 +403,22 @@ class DmemModel(RuleBasedStateMachine):
             assert r.buf.state == "resident"
 
     @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, MAX_LIVE), on_stream=st.booleans())
+    def prefetch(self, i, on_stream):
+        """Bring a buffer back without locking it (buf.prefetch, or
+        rt.prefetch of it and another one), then wait for the stream."""
+        r = self.pick(i)
+        s = self.stream if on_stream else None
+
+        def prefetch_and_wait():
+            r.buf.prefetch(s)
+            self.rt.synchronize(s)
+
+        self.retrieving(r, prefetch_and_wait)
+        if r.state == "resident":
+            assert r.buf.state == "resident" and r.buf.lock_count == r.views
+
+    @precondition(lambda self: self.live)
     @rule(nbytes=st.integers(1, 2 * CAP))
     def evict(self, nbytes):
         spillable = [r for r in self.live
@@ -378,8 +427,8 @@ class DmemModel(RuleBasedStateMachine):
         spilled = [r for r in spillable if r.buf.state != "resident"]
         kept = [r for r in spillable if r not in spilled]
         for r in spilled:
-            assert r.buf.state == "deferred_host"
-            r.state = "deferred_host"
+            r.state = "deferred_host"  # the victims' tier (then maybe pushed down)
+            assert self.absorb(r) == r.state
         assert freed == sum(r.size for r in spilled)
         assert freed >= min(nbytes, sum(r.size for r in spillable))
         if freed > nbytes:  # it stopped as soon as it had enough
@@ -428,12 +477,13 @@ class DmemModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, MAX_LIVE), how=st.sampled_from(["exit", "raise", "drop"]),
-          mutate=st.booleans(), data=st.data())
-    def lock_use(self, i, how, mutate, data):
-        """A view used inside its block, then left by __exit__, by an
-        exception, or by dropping the entered view."""
+          mutate=st.booleans(), on_stream=st.booleans(), data=st.data())
+    def lock_use(self, i, how, mutate, on_stream, data):
+        """A view used inside its block (locked on the default stream or on a
+        dmem.Stream), then left by __exit__, by an exception, or by dropping
+        the entered view."""
         r = self.pick(i)
-        v = r.buf.lock()
+        v = r.buf.lock(self.stream if on_stream else None)
         ok = self.retrieving(r, v.__enter__)[0]  # (its result is v itself)
         if not ok:
             return
@@ -534,7 +584,7 @@ class DmemModel(RuleBasedStateMachine):
     @invariant()
     def model_matches(self):
         for r in self.live:
-            assert r.buf.state == r.state, (hex(r.handle), r.buf.state, r.state)
+            assert self.absorb(r) == r.state, (hex(r.handle), r.buf.state, r.state)
             assert r.buf.lock_count == r.views
             assert r.buf.exposed == (r.views > 0)
             if r.pinned or r.views:
