@@ -202,6 +202,8 @@ static PyObject *pyd_buffer_spill(pyd_buffer_t *self, PyObject *args, PyObject *
   pyd_enter(&ctx, self->rt, 1);
   dmem_status_t st = dmem_spill(self->rt->rt, self->h, tier);
   pyd_leave(&ctx);
+  if (st == DMEM_ERR_BUSY && !ctx.exc && pyd_view_exposure(self->rt, self->h, NULL) > 0)
+    return pyd_view_raise_exposed(self->rt, self->h, "spill");
   if (pyd_finish(&ctx, st) < 0) return NULL;
   Py_RETURN_NONE;
 }
@@ -287,6 +289,10 @@ static PyObject *pyd_buffer_get_pinned(pyd_buffer_t *self, void *c) {
   return PyBool_FromLong(info.pinned);
 }
 
+static PyObject *pyd_buffer_get_exposed(pyd_buffer_t *self, void *c) {
+  return PyBool_FromLong(pyd_view_exposure(self->rt, self->h, NULL) > 0);
+}
+
 static PyObject *pyd_buffer_get_priority(pyd_buffer_t *self, void *c) {
   dmem_buffer_info_t info;
   if (pyd_buffer_info(self, &info) < 0) return NULL;
@@ -341,14 +347,16 @@ static Py_hash_t pyd_buffer_hash(pyd_buffer_t *self) {
 
 static PyMethodDef pyd_buffer_methods[] = {
     {"free", (PyCFunction)pyd_buffer_free, METH_NOARGS,
-     "free(): free the buffer now; every later use raises StaleHandleError."},
+     "free(): free the buffer now; every later use raises StaleHandleError. Memory that\n"
+     "exports (arrays, DLPack tensors) still use is reclaimed when the last of them dies."},
     {"write", (PyCFunction)(void (*)(void))pyd_buffer_write, METH_VARARGS | METH_KEYWORDS,
      "write(data, offset=0): copy a bytes-like object into the buffer at offset."},
     {"read", (PyCFunction)(void (*)(void))pyd_buffer_read, METH_VARARGS | METH_KEYWORDS,
      "read(nbytes=None, offset=0) -> bytes: copy bytes out of the buffer."},
     {"spill", (PyCFunction)(void (*)(void))pyd_buffer_spill, METH_VARARGS | METH_KEYWORDS,
      "spill(tier='host'): move to 'host', 'disk' or 'controller' and wait for the move.\n"
-     "BusyError if the buffer is locked or pinned."},
+     "BusyError if the buffer is locked or pinned; for an exposed buffer its message names\n"
+     "the kinds of exports that still hold it."},
     {"unspill", (PyCFunction)(void (*)(void))pyd_buffer_unspill, METH_VARARGS | METH_KEYWORDS,
      "unspill(stream=None): bring the bytes back to the device, ordered on stream."},
     {"prefetch", (PyCFunction)(void (*)(void))pyd_buffer_prefetch, METH_VARARGS | METH_KEYWORDS,
@@ -357,8 +365,10 @@ static PyMethodDef pyd_buffer_methods[] = {
     {"lock", (PyCFunction)(void (*)(void))pyd_buffer_lock, METH_VARARGS | METH_KEYWORDS,
      "lock(stream=None) -> View, for `with buf.lock(stream) as view:`.\n"
      "The buffer is locked (resident) inside the block; view.ptr, __cuda_array_interface__\n"
-     "(CUDA), __array_interface__ (host backend) and __dlpack__ are valid there only.\n"
-     "At the end of the block the stream is synchronised (CUDA) and the buffer unlocked."},
+     "(CUDA), __array_interface__ and the buffer protocol (host backend) and __dlpack__ are\n"
+     "handed out there only. At the end of the block the stream is synchronised (CUDA) and the\n"
+     "block's claim ends; what the view handed out (arrays, capsules, tensors) keeps the\n"
+     "buffer locked until it is collected (see Buffer.exposed)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pyd_buffer_getset[] = {
@@ -372,6 +382,10 @@ static PyGetSetDef pyd_buffer_getset[] = {
     {"lock_count", (getter)pyd_buffer_get_lock_count, NULL, "current number of locks", NULL},
     {"spill_count", (getter)pyd_buffer_get_spill_count, NULL, "completed spills", NULL},
     {"pinned", (getter)pyd_buffer_get_pinned, NULL, "allocated with pinned=True", NULL},
+    {"exposed", (getter)pyd_buffer_get_exposed, NULL,
+     "True while something a lock view handed out (memoryview / numpy array, a View whose\n"
+     "array interface was taken, a DLPack capsule or tensor) is alive and keeps it locked",
+     NULL},
     {"priority", (getter)pyd_buffer_get_priority, (setter)pyd_buffer_set_priority,
      "priority class (higher stays on the device longer)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};

@@ -15,7 +15,8 @@
 static PyObject *pyd_mod_shutdown(PyObject *mod, PyObject *unused) {
   /* Close every open runtime (atexit), so that spill directories are removed
    * even for runtimes that are never collected. Runtimes with calls still in
-   * flight on daemon threads after 2 s are left alone. */
+   * flight on daemon threads after 2 s, and runtimes whose views still have
+   * live exports (close would free memory under them), are left alone. */
   for (;;) {
     pyd_runtime_t *r = pyd_live_runtimes;
     while (r && (r->closing || !r->rt)) r = r->live_next;

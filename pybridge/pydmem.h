@@ -35,6 +35,13 @@
 /* ---- objects --------------------------------------------------------------- */
 
 typedef struct pyd_binding pyd_binding_t;
+typedef struct pyd_view pyd_view_t;
+
+/* What a lock view hands out that keeps its buffer locked (view.c): the
+ * buffer protocol (memoryview, numpy.asarray on the host backend), the array
+ * interfaces (__array_interface__ / __cuda_array_interface__: the arrays
+ * made from them keep the View itself alive) and DLPack capsules. */
+enum { PYD_EXPORT_BUFFER = 0, PYD_EXPORT_IFACE = 1, PYD_EXPORT_DLPACK = 2, PYD_EXPORT_KINDS = 3 };
 
 typedef struct pyd_runtime {
   PyObject_HEAD
@@ -48,6 +55,8 @@ typedef struct pyd_runtime {
   pyd_binding_t *bindings;     /* controller bindings, current first; freed at close */
   PyObject *weakreflist;
   struct pyd_runtime *live_prev, *live_next; /* list of open runtimes (atexit) */
+  pyd_view_t *exposed;         /* views with live exports (view.c's list) */
+  Py_ssize_t exports[PYD_EXPORT_KINDS]; /* live exports of all its views, by kind */
 } pyd_runtime_t;
 
 /* One installed controller. Bindings are never freed before the C runtime is
@@ -90,15 +99,21 @@ typedef struct pyd_stream {
   Py_ssize_t views;            /* lock views open on this stream */
 } pyd_stream_t;
 
-typedef struct pyd_view {
+/* A lock view. Its one dmem lock (taken by __enter__) is held while the
+ * `with` block runs and while any export lives: `held` drops to 0 when the
+ * block has ended and the last export died (view.c). */
+struct pyd_view {
   PyObject_HEAD
   pyd_buffer_t *buf;           /* strong */
   PyObject *stream_obj;        /* strong ref to what `stream` came from, or NULL */
   dmem_stream_t stream;
   dmem_handle_t h;
-  void *ptr;
-  int state;                   /* PYD_VIEW_* */
-} pyd_view_t;
+  void *ptr;                   /* the locked address while held, else NULL */
+  int state;                   /* PYD_VIEW_*: where the with block is */
+  int held;                    /* holds its dmem lock */
+  Py_ssize_t exports[PYD_EXPORT_KINDS]; /* live exports by kind (IFACE: 0 or 1) */
+  pyd_view_t *exp_prev, *exp_next;      /* in buf->rt->exposed while any export lives */
+};
 
 enum { PYD_VIEW_NEW = 0, PYD_VIEW_LOCKED = 1, PYD_VIEW_DONE = 2 };
 
@@ -228,6 +243,16 @@ extern PyTypeObject pyd_view_type;
 int pyd_view_type_ready(void);
 /* View of a buffer on a stream argument (Buffer.lock()). */
 PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o);
+/* Live exports of the views of handle h of rt (h == 0: of every buffer),
+ * added into counts[PYD_EXPORT_KINDS] when counts is not NULL. Returns the
+ * number of exposed views counted. */
+Py_ssize_t pyd_view_exposure(pyd_runtime_t *rt, dmem_handle_t h, Py_ssize_t *counts);
+/* Number of distinct buffers of rt with live exports; -1 with an exception. */
+Py_ssize_t pyd_view_exposed_buffers(pyd_runtime_t *rt);
+/* Raise BusyError saying that `what` is refused because exports (of handle
+ * h, or of any buffer when h == 0) still hold the buffer, naming their
+ * kinds. Returns NULL. */
+PyObject *pyd_view_raise_exposed(pyd_runtime_t *rt, dmem_handle_t h, const char *what);
 
 /* ---- buffer.c: dmem.Buffer ---------------------------------------------------- */
 

@@ -132,7 +132,8 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
 /* Close: refuse new calls, wait for the calls in flight (GIL released while
  * waiting), stop controller callbacks, destroy. timeout_s < 0: wait as long
  * as needed. Returns -1 with BusyError if it cannot close (called from a
- * callback of this runtime, or calls still in flight at the timeout). */
+ * callback of this runtime, exports of its views still alive, or calls still
+ * in flight at the timeout). */
 int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s) {
   if (!self->rt) return 0;
   if (self->is_default) {
@@ -146,6 +147,13 @@ int pyd_runtime_close_impl(pyd_runtime_t *self, double timeout_s) {
       pyd_raise(DMEM_ERR_BUSY, "Runtime.close() called from a callback of this runtime");
       return -1;
     }
+  }
+  /* Destroying would free memory under live exports. Those only garbage
+   * cycles still hold (a traceback's frame holding a view, say) go first. */
+  if (self->exposed) PyGC_Collect();
+  if (self->exposed) {
+    pyd_view_raise_exposed(self, 0, "Runtime.close()");
+    return -1;
   }
   int was_closing = self->closing;
   self->closing = 1;
@@ -489,6 +497,19 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
       "pool_misses", (unsigned long long)s.pool_misses);
   if (d && stats_copy_block(d, &s) < 0) Py_CLEAR(d);
   if (!d) return NULL;
+  /* the bridge's own: buffers held by exports of lock views (view.c) */
+  Py_ssize_t exposed = pyd_view_exposed_buffers(self);
+  PyObject *ex = exposed < 0 ? NULL
+                             : Py_BuildValue("{s:n,s:{s:n,s:n,s:n}}", "exposed", exposed, "exports",
+                                             "buffer", self->exports[PYD_EXPORT_BUFFER],
+                                             "array_interface", self->exports[PYD_EXPORT_IFACE],
+                                             "dlpack", self->exports[PYD_EXPORT_DLPACK]);
+  if (!ex || PyDict_Update(d, ex) < 0) {
+    Py_XDECREF(ex);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(ex);
   /* the disk tier */
   PyObject *disk = Py_BuildValue(
       "{s:K,s:K,s:d,s:K,s:K,s:K,s:d,s:K,s:O}", "host_to_disk_count",
@@ -673,7 +694,8 @@ static PyMethodDef pyd_runtime_methods[] = {
     {"poll", (PyCFunction)pyd_runtime_poll, METH_NOARGS,
      "poll(): complete finished stream releases."},
     {"stats", (PyCFunction)pyd_runtime_stats, METH_NOARGS,
-     "stats() -> dict: every field of dmem_stats_t."},
+     "stats() -> dict: every field of dmem_stats_t, plus the bridge's 'exposed' (buffers\n"
+     "held by exports of lock views) and 'exports' (live exports by kind)."},
     {"device_malloc", (PyCFunction)(void (*)(void))pyd_runtime_device_malloc,
      METH_VARARGS | METH_KEYWORDS,
      "device_malloc(nbytes, stream=None, *, dedicated=False) -> DeviceMemory\n\n"
@@ -694,7 +716,8 @@ static PyMethodDef pyd_runtime_methods[] = {
     {"set_controller", (PyCFunction)pyd_runtime_set_controller, METH_O,
      "set_controller(controller): install a dmem.Controller (None removes it)."},
     {"close", (PyCFunction)pyd_runtime_close, METH_NOARGS,
-     "close(): destroy the runtime. Live Buffers raise StaleHandleError afterwards."},
+     "close(): destroy the runtime. Live Buffers raise StaleHandleError afterwards.\n"
+     "BusyError while exports of lock views (arrays, DLPack tensors) are alive."},
     {"__enter__", (PyCFunction)pyd_runtime_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)pyd_runtime_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};

@@ -5,7 +5,8 @@
  * CuPy, PyTorch, Numba or __cuda_stream__ stream object.
  *
  * A Stream holds a strong reference to its Runtime. It counts the lock views
- * open on it (view.c) so that close() refuses while one is.
+ * that hold their lock on it (view.c: the block, then any live export) so
+ * that close() refuses while one does.
  */
 #include "pydmem.h"
 
@@ -57,7 +58,8 @@ static PyObject *pyd_stream_close(pyd_stream_t *self, PyObject *unused) {
     Py_RETURN_NONE;
   }
   if (pyd_runtime_check(self->rt) < 0) return NULL;
-  if (self->views > 0) return pyd_raise(DMEM_ERR_BUSY, "stream has open lock views");
+  if (self->views > 0)
+    return pyd_raise(DMEM_ERR_BUSY, "stream has open lock views (or live exports of them)");
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
   dmem_status_t st = dmem_stream_destroy(self->rt->rt, self->s);

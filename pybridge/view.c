@@ -5,14 +5,31 @@
  *       view.ptr, view.size
  *       view.__cuda_array_interface__   (CUDA backend; v3, with "stream")
  *       view.__array_interface__        (host backend; v3)
+ *       memoryview(view), numpy.asarray(view) (host backend: buffer protocol)
  *       view.__dlpack__(), view.__dlpack_device__()
  *
  * __enter__ locks the buffer on `stream` (under the host backend it also
  * synchronises the stream, so the bytes are readable by the CPU at once).
- * __exit__ synchronises the stream under CUDA, then unlocks. Every attribute
- * that hands out the address raises NotLockedError before __enter__ and after
- * __exit__. Arrays made from a view (numpy, CuPy, DLPack consumers) must not
- * be used after the block: the buffer may be spilled and its memory reused.
+ * Every attribute that hands out the address raises NotLockedError before
+ * __enter__ and after __exit__.
+ *
+ * Exports. What the view hands out keeps the buffer locked for as long as it
+ * lives, so that an array which outlives the block never sees its memory
+ * spilled and reused:
+ *  - the buffer protocol: each Py_buffer (a memoryview, the memoryview under
+ *    numpy.asarray's array) is one export, dropped by bf_releasebuffer;
+ *  - the array interfaces: arrays built from __array_interface__ or
+ *    __cuda_array_interface__ (NumPy, CuPy, Numba, PyTorch) keep the View
+ *    itself as their base/owner, so the first access makes the View one
+ *    export, dropped when the View is collected (its `as` name included);
+ *  - DLPack: each capsule is one export, dropped by its DLPack deleter (when
+ *    an unconsumed capsule dies, or when the consumer's tensor does).
+ * __exit__ ends only the block's own claim (synchronising the stream under
+ * CUDA, as always). The view's one dmem lock is given back (stream
+ * synchronised under CUDA, then dmem_unlock) when the block has ended and the
+ * last export has died. While any export lives the view is linked in its
+ * runtime's `exposed` list: Buffer.exposed, rt.stats()["exposed"] and the
+ * BusyError of spill() and Runtime.close() read it.
  *
  * This file sits below buffer.c: it reads a Buffer's fields and checks it
  * with pyd_buffer_check (args.c), and Buffer.lock() calls pyd_view_new.
@@ -25,7 +42,7 @@ PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o) {
   dmem_stream_t s;
   PyObject *keep;
   if (pyd_stream_arg(buf->rt, stream_o, &s, &keep) < 0) return NULL;
-  pyd_view_t *v = PyObject_New(pyd_view_t, &pyd_view_type);
+  pyd_view_t *v = PyObject_GC_New(pyd_view_t, &pyd_view_type);
   if (!v) {
     Py_XDECREF(keep);
     return NULL;
@@ -37,6 +54,10 @@ PyObject *pyd_view_new(pyd_buffer_t *buf, PyObject *stream_o) {
   v->h = buf->h;
   v->ptr = NULL;
   v->state = PYD_VIEW_NEW;
+  v->held = 0;
+  for (int k = 0; k < PYD_EXPORT_KINDS; k++) v->exports[k] = 0;
+  v->exp_prev = v->exp_next = NULL;
+  PyObject_GC_Track(v);
   return (PyObject *)v;
 }
 
@@ -92,17 +113,18 @@ static PyObject *pyd_view_enter(pyd_view_t *self, PyObject *unused) {
   }
   self->ptr = ptr;
   self->state = PYD_VIEW_LOCKED;
+  self->held = 1;
   if (so) so->views++;
   Py_INCREF(self);
   return (PyObject *)self;
 }
 
-/* Release the lock (sync the stream first under CUDA). accept: 1 from
- * __exit__ (errors raise), 0 from dealloc. */
-static dmem_status_t pyd_view_release(pyd_view_t *self, pyd_ctx_t *ctx, int accept) {
+/* Give the view's dmem lock back (sync the stream first under CUDA). accept:
+ * 1 from __exit__ (errors raise), 0 from a collection or a DLPack deleter. */
+static dmem_status_t pyd_view_unlock(pyd_view_t *self, pyd_ctx_t *ctx, int accept) {
   pyd_runtime_t *rt = self->buf->rt;
   pyd_stream_t *so = pyd_view_dmem_stream(self);
-  self->state = PYD_VIEW_DONE;
+  self->held = 0;
   self->ptr = NULL;
   if (so) so->views--;
   if (!rt->rt || rt->closing) return DMEM_OK; /* the runtime freed everything */
@@ -115,27 +137,190 @@ static dmem_status_t pyd_view_release(pyd_view_t *self, pyd_ctx_t *ctx, int acce
   return st != DMEM_OK ? st : st2;
 }
 
+/* ---- exports ---------------------------------------------------------------------- */
+
+static Py_ssize_t pyd_view_export_total(const pyd_view_t *v) {
+  Py_ssize_t n = 0;
+  for (int k = 0; k < PYD_EXPORT_KINDS; k++) n += v->exports[k];
+  return n;
+}
+
+/* One more export of `kind`; the view must be held. */
+static void pyd_view_export_add(pyd_view_t *self, int kind) {
+  pyd_runtime_t *rt = self->buf->rt;
+  if (pyd_view_export_total(self) == 0) { /* link at the head of rt->exposed */
+    self->exp_prev = NULL;
+    self->exp_next = rt->exposed;
+    if (rt->exposed) rt->exposed->exp_prev = self;
+    rt->exposed = self;
+  }
+  self->exports[kind]++;
+  rt->exports[kind]++;
+}
+
+static void pyd_view_exposed_unlink(pyd_view_t *self) {
+  pyd_runtime_t *rt = self->buf->rt;
+  if (self->exp_prev) self->exp_prev->exp_next = self->exp_next;
+  else if (rt->exposed == self) rt->exposed = self->exp_next;
+  if (self->exp_next) self->exp_next->exp_prev = self->exp_prev;
+  self->exp_prev = self->exp_next = NULL;
+}
+
+/* One export of `kind` died. The last export of a view whose block has ended
+ * gives the lock back. Called with the GIL from a collection, a buffer
+ * release or a DLPack deleter: nobody can raise from there, so callback
+ * errors go to sys.unraisablehook and a failing unlock is dropped (the
+ * pending exception, if any, is kept). */
+static void pyd_view_export_drop(pyd_view_t *self, int kind) {
+  pyd_runtime_t *rt = self->buf->rt;
+  self->exports[kind]--;
+  rt->exports[kind]--;
+  if (pyd_view_export_total(self) > 0) return;
+  pyd_view_exposed_unlink(self);
+  if (self->state != PYD_VIEW_LOCKED && self->held) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    pyd_ctx_t ctx = {0};
+    pyd_view_unlock(self, &ctx, 0);
+    Py_CLEAR(ctx.exc);
+    PyErr_Restore(et, ev, etb);
+  }
+}
+
+Py_ssize_t pyd_view_exposure(pyd_runtime_t *rt, dmem_handle_t h, Py_ssize_t *counts) {
+  Py_ssize_t views = 0;
+  for (pyd_view_t *v = rt->exposed; v; v = v->exp_next) {
+    if (h && v->h != h) continue;
+    views++;
+    if (counts)
+      for (int k = 0; k < PYD_EXPORT_KINDS; k++) counts[k] += v->exports[k];
+  }
+  return views;
+}
+
+Py_ssize_t pyd_view_exposed_buffers(pyd_runtime_t *rt) {
+  if (!rt->exposed) return 0;
+  PyObject *set = PySet_New(NULL);
+  if (!set) return -1;
+  for (pyd_view_t *v = rt->exposed; v; v = v->exp_next) {
+    PyObject *k = PyLong_FromUnsignedLongLong(v->h);
+    if (!k || PySet_Add(set, k) < 0) {
+      Py_XDECREF(k);
+      Py_DECREF(set);
+      return -1;
+    }
+    Py_DECREF(k);
+  }
+  Py_ssize_t n = PySet_GET_SIZE(set);
+  Py_DECREF(set);
+  return n;
+}
+
+PyObject *pyd_view_raise_exposed(pyd_runtime_t *rt, dmem_handle_t h, const char *what) {
+  static const char *const kinds[PYD_EXPORT_KINDS][2] = {
+      {"numpy/buffer-protocol export", "memoryview, numpy.asarray"},
+      {"array-interface export", "a View whose __array_interface__ or __cuda_array_interface__ "
+                                 "was taken; arrays made from it keep it alive"},
+      {"DLPack export", "a capsule from __dlpack__, or the tensor made from it"}};
+  Py_ssize_t counts[PYD_EXPORT_KINDS] = {0};
+  pyd_view_exposure(rt, h, counts);
+  char text[640];
+  size_t len = (size_t)snprintf(text, sizeof text, "%s refused: the %s still held by ", what,
+                                h ? "buffer is" : "runtime's buffers are");
+  int first = 1;
+  for (int k = 0; k < PYD_EXPORT_KINDS && len < sizeof text; k++) {
+    if (!counts[k]) continue;
+    len += (size_t)snprintf(text + len, sizeof text - len, "%s%zd %s%s (%s)", first ? "" : ", ",
+                            counts[k], kinds[k][0], counts[k] > 1 ? "s" : "", kinds[k][1]);
+    first = 0;
+  }
+  if (len < sizeof text)
+    snprintf(text + len, sizeof text - len,
+             "; the lock ends when the last of them is collected (del them)");
+  return pyd_raise(DMEM_ERR_BUSY, text);
+}
+
+/* ---- the with block --------------------------------------------------------------- */
+
 static PyObject *pyd_view_exit(pyd_view_t *self, PyObject *args) {
   PyObject *et, *ev, *tb;
   if (!PyArg_UnpackTuple(args, "__exit__", 3, 3, &et, &ev, &tb)) return NULL;
   if (self->state != PYD_VIEW_LOCKED)
     return pyd_raise(DMEM_ERR_NOT_LOCKED, "view.__exit__ without a matching __enter__");
+  self->state = PYD_VIEW_DONE; /* the block's claim ends here */
   pyd_ctx_t ctx = {0};
-  dmem_status_t st = pyd_view_release(self, &ctx, 1);
+  dmem_status_t st = DMEM_OK;
+  pyd_runtime_t *rt = self->buf->rt;
+  if (pyd_view_export_total(self) == 0) {
+    st = pyd_view_unlock(self, &ctx, 1);
+  } else if (rt->backend == DMEM_BACKEND_CUDA && rt->rt && !rt->closing) {
+    /* Exports keep the lock; the block still ends with its stream's work done. */
+    pyd_enter(&ctx, rt, 1);
+    st = dmem_stream_synchronize(rt->rt, self->stream);
+    pyd_leave(&ctx);
+  }
   if (pyd_finish(&ctx, st) < 0) return NULL;
   Py_RETURN_FALSE;
 }
 
+static int pyd_view_traverse(pyd_view_t *self, visitproc visit, void *arg) {
+  Py_VISIT(self->buf);
+  Py_VISIT(self->stream_obj);
+  return 0;
+}
+
 static void pyd_view_dealloc(pyd_view_t *self) {
-  if (self->state == PYD_VIEW_LOCKED) { /* __enter__ without __exit__ */
+  PyObject_GC_UnTrack(self);
+  /* Only the array-interface export can still live here: buffer-protocol
+   * and DLPack exports hold references to the view. */
+  self->state = PYD_VIEW_DONE; /* a block entered and never exited ends too */
+  if (self->exports[PYD_EXPORT_IFACE]) pyd_view_export_drop(self, PYD_EXPORT_IFACE);
+  if (pyd_view_export_total(self) > 0) { /* cannot happen; never leave a dangling link */
+    pyd_runtime_t *rt = self->buf->rt;
+    for (int k = 0; k < PYD_EXPORT_KINDS; k++) {
+      rt->exports[k] -= self->exports[k];
+      self->exports[k] = 0;
+    }
+    pyd_view_exposed_unlink(self);
+  }
+  if (self->held) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
     pyd_ctx_t ctx = {0};
-    pyd_view_release(self, &ctx, 0);
+    pyd_view_unlock(self, &ctx, 0);
     Py_CLEAR(ctx.exc);
+    PyErr_Restore(et, ev, etb);
   }
   Py_XDECREF(self->stream_obj);
   Py_DECREF(self->buf);
-  PyObject_Free(self);
+  PyObject_GC_Del(self);
 }
+
+/* ---- the buffer protocol (host backend) -------------------------------------------- */
+
+static int pyd_view_getbuffer(pyd_view_t *self, Py_buffer *view, int flags) {
+  if (self->buf->rt->backend == DMEM_BACKEND_CUDA) {
+    PyErr_SetString(PyExc_BufferError,
+                    "a CUDA view is device memory: use __cuda_array_interface__ or __dlpack__");
+    return -1;
+  }
+  if (pyd_view_locked(self) < 0) return -1;
+  if (PyBuffer_FillInfo(view, (PyObject *)self, self->ptr, (Py_ssize_t)self->buf->size, 0,
+                        flags) < 0)
+    return -1;
+  pyd_view_export_add(self, PYD_EXPORT_BUFFER);
+  return 0;
+}
+
+static void pyd_view_releasebuffer(pyd_view_t *self, Py_buffer *view) {
+  (void)view;
+  pyd_view_export_drop(self, PYD_EXPORT_BUFFER);
+}
+
+static PyBufferProcs pyd_view_as_buffer = {
+    .bf_getbuffer = (getbufferproc)pyd_view_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)pyd_view_releasebuffer,
+};
 
 /* ---- address and interfaces --------------------------------------------------- */
 
@@ -171,6 +356,8 @@ static PyObject *pyd_view_get_cai(pyd_view_t *self, void *c) {
     return NULL;
   }
   if (pyd_view_locked(self) < 0) return NULL;
+  /* The consumer keeps this View as the array's owner: it is the export. */
+  if (!self->exports[PYD_EXPORT_IFACE]) pyd_view_export_add(self, PYD_EXPORT_IFACE);
   /* CAI v3 "stream": 1 is the legacy default stream; 0 is disallowed. */
   unsigned long long s = self->stream ? (unsigned long long)(uintptr_t)self->stream : 1ull;
   return Py_BuildValue("{s:(n),s:s,s:(KO),s:i,s:O,s:K}", "shape", (Py_ssize_t)self->buf->size,
@@ -187,6 +374,8 @@ static PyObject *pyd_view_get_ai(pyd_view_t *self, void *c) {
     return NULL;
   }
   if (pyd_view_locked(self) < 0) return NULL;
+  /* The consumer keeps this View as the array's base: it is the export. */
+  if (!self->exports[PYD_EXPORT_IFACE]) pyd_view_export_add(self, PYD_EXPORT_IFACE);
   return Py_BuildValue("{s:(n),s:s,s:(KO),s:i,s:O}", "shape", (Py_ssize_t)self->buf->size,
                        "typestr", "|u1", "data", (unsigned long long)(uintptr_t)self->ptr,
                        Py_False, "version", 3, "strides", Py_None);
@@ -221,10 +410,12 @@ typedef struct {
   int64_t strides[1];
 } pyd_dl_versioned_t;
 
-/* Deleters may be called from any thread, with or without the GIL. */
+/* Deleters may be called from any thread, with or without the GIL: drop the
+ * capsule's export (the last one of an ended block unlocks), then the view. */
 static void pyd_dl_release_owner(void *owner) {
   if (!owner || pyd_finalizing()) return; /* leak at shutdown rather than crash */
   PyGILState_STATE g = PyGILState_Ensure();
+  pyd_view_export_drop((pyd_view_t *)owner, PYD_EXPORT_DLPACK);
   Py_DECREF((PyObject *)owner);
   PyGILState_Release(g);
 }
@@ -350,6 +541,7 @@ static PyObject *pyd_view_dlpack(pyd_view_t *self, PyObject *args, PyObject *kwd
     m->mt.deleter = pyd_dl_versioned_deleter;
     m->mt.flags = 0;
     pyd_dl_fill(&m->mt.dl_tensor, self, m->shape, m->strides);
+    pyd_view_export_add(self, PYD_EXPORT_DLPACK); /* both dropped by the deleter */
     Py_INCREF(self);
     cap = PyCapsule_New(&m->mt, "dltensor_versioned", pyd_dl_capsule_destructor);
     if (!cap) m->mt.deleter(&m->mt);
@@ -359,6 +551,7 @@ static PyObject *pyd_view_dlpack(pyd_view_t *self, PyObject *args, PyObject *kwd
     m->mt.manager_ctx = self;
     m->mt.deleter = pyd_dl_legacy_deleter;
     pyd_dl_fill(&m->mt.dl_tensor, self, m->shape, m->strides);
+    pyd_view_export_add(self, PYD_EXPORT_DLPACK); /* both dropped by the deleter */
     Py_INCREF(self);
     cap = PyCapsule_New(&m->mt, "dltensor", pyd_dl_capsule_destructor);
     if (!cap) m->mt.deleter(&m->mt);
@@ -367,23 +560,31 @@ static PyObject *pyd_view_dlpack(pyd_view_t *self, PyObject *args, PyObject *kwd
 }
 
 static PyObject *pyd_view_repr(pyd_view_t *self) {
-  const char *st = self->state == PYD_VIEW_NEW ? "not entered"
+  const char *st = self->state == PYD_VIEW_NEW      ? "not entered"
                    : self->state == PYD_VIEW_LOCKED ? "locked"
+                   : self->held                     ? "block ended, held by its exports"
                                                     : "released";
-  char text[96];
+  char text[128];
   snprintf(text, sizeof text, "<dmem.View of handle 0x%llx, %s>", (unsigned long long)self->h, st);
   return PyUnicode_FromString(text);
+}
+
+static PyObject *pyd_view_get_exports(pyd_view_t *self, void *c) {
+  return Py_BuildValue("{s:n,s:n,s:n}", "buffer", self->exports[PYD_EXPORT_BUFFER],
+                       "array_interface", self->exports[PYD_EXPORT_IFACE], "dlpack",
+                       self->exports[PYD_EXPORT_DLPACK]);
 }
 
 static PyMethodDef pyd_view_methods[] = {
     {"__enter__", (PyCFunction)pyd_view_enter, METH_NOARGS, "Lock the buffer."},
     {"__exit__", (PyCFunction)pyd_view_exit, METH_VARARGS,
-     "Synchronise the stream (CUDA) and unlock."},
+     "End the block: synchronise the stream (CUDA) and unlock, unless exports still hold\n"
+     "the buffer (then the last of them unlocks when it is collected)."},
     {"__dlpack__", (PyCFunction)(void (*)(void))pyd_view_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(stream=None, *, max_version=None, dl_device=None, copy=None)\n\n"
      "DLPack capsule of a 1-D uint8 tensor over the locked bytes ('dltensor', or\n"
-     "'dltensor_versioned' when max_version >= (1, 0)). The tensor keeps the view alive but\n"
-     "not the lock: do not use it after the block."},
+     "'dltensor_versioned' when max_version >= (1, 0)). The capsule, and the tensor a consumer\n"
+     "makes from it, keep the buffer locked until its DLPack deleter runs."},
     {"__dlpack_device__", (PyCFunction)pyd_view_dlpack_device, METH_NOARGS,
      "(kDLCUDA=2, device) under CUDA, (kDLCPU=1, 0) under the host backend."},
     {NULL, NULL, 0, NULL}};
@@ -394,6 +595,8 @@ static PyGetSetDef pyd_view_getset[] = {
     {"locked", (getter)pyd_view_get_locked, NULL, "True inside the with block", NULL},
     {"buffer", (getter)pyd_view_get_buffer, NULL, "the Buffer", NULL},
     {"stream", (getter)pyd_view_get_stream, NULL, "the lock stream as an int, or None", NULL},
+    {"exports", (getter)pyd_view_get_exports, NULL,
+     "live exports by kind: {'buffer': n, 'array_interface': 0 or 1, 'dlpack': n}", NULL},
     {"__cuda_array_interface__", (getter)pyd_view_get_cai, NULL,
      "CUDA Array Interface v3 (CUDA backend only)", NULL},
     {"__array_interface__", (getter)pyd_view_get_ai, NULL,
@@ -405,8 +608,12 @@ PyTypeObject pyd_view_type = {
     .tp_basicsize = sizeof(pyd_view_t),
     .tp_dealloc = (destructor)pyd_view_dealloc,
     .tp_repr = (reprfunc)pyd_view_repr,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A locked view of a Buffer (from Buffer.lock); usable only inside its with block.",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A locked view of a Buffer (from Buffer.lock); its address is handed out only\n"
+              "inside its with block. What it hands out (buffer protocol, array interfaces,\n"
+              "DLPack) keeps the buffer locked for as long as it lives.",
+    .tp_traverse = (traverseproc)pyd_view_traverse,
+    .tp_as_buffer = &pyd_view_as_buffer,
     .tp_methods = pyd_view_methods,
     .tp_getset = pyd_view_getset,
 };

@@ -2,8 +2,15 @@
 interface v3, DLPack) and running real kernels on the locked bytes, then
 spill / unspill and a byte-exact check with buf.read().
 
+What a view hands out keeps the buffer locked while it lives (issue 12):
+an array built from __cuda_array_interface__ keeps the View as its owner, so
+the tests drop the array *and* the view before spilling; a DLPack tensor
+holds the buffer until its deleter runs.
+
 Skipped unless the CUDA backend starts (and per library, unless it is
 installed)."""
+
+import gc
 
 import pytest
 
@@ -59,10 +66,17 @@ def test_cuda_array_interface_fields(rt):
         assert cai["stream"] == 1  # legacy default stream
         assert v.__dlpack_device__() == (2, rt.device)  # kDLCUDA
         assert not hasattr(v, "__array_interface__")
+        with pytest.raises(BufferError):
+            memoryview(v)  # device memory: no buffer protocol under CUDA
     with b.lock(s) as v:
         assert v.__cuda_array_interface__["stream"] == int(s)
     with pytest.raises(dmem.NotLockedError):
         v.__cuda_array_interface__
+    assert b.exposed  # the interface was taken: v is an export until it dies
+    with pytest.raises(dmem.BusyError):
+        s.close()
+    del v
+    assert not b.exposed and b.lock_count == 0
     s.close()
 
 
@@ -89,6 +103,9 @@ def test_cupy_asarray_kernel_spill(rt):
             assert a.data.ptr == view.ptr
             a += 1  # elementwise kernel on cs
             del a
+    del view  # the array's owner: the buffer stays locked while it lives
+    gc.collect()
+    assert not b.exposed
     expected = plus(data, 1)
     assert b.read() == expected
     spill_roundtrip(rt, b, expected)
@@ -160,6 +177,36 @@ def test_cupy_launch_async_on_stream(rt):
     s.close()
 
 
+def test_cupy_asarray_keeps_buffer_locked(rt):
+    cupy = pytest.importorskip("cupy")
+    b = rt.alloc(N)
+    data = pattern()
+    b.write(data)
+    b.spill("disk")
+    base = rt.stats()["exposed"]  # the runtime is shared by the module's tests
+    with b.lock() as view:  # default stream; CuPy's current stream is the null stream
+        a = cupy.asarray(view)
+        assert a.data.ptr == view.ptr
+    del view  # a keeps the view as its memory's owner
+    assert b.exposed and b.lock_count == 1 and b.state == "resident"
+    assert rt.stats()["exposed"] == base + 1
+    with pytest.raises(dmem.BusyError) as ei:
+        b.spill("host")  # refused: a still uses the device memory
+    assert "array-interface" in str(ei.value)
+    assert b.state == "resident"
+    a += 2  # after the block: still the buffer's memory
+    cupy.cuda.runtime.deviceSynchronize()
+    del a
+    gc.collect()
+    assert not b.exposed and b.lock_count == 0
+    assert rt.stats()["exposed"] == base
+    b.spill("host")
+    assert b.state == "deferred_host"
+    b.unspill()
+    rt.synchronize()
+    assert b.read() == plus(data, 2)
+
+
 # ---- Numba --------------------------------------------------------------------------
 
 # The kernels refer to numba.cuda as a module global: Numba compiles no
@@ -217,12 +264,18 @@ def test_numba_as_cuda_array_kernel_spill(rt):
         ns.synchronize()
         assert host.tobytes() == data
         del arr
+    del view  # the array's owner (as_cuda_array keeps it)
+    gc.collect()
+    assert not b.exposed
     inc = numba_jit_or_skip(numba_cuda, _inc7, numba_cuda.device_array(1, dtype=np.uint8))
     b.spill("host")
     with b.lock(s) as view:
         arr = numba_cuda.as_cuda_array(view)
         inc[(N + 255) // 256, 256, ns](arr)
         del arr
+    del view
+    gc.collect()
+    assert not b.exposed
     expected = plus(data, 7)
     assert b.read() == expected
     spill_roundtrip(rt, b, expected)
@@ -243,11 +296,16 @@ def test_numba_stream_object_accepted(rt):
         ns.synchronize()
         assert host.tobytes() == b"\x02" * N
         del arr
+    del view
+    gc.collect()
     fill = numba_jit_or_skip(numba_cuda, _fill, numba_cuda.device_array(1, dtype=np.uint8), 0)
     with b.lock(ns) as view:
         arr = numba_cuda.as_cuda_array(view)
         fill[(N + 255) // 256, 256, ns](arr, 9)
         del arr
+    del view
+    gc.collect()
+    assert not b.exposed
     assert b.read() == b"\x09" * N
     spill_roundtrip(rt, b, b"\x09" * N)
 
@@ -307,3 +365,34 @@ def test_torch_consumer_on_other_stream_is_synchronised(rt):
         assert bytes(t[:256].cpu().numpy()) == data[:256]
         del t
     s.close()
+
+
+def test_torch_from_dlpack_tensor_keeps_buffer_locked(rt):
+    torch = torch_cuda()
+    b = rt.alloc(N)
+    data = pattern()
+    b.write(data)
+    b.spill("host")
+    with b.lock() as view:
+        t = torch.from_dlpack(view)
+        assert t.data_ptr() == view.ptr
+    assert view.exports["dlpack"] == 1
+    del view  # the capsule's tensor holds the buffer, not the name
+    assert b.exposed and b.lock_count == 1
+    with pytest.raises(dmem.BusyError) as ei:
+        b.spill("disk")
+    assert "DLPack" in str(ei.value)
+    t.add_(5)  # after the block: still the buffer's memory
+    u = t[100:200]  # shares the storage: holds the buffer too
+    torch.cuda.synchronize()
+    del t
+    gc.collect()
+    assert b.exposed
+    del u  # the storage dies: torch calls the DLPack deleter
+    gc.collect()
+    assert not b.exposed and b.lock_count == 0
+    b.spill("disk")
+    assert b.state == "deferred_disk"
+    b.unspill()
+    rt.synchronize()
+    assert b.read() == plus(data, 5)

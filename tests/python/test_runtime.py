@@ -25,6 +25,8 @@ STATS_FIELDS = {
     "host_to_disk_count", "host_to_disk_bytes", "seconds_host_to_disk",
     "host_to_disk_pushdowns", "disk_to_device_count", "disk_to_device_bytes",
     "seconds_disk_to_device", "disk_write_failures", "disk_direct_io",
+    # the bridge's own: buffers held by exports of lock views, live exports by kind
+    "exposed", "exports",
 }
 
 
