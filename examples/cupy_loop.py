@@ -98,6 +98,7 @@ def main():
           % (d2h_bw, h2d_bw, both_bw))
 
     rt = dmem.Runtime(device_limit=limit, backend="cuda")
+    view = None
     try:
         cs = cp.cuda.Stream(non_blocking=True)
         ps = rt.stream()  # prefetches: a stream nobody waits for
@@ -151,11 +152,16 @@ def main():
         print("cupy_loop: loop %.3f s, link-bound %.3f s: %.2f of link-bound"
               % (elapsed, bound, bound / elapsed if elapsed > 0 else 0.0))
         print("cupy_loop: %s" % ("OK" if bad == 0 else "FAILED (%d buffers wrong)" % bad))
+        view = None  # the last view: its export holds the buffer
         for b in bufs:
             b.free()
         ps.close()
         return 0 if bad == 0 else 1
     finally:
+        # A view whose __cuda_array_interface__ was taken keeps its buffer
+        # locked while it lives (the `as` name outlives its block): drop the
+        # last one before closing the runtime.
+        view = None
         rt.close()
 
 
