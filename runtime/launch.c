@@ -52,8 +52,10 @@ static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
  * fails before anything is locked or brought back. */
 static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n, void *stream,
                               lockset_t *ls) {
-  dmem_status_t cst = dmem__table_check_all(rt->table, hs, n);
-  if (cst != DMEM_OK) return cst;
+  if (n > 1) { /* one handle: dmem__lock checks it before it moves anything */
+    dmem_status_t cst = dmem__table_check_all(rt->table, hs, n);
+    if (cst != DMEM_OK) return cst;
+  }
   for (size_t i = 0; i < n; i++) {
     dmem__buffer_t *b = NULL;
     dmem_status_t st = dmem__lock(rt, hs[i], stream, &ls->ptrs[i], &b);
