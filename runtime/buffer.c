@@ -116,8 +116,8 @@ dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priorit
   return DMEM_OK;
 }
 
-dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
-                         dmem__buffer_t **b_out) {
+dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
+                                  dmem__buffer_t **b_out) {
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   /* acquire: partner is the release in dmem_alloc / dmem__transit_end, which
@@ -129,11 +129,20 @@ dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void
       dmem__w_count(w) < DMEM_LOCK_COUNT_MAX && !dmem_atomic_load_relaxed(&rt->fatal)) {
     if (dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
       *dev_out = dmem__bdev(b);
-      if (b_out) *b_out = b;
+      *b_out = b;
       return DMEM_OK;
     }
   }
-  dmem_status_t st = dmem__retrieve(rt, b, h, stream, DMEM__RETRIEVE_LOCK, dev_out);
+  if (!dmem__word_live(w, h)) return dmem__stale(h);
+  *b_out = b;
+  return DMEM_ERR_BUSY; /* live, but the slow path must lock it */
+}
+
+dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
+                         dmem__buffer_t **b_out) {
+  dmem__buffer_t *b = NULL;
+  dmem_status_t st = dmem__lock_resident(rt, h, dev_out, &b);
+  if (st == DMEM_ERR_BUSY) st = dmem__retrieve(rt, b, h, stream, DMEM__RETRIEVE_LOCK, dev_out);
   if (st == DMEM_OK && b_out) *b_out = b;
   return st;
 }

@@ -304,6 +304,13 @@ void dmem__fork_untrack(dmem_runtime_t *rt);
 
 /* runtime/buffer.c: lock h for the caller (fast path here, slow path in
  * spill/retrieve.c); *b_out (may be NULL) is the buffer. */
+/* The fast path alone: DMEM_OK (locked, resident), DMEM_ERR_STALE_HANDLE
+ * (detail recorded), or DMEM_ERR_BUSY (no detail) when h names a live
+ * buffer that only the slow path can lock (spilled, moving, its count at
+ * the maximum, a fatal runtime); nothing moved. *b_out is the buffer unless
+ * stale. */
+dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
+                                  dmem__buffer_t **b_out);
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
                          dmem__buffer_t **b_out);
 

@@ -48,23 +48,41 @@ static void unlock_n(dmem_runtime_t *rt, const dmem__reg_entry_t *e, size_t n) {
   for (size_t i = 0; i < n; i++) (void)dmem__unlock_buffer(rt, e[i].b, e[i].h);
 }
 
+/* Unlock the entries of ls that pass 1 or 2 of lock_all locked. */
+static void unlock_locked(dmem_runtime_t *rt, const lockset_t *ls, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (ls->ents[i].b) (void)dmem__unlock_buffer(rt, ls->ents[i].b, ls->ents[i].h);
+}
+
 /* All or nothing: on failure nothing stays locked. A bad handle anywhere
- * fails before anything is locked or brought back. */
+ * fails before anything is brought back: pass 1 locks the resident buffers
+ * (the lock's fast path) and checks every other handle; pass 2 brings the
+ * others back and locks them. */
 static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n, void *stream,
                               lockset_t *ls) {
-  if (n > 1) { /* one handle: dmem__lock checks it before it moves anything */
-    dmem_status_t cst = dmem__table_check_all(rt->table, hs, n);
-    if (cst != DMEM_OK) return cst;
-  }
+  size_t slow = 0;
   for (size_t i = 0; i < n; i++) {
+    dmem__buffer_t *b = NULL;
+    dmem_status_t st = dmem__lock_resident(rt, hs[i], &ls->ptrs[i], &b);
+    ls->ents[i].h = hs[i];
+    ls->ents[i].b = st == DMEM_OK ? b : NULL;
+    if (st == DMEM_ERR_BUSY) {
+      slow++;
+    } else if (st != DMEM_OK) {
+      unlock_locked(rt, ls, i);
+      return st;
+    }
+  }
+  for (size_t i = 0; slow > 0 && i < n; i++) {
+    if (ls->ents[i].b) continue;
     dmem__buffer_t *b = NULL;
     dmem_status_t st = dmem__lock(rt, hs[i], stream, &ls->ptrs[i], &b);
     if (st != DMEM_OK) {
-      unlock_n(rt, ls->ents, i);
+      unlock_locked(rt, ls, n);
       return st;
     }
     ls->ents[i].b = b;
-    ls->ents[i].h = hs[i];
+    slow--;
   }
   return DMEM_OK;
 }
