@@ -110,6 +110,9 @@ def main():
             for i, b in enumerate(bufs):  # fill: element value = buffer index
                 with b.lock(cs) as view:
                     cp.asarray(view).view(cp.float32).fill(float(i))
+                # An array made from a view keeps the view as its owner, and
+                # the view keeps the buffer locked while it lives: drop it.
+                del view
         rt.poll()
         s0 = rt.stats()
         t0 = time.perf_counter()
@@ -126,6 +129,7 @@ def main():
                         x = cp.asarray(view).view(cp.float32)
                         x += 1.0
                         del x
+                    del view  # (the array's owner) the buffer can be spilled again
         elapsed = time.perf_counter() - t0
         rt.poll()
         s1 = rt.stats()
@@ -142,6 +146,7 @@ def main():
                     if float(x[0]) != want or float(x[-1]) != want:
                         bad += 1
                     del x
+                del view
         print("cupy_loop: moved %.2f GiB out, %.2f GiB in (prefetched %.2f GiB; ahead evictions "
               "%d, waits for room %d, %.3f s)"
               % (spilled / 2**30, unspilled / 2**30,
