@@ -184,7 +184,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
   if (st != DMEM_OK) goto fail_hostpool;
-  st = dmem__blocks_create(rt->be, rt->limit / 8, &rt->blocks);
+  st = dmem__blocks_create(rt, rt->limit / 8, &rt->blocks);
   if (st != DMEM_OK) goto fail_pool;
   st = dmem__raw_create(&rt->raw);
   if (st != DMEM_OK) goto fail_blocks;
@@ -291,10 +291,10 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
     dmem_atomic_store_relaxed(&b->word, w);
     dmem__reclaim(rt, b, w);
   }
+  dmem__blocks_destroy(rt->blocks); /* live or cached dedicated blocks */
   dmem__event_pool_fini(rt);
   dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
   dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */
-  dmem__blocks_destroy(rt->blocks); /* ... or with their dedicated blocks */
   dmem__pool_stream_forget(rt->pool, rt->spill_stream);
   dmem__pool_stream_forget(rt->pool, rt->order_stream);
   dmem__pool_stream_forget(rt->pool, rt->unspill_stream);

@@ -47,6 +47,7 @@ typedef struct blk_free {
 } blk_free_t;
 
 struct dmem__blocks {
+  dmem_runtime_t *rt; /* its event pool (core/event.c) */
   dmem__backend_t *be;
   pthread_mutex_t mu;
   blk_live_t *live; /* sorted by base */
@@ -55,18 +56,17 @@ struct dmem__blocks {
   size_t nfree;
   size_t max_bytes;
   size_t live_bytes, free_bytes;
-  void **spare; /* events no block waits on */
-  size_t nspare, cap_spare;
   void **lost; /* blocks whose last use could not be waited for */
   size_t nlost, cap_lost;
   uint64_t allocs, hits;
 };
 
-dmem_status_t dmem__blocks_create(dmem__backend_t *be, size_t max_bytes,
+dmem_status_t dmem__blocks_create(dmem_runtime_t *rt, size_t max_bytes,
                                   dmem__blocks_t **blocks_out) {
   dmem__blocks_t *b = calloc(1, sizeof *b);
   if (!b) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "dedicated block table");
-  b->be = be;
+  b->rt = rt;
+  b->be = rt->be;
   b->max_bytes = max_bytes;
   pthread_mutex_init(&b->mu, NULL);
   *blocks_out = b;
@@ -124,45 +124,19 @@ static blk_free_t free_take(dmem__blocks_t *b, size_t i) {
   return e;
 }
 
-/* An event to record: a spare one, or a new one. Outside mu. */
-static dmem_status_t event_get(dmem__blocks_t *b, void **ev_out) {
-  dmem__mutex_lock(&b->mu, DMEM__RANK_BLOCKS);
-  if (b->nspare) {
-    *ev_out = b->spare[--b->nspare];
-    dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
-    return DMEM_OK;
-  }
-  dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
-  return b->be->event_create(b->be, ev_out);
-}
-
-static void event_put(dmem__blocks_t *b, void *ev) {
-  if (!ev) return;
-  dmem__mutex_lock(&b->mu, DMEM__RANK_BLOCKS);
-  if (b->nspare == b->cap_spare) {
-    size_t cap = b->cap_spare ? b->cap_spare * 2 : 16;
-    void **v = realloc(b->spare, cap * sizeof *v);
-    if (!v) {
-      dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
-      b->be->event_destroy(b->be, ev);
-      return;
-    }
-    b->spare = v;
-    b->cap_spare = cap;
-  }
-  b->spare[b->nspare++] = ev;
-  dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
+static void put_event(dmem__blocks_t *b, void *ev) {
+  if (ev) dmem__event_put(b->rt, ev);
 }
 
 /* Turn e's stream into an event recorded now (covers its last use). */
 static dmem_status_t entry_record(dmem__blocks_t *b, blk_free_t *e) {
   if (!e->on_stream) return DMEM_OK;
   void *ev = NULL;
-  dmem_status_t st = event_get(b, &ev);
+  dmem_status_t st = dmem__event_get(b->rt, &ev);
   if (st != DMEM_OK) return st;
   st = b->be->event_record(b->be, ev, e->stream);
   if (st != DMEM_OK) {
-    event_put(b, ev);
+    dmem__event_put(b->rt, ev);
     return st;
   }
   e->on_stream = false;
@@ -195,7 +169,7 @@ static dmem_status_t entry_wait(dmem__blocks_t *b, blk_free_t *e) {
   else if (st == DMEM_OK && e->event) st = b->be->event_synchronize(b->be, e->event);
   if (st == DMEM_OK) {
     e->on_stream = false;
-    event_put(b, e->event);
+    put_event(b, e->event);
     e->event = NULL;
   }
   return st;
@@ -208,7 +182,7 @@ static dmem_status_t entry_wait(dmem__blocks_t *b, blk_free_t *e) {
 static dmem_status_t entry_release(dmem__blocks_t *b, blk_free_t *e) {
   dmem_status_t st = entry_wait(b, e);
   if (st != DMEM_OK) {
-    event_put(b, e->event); /* destroyed with the others */
+    put_event(b, e->event); /* destroyed with the others */
     set_aside(b, e->ptr);
     return st;
   }
@@ -265,11 +239,11 @@ dmem_status_t dmem__blocks_alloc(dmem__blocks_t *b, size_t size, void *stream, v
         blk_live_t *l = live_at(b, e.ptr);
         if (l) live_erase(b, l);
         dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
-        event_put(b, e.event);
+        put_event(b, e.event);
         set_aside(b, e.ptr);
         return st;
       }
-      event_put(b, e.event);
+      put_event(b, e.event);
     }
     *ptr_out = e.ptr;
     return DMEM_OK;
@@ -355,7 +329,7 @@ void dmem__blocks_stream_forget(dmem__blocks_t *b, void *stream) {
   if (n == 0) return;
   for (size_t i = 0; i < n; i++) {
     if (entry_record(b, &mine[i]) != DMEM_OK && entry_wait(b, &mine[i]) != DMEM_OK) {
-      event_put(b, mine[i].event);
+      put_event(b, mine[i].event);
       set_aside(b, mine[i].ptr); /* neither: never reused */
       mine[i].size = 0;
     }
@@ -407,8 +381,6 @@ void dmem__blocks_destroy(dmem__blocks_t *b) {
   for (size_t i = 0; i < b->nlive; i++) b->be->device_free(b->be, (void *)b->live[i].base);
   for (size_t i = 0; i < b->nlost; i++) b->be->device_free(b->be, b->lost[i]);
   free(b->lost);
-  for (size_t i = 0; i < b->nspare; i++) b->be->event_destroy(b->be, b->spare[i]);
-  free(b->spare);
   free(b->live);
   pthread_mutex_destroy(&b->mu);
   free(b);

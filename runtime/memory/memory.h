@@ -68,11 +68,13 @@ size_t dmem__raw_count(dmem__raw_t *raw);
 
 /* ---- dedicated device blocks (memory/blocks.c) ----------------------------------- */
 
-/* Blocks that are each a whole backend allocation, with a cache of freed
- * ones holding at most max_bytes. DMEM_ERR_HOST_OUT_OF_MEMORY. */
-dmem_status_t dmem__blocks_create(dmem__backend_t *be, size_t max_bytes,
+/* Blocks of rt's backend that are each a whole backend allocation, with a
+ * cache of freed ones holding at most max_bytes; events come from rt's pool
+ * (core/event.c). DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__blocks_create(dmem_runtime_t *rt, size_t max_bytes,
                                   dmem__blocks_t **blocks_out);
-/* Frees every block, cached or still live (the device must be idle). */
+/* Frees every block, cached or still live (the device must be idle; before
+ * the event pool goes). */
 void dmem__blocks_destroy(dmem__blocks_t *blocks);
 /* A block of at least size bytes that starts its own backend allocation,
  * usable in stream order on `stream` (a cached block of another stream is
