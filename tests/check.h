@@ -151,6 +151,19 @@ static inline size_t check_bad_bytes(dmem_runtime_t *rt, dmem_handle_t h, size_t
   return bad;
 }
 
+/* A runtime from cfg, or skip the case when its backend has no device, or
+ * exit(1) on any other failure: setup, not the thing under test. */
+static inline dmem_runtime_t *check_runtime_cfg(const dmem_config_t *cfg) {
+  dmem_runtime_t *rt = NULL;
+  dmem_status_t st = dmem_runtime_create(cfg, &rt);
+  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
+  if (st != DMEM_OK) {
+    fprintf(stderr, "dmem_runtime_create: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+    exit(1);
+  }
+  return rt;
+}
+
 /* A runtime on the backend from DMEM_BACKEND (default host) with a small
  * simulated device; spill-ahead off unless DMEM_SPILL_AHEAD says. */
 static inline dmem_runtime_t *check_runtime(size_t device_limit) {
@@ -160,14 +173,7 @@ static inline dmem_runtime_t *check_runtime(size_t device_limit) {
   /* deterministic: no background spilling unless a test asks for it */
   if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0;
   cfg.device_limit = device_limit;
-  dmem_runtime_t *rt = NULL;
-  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
-  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
-  if (st != DMEM_OK) {
-    fprintf(stderr, "dmem_runtime_create: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
-    exit(1);
-  }
-  return rt;
+  return check_runtime_cfg(&cfg);
 }
 
 int main(int argc, char **argv) {

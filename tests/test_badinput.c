@@ -167,14 +167,7 @@ static dmem_runtime_t *fixture_runtime(const char *spill_dir) {
   cfg.device_limit = LIMIT;
   cfg.spill_dir = spill_dir;
   cfg.oom_wait_ms = 0;
-  dmem_runtime_t *rt = NULL;
-  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
-  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
-  if (st != DMEM_OK) {
-    fprintf(stderr, "dmem_runtime_create: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
-    exit(1);
-  }
-  return rt;
+  return check_runtime_cfg(&cfg);
 }
 
 #define SETUP_OK(expr)                                                                      \

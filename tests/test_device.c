@@ -356,6 +356,17 @@ static void gate_wait(void *arg) { /* on stream A: blocks until opened */
   pthread_mutex_unlock(&g->mu);
   g->ran_a = atomic_fetch_add(&g->order, 1) + 1;
 }
+static void gate_init(gate_t *g) {
+  memset(g, 0, sizeof *g);
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+}
+static void gate_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = 1;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
 static void mark_b(void *arg) {
   gate_t *g = arg;
   g->ran_b = atomic_fetch_add(&g->order, 1) + 1;
@@ -367,9 +378,7 @@ TEST_CASE(raw_block_freed_on_one_stream_ordered_for_another) {
   REQUIRE_OK(dmem_stream_create(rt, &a));
   REQUIRE_OK(dmem_stream_create(rt, &b));
   gate_t g;
-  memset(&g, 0, sizeof g);
-  pthread_mutex_init(&g.mu, NULL);
-  pthread_cond_init(&g.cv, NULL);
+  gate_init(&g);
   void *p = NULL, *q = NULL;
   REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, a, &p));
   /* stream A is still "using" p (blocked), then frees it */
@@ -380,10 +389,7 @@ TEST_CASE(raw_block_freed_on_one_stream_ordered_for_another) {
   struct timespec ts = {0, 50 * 1000 * 1000};
   nanosleep(&ts, NULL);
   if (q == p) CHECK_EQ(g.ran_b, 0); /* the same block: B waits for A's free */
-  pthread_mutex_lock(&g.mu);
-  g.open = 1;
-  pthread_cond_broadcast(&g.cv);
-  pthread_mutex_unlock(&g.mu);
+  gate_open(&g);
   CHECK_OK(dmem_stream_synchronize(rt, a));
   CHECK_OK(dmem_stream_synchronize(rt, b));
   if (q == p) CHECK_TRUE(g.ran_a < g.ran_b);
@@ -553,9 +559,7 @@ TEST_CASE(dedicated_block_freed_on_one_stream_ordered_for_another) {
   REQUIRE_OK(dmem_stream_create(rt, &a));
   REQUIRE_OK(dmem_stream_create(rt, &b));
   gate_t g;
-  memset(&g, 0, sizeof g);
-  pthread_mutex_init(&g.mu, NULL);
-  pthread_cond_init(&g.cv, NULL);
+  gate_init(&g);
   void *p = NULL, *q = NULL;
   REQUIRE_OK(dmem_device_malloc_dedicated(rt, 64 * KiB, a, &p));
   REQUIRE_OK(dmem_stream_enqueue_host(rt, a, gate_wait, &g));
@@ -566,10 +570,7 @@ TEST_CASE(dedicated_block_freed_on_one_stream_ordered_for_another) {
   struct timespec ts = {0, 50 * 1000 * 1000};
   nanosleep(&ts, NULL);
   CHECK_EQ(g.ran_b, 0); /* B waits for A */
-  pthread_mutex_lock(&g.mu);
-  g.open = 1;
-  pthread_cond_broadcast(&g.cv);
-  pthread_mutex_unlock(&g.mu);
+  gate_open(&g);
   CHECK_OK(dmem_stream_synchronize(rt, a));
   CHECK_OK(dmem_stream_synchronize(rt, b));
   CHECK_TRUE(g.ran_a < g.ran_b);

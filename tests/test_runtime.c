@@ -45,14 +45,7 @@ static dmem_runtime_t *busy_runtime(size_t limit) {
   cfg.device_limit = limit;
   cfg.spill_ahead = 0.95;
   cfg.spill_dir = spill_parent;
-  dmem_runtime_t *rt = NULL;
-  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
-  if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
-  if (st != DMEM_OK) {
-    fprintf(stderr, "dmem_runtime_create: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
-    exit(1);
-  }
-  return rt;
+  return check_runtime_cfg(&cfg);
 }
 
 /* In the child: count the calls whose status is not the documented one. */

@@ -270,13 +270,6 @@ dmem_status_t dmem__blocks_alloc(dmem__blocks_t *b, size_t size, void *stream, v
   return DMEM_OK;
 }
 
-bool dmem__blocks_owns(dmem__blocks_t *b, const void *ptr) {
-  dmem__mutex_lock(&b->mu, DMEM__RANK_BLOCKS);
-  bool yes = live_at(b, ptr) != NULL;
-  dmem__mutex_unlock(&b->mu, DMEM__RANK_BLOCKS);
-  return yes;
-}
-
 dmem_status_t dmem__blocks_free(dmem__blocks_t *b, void *ptr, void *stream) {
   blk_free_t out[BLOCKS_CACHE_MAX];
   size_t nout = 0;

@@ -86,8 +86,6 @@ dmem_status_t dmem__blocks_alloc(dmem__blocks_t *blocks, size_t size, void *stre
  * back when the cache is full). DMEM_ERR_INVALID_ARGUMENT when ptr does not
  * start a live block; backend errors of blocks given back. */
 dmem_status_t dmem__blocks_free(dmem__blocks_t *blocks, void *ptr, void *stream);
-/* Whether ptr starts a live block. */
-bool dmem__blocks_owns(dmem__blocks_t *blocks, const void *ptr);
 /* The live block holding ptr: its base and (rounded) size.
  * DMEM_ERR_INVALID_ARGUMENT (no detail recorded) when none holds it. */
 dmem_status_t dmem__blocks_find(dmem__blocks_t *blocks, const void *ptr, void **base_out,
