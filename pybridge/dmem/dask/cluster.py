@@ -1,0 +1,148 @@
+"""dmem.dask.LocalCluster: distributed.LocalCluster with dmem workers.
+
+One worker process (a Nanny) per GPU, each seeing its own GPU first
+(``CUDA_VISIBLE_DEVICES`` rotated), each with a DmemWorkerData mapping and
+the DmemWorkerPlugin. Without a GPU (or with ``backend="host"``) it starts
+``n_workers`` (default 2) processes on dmem's host backend, so that the same
+code runs in CI.
+"""
+
+import copy
+import ctypes
+import os
+
+import distributed
+from distributed import Nanny
+
+from .data import DmemWorkerData
+from .plugin import DmemWorkerPlugin
+
+__all__ = ["LocalCluster", "gpu_count", "visible_devices", "worker_options"]
+
+
+def gpu_count():
+    """GPUs this process may use, without creating a CUDA context (NVML,
+    else the driver's cuDeviceGetCount); 0 when there is no driver."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip() in ("", "-1"):
+        return 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+        if env is not None:
+            n = min(n, len([d for d in env.split(",") if d.strip()]))
+        return n
+    except Exception:
+        pass
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        if cuda.cuInit(0) != 0:
+            return 0
+        n = ctypes.c_int(0)
+        if cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+            return 0
+        return n.value
+    except OSError:
+        return 0
+
+
+def visible_devices(i, devices):
+    """CUDA_VISIBLE_DEVICES of worker i: the list rotated to start at its
+    own GPU (so device 0 in the worker is devices[i % len(devices)])."""
+    k = i % len(devices)
+    return ",".join(str(d) for d in devices[k:] + devices[:k])
+
+
+def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
+                   host_target=None):
+    """The Worker/Nanny keyword arguments that make a dmem worker."""
+    data = {"backend": backend}
+    if device_memory_limit is not None:
+        data["device_memory_limit"] = device_memory_limit
+    if host_memory_limit is not None:
+        data["host_memory_limit"] = host_memory_limit
+    if spill_dir is not None:
+        data["spill_dir"] = os.fspath(spill_dir)
+    if host_target is not None:
+        data["host_target"] = host_target
+    return {"data": (DmemWorkerData, data), "plugins": {DmemWorkerPlugin()}}
+
+
+class LocalCluster(distributed.LocalCluster):
+    """A local Dask cluster of dmem workers.
+
+    Parameters
+    ----------
+    n_workers:
+        Worker processes; default one per GPU (``devices``), or 2 on the host
+        backend.
+    device_memory_limit, host_memory_limit:
+        Per worker: dmem's device limit and pinned host limit (bytes or
+        strings such as ``"8GB"``, ``"80%"``).
+    spill_dir:
+        Parent folder of the workers' disk tiers (default: each worker's
+        local directory).
+    backend:
+        ``"cuda"``, ``"host"`` or None (CUDA when a GPU is found).
+    devices:
+        GPU ordinals to use (default: every visible GPU).
+    **kwargs:
+        distributed.LocalCluster's (``threads_per_worker``, ``memory_limit``,
+        ``dashboard_address``, ...). ``processes`` must stay True and
+        ``worker_class`` is Nanny.
+    """
+
+    def __init__(self, n_workers=None, device_memory_limit=None, host_memory_limit=None,
+                 spill_dir=None, *, backend=None, devices=None, host_target=None, **kwargs):
+        if kwargs.get("processes") is False:
+            raise ValueError("dmem.dask.LocalCluster runs one worker process per GPU: "
+                             "processes=False is not supported")
+        if "data" in kwargs or "worker_class" in kwargs:
+            raise ValueError("dmem.dask.LocalCluster sets data= and worker_class= itself")
+        if backend not in (None, "cuda", "host"):
+            raise ValueError(f"backend must be 'cuda', 'host' or None, not {backend!r}")
+        if n_workers is not None and (not isinstance(n_workers, int) or n_workers < 0):
+            raise ValueError(f"n_workers must be a non-negative int, not {n_workers!r}")
+        if backend is None:
+            backend = "cuda" if gpu_count() > 0 else "host"
+        if backend == "cuda":
+            if devices is None:
+                devices = list(range(gpu_count()))
+            devices = [int(d) for d in devices]
+            if not devices:
+                raise ValueError("backend 'cuda' but no GPU is visible")
+            if n_workers is None:
+                n_workers = len(devices)
+            kwargs.setdefault("threads_per_worker", 1)
+        else:
+            devices = []
+            if n_workers is None:
+                n_workers = 2
+        self._devices = devices
+        self._n_requested = n_workers
+        options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,
+                                 host_target)
+        plugins = set(kwargs.pop("plugins", ())) | options["plugins"]
+        super().__init__(n_workers=0, processes=True, worker_class=Nanny, data=options["data"],
+                         plugins=plugins, **kwargs)
+        self.backend = backend
+        self.scale(n_workers)
+        if not self.asynchronous:
+            self.sync(self._correct_state)
+
+    def new_worker_spec(self):
+        spec = super().new_worker_spec()
+        if not self._devices:
+            return spec
+        ((name, template),) = spec.items()
+        template = copy.deepcopy(template)
+        env = dict(template["options"].get("env") or {})
+        i = name if isinstance(name, int) else len(self.worker_spec)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(i, self._devices)
+        template["options"]["env"] = env
+        return {name: template}

@@ -1,0 +1,410 @@
+"""dmem.dask.DmemWorkerData: the ``data=`` mapping of a distributed Worker.
+
+Task results that are device arrays (CuPy or Numba arrays; NumPy arrays on
+the host backend), alone or in tuples, lists and dicts, are kept in dmem
+spillable buffers; everything else goes to a distributed ``SpillBuffer``, as a
+plain worker keeps it. See docs/dask.md for how keys, exposure and tiers map
+to one another.
+
+Threading: the worker calls the mapping from its event loop; dmem calls
+(allocation, locking, spilling) are made without the mapping's lock held, so
+a controller callback (on any thread) never waits for it.
+"""
+
+import collections
+import contextvars
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import MutableMapping
+
+import dmem
+
+from . import _arrays
+
+__all__ = ["DmemWorkerData", "DmemValue"]
+
+logger = logging.getLogger("dmem.dask")
+
+# Set while the worker answers get_data (dmem.dask.plugin): __getitem__ then
+# gives a DmemValue, whose serializers read the bytes where they are.
+for_transfer = contextvars.ContextVar("dmem_dask_for_transfer", default=False)
+
+# The mapping of this process (the last one made), for statistics and tests.
+_current = None
+
+
+def current():
+    """The DmemWorkerData of this process, or None."""
+    return _current() if _current is not None else None
+
+
+class DmemValue:
+    """A stored device value on its way to another process: serializing it
+    reads each array's bytes from the tier it is in, without unspilling."""
+
+    __slots__ = ("tree", "device", "__weakref__")
+
+    def __init__(self, tree, device):
+        self.tree = tree
+        self.device = device  # rebuild as device arrays on the receiver
+
+    def __reduce__(self):
+        leaves = _arrays.leaves_of(self.tree)
+        frames = [leaf.buf.peek(leaf.nbytes, leaf.offset) for leaf in leaves]
+        return (_arrays.rebuild, (_arrays.skeleton(self.tree), frames, self.device))
+
+    def __sizeof__(self):
+        return object.__sizeof__(self) + sum(leaf.nbytes for leaf in _arrays.leaves_of(self.tree))
+
+
+class _Entry:
+    __slots__ = ("tree", "leaves", "nbytes")
+
+    def __init__(self, tree, leaves):
+        self.tree = tree
+        self.leaves = leaves
+        self.nbytes = sum(leaf.nbytes for leaf in leaves)
+
+
+class _Victims(dmem.Controller):
+    """Chooses the runtime's spill victims by task key: least recently used
+    keys first, keys that ready or executing tasks need last."""
+
+    def __init__(self, data):
+        self._data = weakref.ref(data)
+
+    def select_victims(self, nbytes):
+        data = self._data()
+        if data is None:
+            return None
+        return data._victims(nbytes)
+
+
+def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir):
+    """(runtime, owned): the process's default runtime, configured with these
+    limits when it does not exist yet; a private runtime when it already does
+    and limits were asked for."""
+    kw = {}
+    if backend is not None:
+        kw["backend"] = backend
+    if device is not None:
+        kw["device"] = device
+    if device_memory_limit is not None:
+        kw["device_limit"] = device_memory_limit
+    if host_memory_limit is not None:
+        kw["host_limit"] = host_memory_limit
+    if spill_dir is not None:
+        kw["spill_dir"] = spill_dir
+    if backend == "host" and device_memory_limit is not None:
+        kw["host_capacity"] = device_memory_limit
+    try:
+        dmem.configure(**kw)
+    except dmem.BusyError:
+        # the default runtime exists already (another mapping of this
+        # process, or an allocator hook used first)
+        if device_memory_limit is not None or host_memory_limit is not None:
+            return dmem.Runtime(**kw), True
+    return dmem.default_runtime(device), False
+
+
+class DmemWorkerData(MutableMapping):
+    """The data mapping of a dmem-backed Dask worker.
+
+    Parameters
+    ----------
+    device_memory_limit, host_memory_limit:
+        The runtime's device limit and pinned host limit (bytes, or strings
+        such as ``"4GB"``/``"80%"`` as dmem.Runtime takes them; None: the
+        ``DMEM_*`` environment / dmem's defaults).
+    spill_dir:
+        Where dmem's disk tier puts its (unlinked) files; default: the
+        worker's local directory.
+    runtime:
+        A dmem.Runtime to use instead (it is not closed by the mapping).
+    backend, device:
+        As for dmem.Runtime (``"host"`` keeps device arrays in host memory).
+    host_target:
+        Bytes of host values (NumPy, pandas, ...) kept in memory before the
+        SpillBuffer writes the oldest to disk by itself; default: only when
+        the worker's memory manager asks (``evict``).
+    worker_local_directory:
+        Given by distributed's worker.
+
+    Pass it to a worker as ``data=(DmemWorkerData, {...})``, or use
+    dmem.dask.LocalCluster / ``python -m dmem.dask.worker``.
+    """
+
+    def __init__(self, device_memory_limit=None, host_memory_limit=None, spill_dir=None, *,
+                 runtime=None, backend=None, device=None, host_target=None,
+                 worker_local_directory=None):
+        from distributed.spill import SpillBuffer
+
+        global _current
+        local = worker_local_directory or spill_dir
+        if local is None:
+            import tempfile
+
+            local = tempfile.mkdtemp(prefix="dmem-dask-")
+        if runtime is not None:
+            if not isinstance(runtime, dmem.Runtime):
+                raise TypeError(f"runtime must be a dmem.Runtime, not {type(runtime).__name__}")
+            if runtime.closed:
+                raise ValueError("runtime is closed")
+            self.runtime, self._owned = runtime, False
+        else:
+            self.runtime, self._owned = _runtime_for(
+                backend, device, device_memory_limit, host_memory_limit,
+                spill_dir if spill_dir is not None else local)
+        if host_target is None:
+            host_target = sys.maxsize
+        elif not isinstance(host_target, int) or isinstance(host_target, bool) or host_target < 0:
+            raise ValueError(f"host_target must be a non-negative int, not {host_target!r}")
+        self.host = SpillBuffer(os.path.join(local, "storage"), target=host_target)
+        self._dev = {}
+        self._lru = collections.OrderedDict()  # device keys, least recently used first
+        self._lock = threading.Lock()
+        self._worker = None
+        self.counts = collections.Counter()  # adopted, copied, fallbacks, evictions, sent
+        self._controller = None
+        if self.runtime.controller is None:
+            self._controller = _Victims(self)
+            self.runtime.set_controller(self._controller)
+        else:
+            logger.warning("dmem.dask: the runtime already has a controller; "
+                           "spill victims are not chosen by task key")
+        _current = weakref.ref(self)
+
+    # ---- the worker -------------------------------------------------------------
+
+    def attach(self, worker):
+        """Called by DmemWorkerPlugin: the worker whose ready tasks make keys hot."""
+        self._worker = weakref.ref(worker) if worker is not None else None
+
+    def _stream(self):
+        if self.runtime.backend != "cuda":
+            return None
+        cp = sys.modules.get("cupy")
+        if cp is None:
+            return None
+        ptr = cp.cuda.get_current_stream().ptr
+        return ptr or None
+
+    # ---- MutableMapping ----------------------------------------------------------
+
+    def __setitem__(self, key, value):
+        if key in self:
+            del self[key]
+        if isinstance(value, DmemValue):  # a stored value given back to us
+            value = _arrays.materialize(value.tree, value.device)
+        try:
+            tree, leaves = _arrays.pack(self.runtime, value, self._stream())
+        except (MemoryError, dmem.DmemError) as e:
+            # nothing could make room (everything locked): keep the value as
+            # it is rather than lose it
+            logger.warning("dmem.dask: %r kept outside dmem: %s", key, e)
+            self.counts["fallbacks"] += 1
+            tree = None
+        if tree is None:
+            self.host[key] = value
+            return
+        for leaf in leaves:
+            self.counts["adopted" if leaf.adopted else "copied"] += 1
+        with self._lock:
+            self._dev[key] = _Entry(tree, leaves)
+            self._lru[key] = None
+
+    def __getitem__(self, key):
+        with self._lock:
+            entry = self._dev.get(key)
+            if entry is not None:
+                self._lru.move_to_end(key)
+        if entry is None:
+            return self.host[key]
+        if for_transfer.get():
+            self.counts["sent"] += 1
+            return DmemValue(entry.tree, self.runtime.backend == "cuda")
+        return _arrays.unpack(entry.tree, self._stream())
+
+    def __delitem__(self, key):
+        with self._lock:
+            entry = self._dev.pop(key, None)
+            if entry is not None:
+                del self._lru[key]
+        if entry is None:
+            del self.host[key]
+            return
+        for leaf in entry.leaves:
+            _arrays._free_quietly(leaf.buf)  # an exposed buffer goes when its arrays do
+
+    def __contains__(self, key):
+        return key in self._dev or key in self.host
+
+    def __iter__(self):
+        yield from list(self._dev)
+        yield from list(self.host)
+
+    def __len__(self):
+        return len(self._dev) + len(self.host)
+
+    def __repr__(self):
+        return (f"<DmemWorkerData: {len(self._dev)} device keys, {len(self.host)} host keys, "
+                f"runtime {self.runtime.backend}:{self.runtime.device}>")
+
+    # ---- where the bytes are ------------------------------------------------------
+
+    def tier_of(self, key):
+        """'device', 'host', 'disk' (where most of a device key's bytes are;
+        'mixed' if its arrays are in several tiers), or 'host-value' /
+        'host-value-disk' for keys of the SpillBuffer."""
+        entry = self._dev.get(key)
+        if entry is None:
+            if key in self.host.fast:
+                return "host-value"
+            if key in self.host:
+                return "host-value-disk"
+            raise KeyError(key)
+        tiers = {_TIER[leaf.buf.state] for leaf in entry.leaves}
+        return tiers.pop() if len(tiers) == 1 else "mixed"
+
+    def _hot_keys(self):
+        w = self._worker() if self._worker is not None else None
+        if w is None:
+            return frozenset()
+        hot = set()
+        try:
+            state = w.state
+            for group in (state.ready, state.executing, getattr(state, "constrained", ())):
+                for ts in list(group):
+                    hot.update(dep.key for dep in ts.dependencies)
+        except Exception:  # the worker changed it under us: no preference then
+            return frozenset()
+        return hot
+
+    def _victims(self, nbytes):
+        """Buffers to spill for nbytes of room: resident, unlocked buffers of
+        cold keys, least recently used first, then of hot keys."""
+        with self._lock:
+            order = [(k, self._dev[k]) for k in self._lru]
+        hot = self._hot_keys()
+        victims, freed = [], 0
+        for want_hot in (False, True):
+            for key, entry in order:
+                if (key in hot) != want_hot:
+                    continue
+                for leaf in entry.leaves:
+                    b = leaf.buf
+                    try:
+                        if b.state == "resident" and b.lock_count == 0:
+                            victims.append(b)
+                            freed += b.size
+                    except dmem.StaleHandleError:
+                        continue
+                if freed >= nbytes:
+                    return victims
+        return victims or None
+
+    # ---- ManualEvictProto -----------------------------------------------------------
+
+    @property
+    def fast(self):
+        """What evict() could still move: device keys with bytes in dmem's
+        host tier, then the SpillBuffer's in-memory values."""
+        with self._lock:
+            entries = list(self._dev.items())
+        movable = [k for k, e in entries if any(_host_tier(leaf.buf) for leaf in e.leaves)]
+        return movable + list(self.host.fast)
+
+    def evict(self):
+        """Move the least recently used key's host-tier bytes to dmem's disk
+        tier (or, when there are none, the SpillBuffer's oldest value to
+        disk). Returns the bytes moved out of memory, or -1. Never raises."""
+        try:
+            with self._lock:
+                order = [(k, self._dev[k]) for k in self._lru]
+            for key, entry in order:
+                moved = 0
+                for leaf in entry.leaves:
+                    if _host_tier(leaf.buf):
+                        try:
+                            leaf.buf.spill("disk")
+                            moved += leaf.buf.size
+                        except (dmem.BusyError, dmem.StaleHandleError):
+                            continue
+                if moved:
+                    self.counts["evictions"] += 1
+                    try:
+                        self.runtime.host_trim(0)  # so that RSS falls
+                    except dmem.DmemError:
+                        pass
+                    return moved
+            if self.host.fast:
+                return self.host.evict()
+            return -1
+        except Exception as e:  # the protocol: log, keep the value, return -1
+            logger.error("dmem.dask: evict failed: %s", e)
+            return -1
+
+    @property
+    def spilled_total(self):
+        """(bytes of values on disk, bytes they take there), as SpillBuffer
+        reports it: dmem's disk tier plus the SpillBuffer's files."""
+        disk = self.runtime.stats()["disk_used"]
+        mem, ondisk = self.host.spilled_total
+        return (mem + disk, ondisk + disk)
+
+    def metrics(self):
+        """The numbers the worker reports each heartbeat (dmem.dask.plugin)."""
+        s = self.runtime.stats()
+        return {
+            "dmem-device-bytes": s["device_used"],
+            "dmem-host-bytes": s["host_used"],
+            "dmem-disk-bytes": s["disk_used"],
+            "dmem-spilled-bytes": s["bytes_spilled"],
+            "dmem-unspilled-bytes": s["bytes_unspilled"],
+            "dmem-spill-count": s["spill_count"],
+            "dmem-device-keys": len(self._dev),
+            "dmem-adopted": self.counts["adopted"],
+            "dmem-copied": self.counts["copied"],
+        }
+
+    def close(self):
+        """Free every stored buffer; close the runtime if the mapping made it.
+        Host values are dropped too."""
+        with self._lock:
+            entries = list(self._dev.values())
+            self._dev.clear()
+            self._lru.clear()
+        for entry in entries:
+            for leaf in entry.leaves:
+                _arrays._free_quietly(leaf.buf)
+        self.host.clear()
+        if self._controller is not None and not self.runtime.closed:
+            try:
+                self.runtime.set_controller(None)
+            except dmem.DmemError:
+                pass
+        if self._owned and not self.runtime.closed:
+            try:
+                self.runtime.close()
+            except dmem.BusyError:  # arrays still exposed: closed at exit
+                pass
+
+
+_TIER = {
+    "resident": "device",
+    "deferred_host": "host",
+    "deferred_disk": "disk",
+    "deferred_controller": "controller",
+    "spilling": "device",  # a move in flight: its bytes are still there
+    "unspilling": "device",  # on the way back: counted where it is going
+}
+
+
+def _host_tier(buf):
+    try:
+        return buf.state == "deferred_host"
+    except dmem.StaleHandleError:
+        return False

@@ -1,0 +1,84 @@
+"""dmem.dask.DmemWorkerPlugin: what a dmem worker needs beside its mapping.
+
+- Tells the mapping its worker, so that keys needed by ready and executing
+  tasks count as hot when dmem chooses spill victims.
+- Makes ``get_data`` (values asked for by other workers and clients) hand
+  out DmemValue objects, sent from where their bytes are.
+- Reports dmem's device, host and disk bytes with every heartbeat
+  (``Worker.metrics``: the scheduler's WorkerState.metrics and the
+  dashboard's worker table).
+- On the CUDA backend, makes CuPy allocate through dmem (``dmem.cupy``), so
+  that task results are adopted without a copy and every byte is counted
+  once.
+- Frees the mapping's buffers when the worker closes.
+"""
+
+import functools
+
+from distributed import WorkerPlugin
+
+from .data import DmemWorkerData, for_transfer
+
+__all__ = ["DmemWorkerPlugin"]
+
+METRICS = (
+    "dmem-device-bytes",
+    "dmem-host-bytes",
+    "dmem-disk-bytes",
+    "dmem-spilled-bytes",
+    "dmem-unspilled-bytes",
+    "dmem-spill-count",
+    "dmem-device-keys",
+    "dmem-adopted",
+    "dmem-copied",
+)
+
+
+class DmemWorkerPlugin(WorkerPlugin):
+    name = "dmem"
+
+    def __init__(self, use_dmem_for_cupy=True):
+        self.use_dmem_for_cupy = use_dmem_for_cupy
+
+    def setup(self, worker):
+        data = worker.data
+        if not isinstance(data, DmemWorkerData):
+            raise TypeError("DmemWorkerPlugin needs a worker whose data is a DmemWorkerData, "
+                            f"not {type(data).__name__}")
+        data.attach(worker)
+        handler = worker.handlers["get_data"]
+        if not getattr(handler, "_dmem", False):
+
+            @functools.wraps(handler)  # the same signature: the server reads it
+            async def get_data(*args, **kwargs):
+                token = for_transfer.set(True)
+                try:
+                    return await handler(*args, **kwargs)
+                finally:
+                    for_transfer.reset(token)
+
+            get_data._dmem = True
+            worker.handlers["get_data"] = get_data
+        for name in METRICS:
+            worker.metrics[name] = _metric(name)
+        if self.use_dmem_for_cupy and data.runtime.backend == "cuda" and data.runtime.is_default:
+            try:
+                from dmem.cupy import use_dmem_for_cupy
+
+                use_dmem_for_cupy()
+            except ImportError:
+                pass
+
+    def teardown(self, worker):
+        data = worker.data
+        if isinstance(data, DmemWorkerData):
+            data.attach(None)
+            data.close()
+
+
+def _metric(name):
+    def get(worker):
+        data = worker.data
+        return data.metrics()[name] if isinstance(data, DmemWorkerData) else 0
+
+    return get

@@ -1,0 +1,83 @@
+"""Serialisation of stored device values between processes.
+
+A worker answering ``get_data`` hands out :class:`~dmem.dask.data.DmemValue`
+objects (dmem.dask.plugin). Their serializers send each array's bytes from
+the tier they are in (``Buffer.peek``: device, pinned host or disk), without
+unspilling them. The receiver rebuilds plain arrays: CuPy (or Numba) arrays
+for device values when it has a GPU, NumPy arrays otherwise. A receiving
+dmem worker then keeps them in a buffer of its own runtime (adopted without a
+copy when they were allocated through ``dmem.cupy``).
+
+Families: "dask" (host frames: TCP) and "cuda" (UCX: a resident array goes
+as a device frame that keeps its buffer locked until it is sent; a spilled
+one as a host frame). Pickle works too (DmemValue.__reduce__).
+"""
+
+import collections
+
+from distributed.protocol import pickle
+from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
+
+from . import _arrays
+from .data import DmemValue
+
+__all__ = ["calls"]
+
+# Per process: how many values each family serialised (tests count them).
+calls = collections.Counter()
+
+
+def _header(value):
+    leaves = _arrays.leaves_of(value.tree)
+    return leaves, {
+        "skeleton": pickle.dumps(_arrays.skeleton(value.tree)),
+        "device": value.device,
+        "nbytes": [leaf.nbytes for leaf in leaves],
+    }
+
+
+@dask_serialize.register(DmemValue)
+def _dask_serialize(value):
+    calls["dask"] += 1
+    leaves, header = _header(value)
+    frames = [memoryview(leaf.buf.peek(leaf.nbytes, leaf.offset)) for leaf in leaves]
+    return header, frames
+
+
+@dask_deserialize.register(DmemValue)
+def _dask_deserialize(header, frames):
+    return _rebuild(header, frames)
+
+
+@cuda_serialize.register(DmemValue)
+def _cuda_serialize(value):
+    calls["cuda"] += 1
+    leaves, header = _header(value)
+    frames = []
+    for leaf in leaves:
+        if leaf.kind != "numpy" and leaf.buf.state == "resident":
+            raw = _arrays.expose(leaf)  # locked until the frame is sent
+            frames.append(raw.ravel(order="K").view("u1"))
+        else:
+            frames.append(memoryview(leaf.buf.peek(leaf.nbytes, leaf.offset)))
+    return header, frames
+
+
+@cuda_deserialize.register(DmemValue)
+def _cuda_deserialize(header, frames):
+    return _rebuild(header, frames)
+
+
+def _rebuild(header, frames):
+    device = header["device"] and _have_gpu()
+    return _arrays.rebuild(pickle.loads(header["skeleton"]), list(frames), device)
+
+
+def _have_gpu():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False

@@ -1,0 +1,120 @@
+"""python -m dmem.dask.worker SCHEDULER_ADDRESS [options]
+
+Starts, on this node, one Nanny-managed dmem worker per GPU (each seeing its
+own GPU first), or ``--n-workers`` workers on dmem's host backend when the
+node has no GPU, connected to a scheduler that runs elsewhere
+(``dask scheduler``). Runs until interrupted (SIGINT/SIGTERM) or until the
+workers are closed from the scheduler.
+"""
+
+import argparse
+import asyncio
+import signal
+import sys
+
+__all__ = ["main"]
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="python -m dmem.dask.worker",
+        description="Start dmem-backed Dask workers (one per GPU) for a remote scheduler.")
+    p.add_argument("scheduler", help="scheduler address, e.g. tcp://10.0.0.1:8786")
+    p.add_argument("--device-memory-limit", default=None,
+                   help="dmem device limit per worker (bytes, '8GB', '80%%')")
+    p.add_argument("--host-memory-limit", default=None,
+                   help="dmem pinned host limit per worker (bytes, '32GB')")
+    p.add_argument("--spill-dir", default=None, help="parent folder of the disk tiers")
+    p.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
+    p.add_argument("--memory-limit", default="auto",
+                   help="Dask's process memory limit per worker (default 'auto')")
+    p.add_argument("--n-workers", type=int, default=None,
+                   help="workers (default: one per GPU; 1 on the host backend)")
+    p.add_argument("--backend", choices=("cuda", "host"), default=None,
+                   help="default: cuda when a GPU is visible, else host")
+    p.add_argument("--devices", default=None, help="GPU ordinals, e.g. 0,1 (default: all)")
+    p.add_argument("--name", default=None, help="worker name prefix (default: the host name)")
+    p.add_argument("--local-directory", default=None, help="workers' local directory")
+    p.add_argument("--host", default=None, help="interface address the workers listen on")
+    p.add_argument("--dashboard-address", default=None,
+                   help="worker dashboard address (default: none)")
+    return p
+
+
+def _plan(args):
+    """(backend, [(name, env)]) for the workers to start."""
+    from .cluster import gpu_count, visible_devices
+
+    backend = args.backend
+    if backend is None:
+        backend = "cuda" if gpu_count() > 0 else "host"
+    if args.n_workers is not None and args.n_workers < 1:
+        raise SystemExit("--n-workers must be at least 1")
+    if args.nthreads < 1:
+        raise SystemExit("--nthreads must be at least 1")
+    prefix = args.name
+    if prefix is None:
+        import socket
+
+        prefix = socket.gethostname()
+    if backend == "cuda":
+        if args.devices is not None:
+            devices = [int(d) for d in args.devices.split(",") if d.strip()]
+        else:
+            devices = list(range(gpu_count()))
+        if not devices:
+            raise SystemExit("backend cuda but no GPU is visible")
+        n = args.n_workers if args.n_workers is not None else len(devices)
+        return backend, [(f"{prefix}-{i}", {"CUDA_VISIBLE_DEVICES": visible_devices(i, devices)})
+                         for i in range(n)]
+    n = args.n_workers if args.n_workers is not None else 1
+    return backend, [(f"{prefix}-{i}", {}) for i in range(n)]
+
+
+async def _run(args):
+    from distributed import Nanny
+
+    from .cluster import worker_options
+
+    backend, plan = _plan(args)
+    opts = worker_options(backend, args.device_memory_limit, args.host_memory_limit,
+                          args.spill_dir)
+    extra = {}
+    if args.local_directory is not None:
+        extra["local_directory"] = args.local_directory
+    if args.host is not None:
+        extra["host"] = args.host
+    if args.dashboard_address is not None:
+        extra["dashboard_address"] = args.dashboard_address
+        extra["dashboard"] = True
+    nannies = [
+        Nanny(args.scheduler, nthreads=args.nthreads, memory_limit=args.memory_limit, name=name,
+              env=env, **opts, **extra)
+        for name, env in plan
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await asyncio.gather(*nannies)
+    print(f"dmem.dask.worker: {len(nannies)} {backend} worker(s) connected to {args.scheduler}",
+          flush=True)
+    finished = asyncio.ensure_future(asyncio.gather(*(n.finished() for n in nannies)))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*(n.close(timeout=10) for n in nannies), return_exceptions=True)
+    finished.cancel()
+    stopped.cancel()
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    asyncio.run(_run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""dmem.dask.DmemWorkerData alone (host backend: NumPy arrays are the device
+arrays): set/get/delete, exposure lifetime, spilling by key, evict() and
+fast (distributed's ManualEvictProto), serialisation without unspilling, bad
+values. The cluster tests are in test_dask_cluster.py."""
+
+import gc
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import dmem
+
+pytest.importorskip("distributed")
+from distributed.protocol import deserialize, serialize  # noqa: E402
+
+import dmem.dask  # noqa: E402
+from dmem.dask import DmemValue, DmemWorkerData  # noqa: E402
+from dmem.dask import data as ddata  # noqa: E402
+from dmem.dask import serialize as dser  # noqa: E402
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+@pytest.fixture
+def d(tmp_path):
+    rt = dmem.Runtime(backend="host", host_capacity=8 * MiB, device_limit=4 * MiB,
+                      spill_dir=str(tmp_path))
+    m = DmemWorkerData(runtime=rt, worker_local_directory=str(tmp_path / "local"))
+    yield m
+    m.close()
+    gc.collect()
+    rt.close()
+
+
+def chunk(i, shape=(256, 256)):
+    """512 KiB of float64 whose every element tells which chunk it is."""
+    return np.full(shape, float(i)) + np.arange(shape[1]) * 1e-3
+
+
+def test_set_get_delete_round_trip(d):
+    values = {
+        "c": chunk(1),
+        "f": np.asfortranarray(chunk(2)),
+        "strided": chunk(3)[::2, 1::3],  # not contiguous: stored contiguous
+        "int8": np.arange(1000, dtype=np.int8),
+        "0d": np.array(7.5),
+        "struct": np.array([(1, 2.0), (3, 4.0)], dtype=[("a", "i4"), ("b", "f8")]),
+    }
+    for k, v in values.items():
+        d[k] = v
+    assert len(d) == len(values) and set(d) == set(values)
+    for k, v in values.items():
+        got = d[k]
+        assert type(got) is np.ndarray
+        assert got.dtype == v.dtype and got.shape == v.shape
+        np.testing.assert_array_equal(got, v)
+        assert d.tier_of(k) in ("device", "host")
+    assert d["f"].flags.f_contiguous
+    assert d.runtime.stats()["buffer_count"] == len(values)
+    del d["c"]
+    assert "c" not in d and len(d) == len(values) - 1
+    with pytest.raises(KeyError):
+        d["c"]
+    with pytest.raises(KeyError):
+        del d["c"]
+    gc.collect()
+    assert d.runtime.stats()["buffer_count"] == len(values) - 1
+
+
+def test_containers_and_host_values(d):
+    obj = np.array([object(), 1], dtype=object)
+    d["tree"] = (chunk(1), "label", {"x": chunk(2), "n": 3}, [chunk(3)])
+    d["bytes"] = b"host value"
+    d["obj"] = obj
+    d["empty"] = np.zeros(0)
+    t = d["tree"]
+    assert isinstance(t, tuple) and t[1] == "label" and t[2]["n"] == 3
+    np.testing.assert_array_equal(t[2]["x"], chunk(2))
+    np.testing.assert_array_equal(t[3][0], chunk(3))
+    assert d.tier_of("tree") == "device"
+    # not device arrays: the SpillBuffer keeps them, as a plain worker would
+    assert d.tier_of("bytes") == "host-value" and d["bytes"] == b"host value"
+    assert d.tier_of("obj") == "host-value" and d["obj"] is obj
+    assert d.tier_of("empty") == "host-value"
+    assert d.runtime.stats()["buffer_count"] == 3
+
+
+def test_replacing_a_key_frees_its_buffers(d):
+    d["k"] = chunk(1)
+    d["k"] = chunk(2)
+    np.testing.assert_array_equal(d["k"], chunk(2))
+    gc.collect()
+    assert d.runtime.stats()["buffer_count"] == 1
+    d["k"] = b"now a host value"
+    assert d.runtime.stats()["buffer_count"] == 0 and d["k"] == b"now a host value"
+
+
+def test_exposed_array_keeps_its_buffer_locked(d):
+    d["k"] = chunk(5)
+    buf = d._dev["k"].leaves[0].buf
+    a = d["k"]
+    view = a[10:20, ::2]  # a view of the array holds it too
+    del a
+    gc.collect()
+    assert buf.exposed and buf.lock_count == 1
+    with pytest.raises(dmem.BusyError):
+        buf.spill("host")
+    del view
+    gc.collect()
+    assert not buf.exposed and buf.lock_count == 0
+    buf.spill("disk")
+    np.testing.assert_array_equal(d["k"], chunk(5))  # unspilled on use
+
+
+def test_delete_while_exposed_keeps_the_array_valid(d):
+    d["k"] = chunk(6)
+    a = d["k"]
+    del d["k"]
+    d["other"] = chunk(7)  # would reuse the block if it had been freed
+    np.testing.assert_array_equal(a, chunk(6))
+    del a
+    gc.collect()
+    assert d.runtime.stats()["buffer_count"] == 1
+
+
+def test_pressure_spills_least_recently_used_keys(d):
+    for i in range(7):  # 3.5 MiB of 4
+        d[i] = chunk(i)
+    for i in (0, 1, 2):
+        d[i]  # now the most recently used
+    gc.collect()
+    d[7] = chunk(7)
+    d[8] = chunk(8)  # 4.5 MiB: at least one key must go
+    gc.collect()
+    tiers = {i: d.tier_of(i) for i in range(9)}
+    spilled = [i for i, t in tiers.items() if t != "device"]
+    assert spilled and all(i in (3, 4, 5, 6) for i in spilled), tiers
+    assert d.runtime.stats()["spill_count"] >= 1
+    for i in range(9):
+        np.testing.assert_array_equal(d[i], chunk(i))
+
+
+class _TS:
+    def __init__(self, deps):
+        self.dependencies = [type("Dep", (), {"key": k})() for k in deps]
+
+
+class _FakeWorker:
+    def __init__(self, ready):
+        self.state = type("State", (), {"ready": ready, "executing": set(), "constrained": []})()
+
+
+def test_keys_needed_by_ready_tasks_spill_last(d):
+    for i in range(8):
+        d[i] = chunk(i)
+    gc.collect()
+    w = _FakeWorker([_TS([0, 1])])  # 0 and 1 are the coldest but needed soon
+    d.attach(w)
+    d[8] = chunk(8)
+    d[9] = chunk(9)
+    gc.collect()
+    assert d.tier_of(0) == "device" and d.tier_of(1) == "device"
+    assert d.tier_of(2) != "device"
+    d.attach(None)
+    for i in range(10):
+        np.testing.assert_array_equal(d[i], chunk(i))
+
+
+def test_evict_moves_host_tier_keys_to_disk(d):
+    for i in range(10):  # 5 MiB under a 4 MiB limit: some on the host tier
+        d[i] = chunk(i)
+    gc.collect()
+    host = [i for i in range(10) if d.tier_of(i) == "host"]
+    assert host
+    assert set(host) <= set(d.fast)
+    freed = d.evict()
+    assert freed == chunk(0).nbytes
+    assert d.tier_of(host[0]) == "disk"  # the least recently used first
+    while d.fast:
+        assert d.evict() > 0
+    assert d.evict() == -1  # nothing left: the protocol's answer
+    assert all(d.tier_of(i) in ("device", "disk") for i in range(10))
+    assert d.spilled_total[0] >= len(host) * chunk(0).nbytes
+    for i in range(10):
+        np.testing.assert_array_equal(d[i], chunk(i))
+
+
+def test_evict_falls_back_to_host_values(d):
+    d["b"] = b"x" * 1000
+    assert list(d.fast) == ["b"]
+    assert d.evict() > 0
+    assert d.tier_of("b") == "host-value-disk" and d["b"] == b"x" * 1000
+
+
+def test_evict_never_raises(d, monkeypatch):
+    for i in range(10):
+        d[i] = chunk(i)
+    gc.collect()
+
+    monkeypatch.setattr(d, "_lru", None)  # anything going wrong inside
+    assert d.evict() == -1
+    monkeypatch.undo()
+    for i in range(10):
+        np.testing.assert_array_equal(d[i], chunk(i))
+
+
+def test_serialize_sends_spilled_bytes_without_unspilling(d):
+    d["k"] = (chunk(1), {"y": np.asfortranarray(chunk(2))}, "meta")
+    for leaf in d._dev["k"].leaves:
+        leaf.buf.spill("disk")
+    before = d.runtime.stats()
+    token = ddata.for_transfer.set(True)
+    try:
+        v = d["k"]
+    finally:
+        ddata.for_transfer.reset(token)
+    assert isinstance(v, DmemValue)
+    n = dser.calls["dask"]
+    header, frames = serialize(v, serializers=("dask",))
+    assert dser.calls["dask"] == n + 1
+    after = d.runtime.stats()
+    assert after["unspill_count"] == before["unspill_count"]
+    assert all(leaf.buf.state == "deferred_disk" for leaf in d._dev["k"].leaves)
+    got = deserialize(header, frames)
+    np.testing.assert_array_equal(got[0], chunk(1))
+    np.testing.assert_array_equal(got[1]["y"], chunk(2))
+    assert got[1]["y"].flags.f_contiguous and got[2] == "meta"
+    # pickle (the last-resort family) sends the same
+    got = pickle.loads(pickle.dumps(v))
+    np.testing.assert_array_equal(got[0], chunk(1))
+    # a receiving mapping stores it in its own buffers
+    d["copy"] = got
+    np.testing.assert_array_equal(d["copy"][1]["y"], chunk(2))
+
+
+def test_leaves_never_pickle(d):
+    d["k"] = chunk(1)
+    with pytest.raises(TypeError):
+        pickle.dumps(d._dev["k"].leaves[0])
+
+
+def test_metrics_and_repr(d):
+    d["k"] = chunk(1)
+    m = d.metrics()
+    assert m["dmem-device-bytes"] == chunk(1).nbytes and m["dmem-device-keys"] == 1
+    assert m["dmem-copied"] == 1 and "1 device keys" in repr(d)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(TypeError):
+        DmemWorkerData(runtime="not a runtime", worker_local_directory=str(tmp_path))
+    rt = dmem.Runtime(backend="host", host_capacity=MiB, spill_dir=str(tmp_path))
+    rt.close()
+    with pytest.raises(ValueError):
+        DmemWorkerData(runtime=rt, worker_local_directory=str(tmp_path))
+    for bad in (-1, 1.5, "x", True):
+        with pytest.raises(ValueError):
+            DmemWorkerData(backend="host", host_target=bad, worker_local_directory=str(tmp_path))
+    with pytest.raises(ValueError):
+        dmem.dask.LocalCluster(processes=False)
+    with pytest.raises(ValueError):
+        dmem.dask.LocalCluster(backend="tpu")
+    with pytest.raises(ValueError):
+        dmem.dask.LocalCluster(n_workers=-1, backend="host")
+
+
+def test_a_controller_already_installed_is_kept(tmp_path):
+    rt = dmem.Runtime(backend="host", host_capacity=MiB, spill_dir=str(tmp_path))
+    mine = dmem.Controller()
+    rt.set_controller(mine)
+    d = DmemWorkerData(runtime=rt, worker_local_directory=str(tmp_path))
+    assert rt.controller is mine
+    d["k"] = chunk(1, (64, 64))
+    np.testing.assert_array_equal(d["k"], chunk(1, (64, 64)))
+    d.close()
+    assert rt.controller is mine
+    rt.set_controller(None)
+    rt.close()
+
+
+def test_many_cycles_lose_nothing(d):
+    rng = np.random.default_rng(1)
+    ref = {}
+    for step in range(300):
+        k = int(rng.integers(0, 16))
+        op = rng.integers(0, 4)
+        if op == 0 or k not in ref:
+            ref[k] = chunk(step, (128, 128))
+            d[k] = ref[k]
+        elif op == 1:
+            np.testing.assert_array_equal(d[k], ref[k])
+        elif op == 2:
+            del d[k], ref[k]
+        else:
+            d.evict()
+    gc.collect()
+    for k, v in ref.items():
+        np.testing.assert_array_equal(d[k], v)
+    assert len(d) == len(ref)
+    assert d.runtime.stats()["buffer_count"] == len(ref)
+
+
+def test_mapping_made_by_the_worker_uses_the_default_runtime(tmp_path):
+    # what distributed does with data=(DmemWorkerData, {...}): a fresh
+    # process, so that the default runtime is configured by the mapping
+    from conftest import run_python
+
+    r = run_python(f"""
+        import dmem, numpy as np
+        from dmem.dask import DmemWorkerData
+        d = DmemWorkerData(device_memory_limit=2 << 20, backend="host",
+                           worker_local_directory={str(tmp_path)!r})
+        assert d.runtime is dmem.default_runtime(), d.runtime
+        assert d.runtime.stats()["device_limit"] == 2 << 20
+        d["a"] = np.ones(1000)
+        # a second mapping in the process gets a runtime of its own
+        e = DmemWorkerData(device_memory_limit=1 << 20, backend="host",
+                           worker_local_directory={str(tmp_path)!r})
+        assert e.runtime is not d.runtime and not e.runtime.is_default
+        e.close(); d.close()
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
