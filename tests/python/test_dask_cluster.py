@@ -1,0 +1,205 @@
+"""dmem workers in real distributed clusters, on the host backend (NumPy
+chunks are the device arrays): dmem.dask.LocalCluster with 2 worker
+processes on a dask.array graph 3x the workers' device limits, the
+python -m dmem.dask.worker CLI against a separate scheduler, worker restart
+and task retry, and a worker killed mid-spill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import dmem  # noqa: E402
+import dmem.dask  # noqa: E402
+
+MiB = 1 << 20
+N, CH = 2048, 256  # a 2048^2 float64 array (32 MiB) in 64 chunks of 512 KiB
+LIMIT = 16 * MiB // 3  # per worker: the array alone is 3x the two workers' limits
+
+
+def values(i, j):
+    # integers held as float64, so that every sum is exact
+    return ((i * 7 + j * 3) % 1000).astype(np.float64)
+
+
+def the_array():
+    return da.fromfunction(values, shape=(N, N), chunks=CH, dtype=np.float64)
+
+
+REF = values(*np.indices((N, N)))
+
+
+def _env():
+    env = dict(os.environ)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(dmem.__file__)))
+    env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    env["DMEM_BACKEND"] = "host"
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spill = tmp_path_factory.mktemp("spill")
+    os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]  # the spawned workers import dmem
+    c = dmem.dask.LocalCluster(n_workers=2, backend="host", device_memory_limit=LIMIT,
+                               host_memory_limit=64 * MiB, spill_dir=str(spill),
+                               threads_per_worker=2, dashboard_address=None,
+                               memory_limit="2GiB")
+    yield c, spill
+    c.close()
+
+
+def worker_stats(client):
+    def stats(dask_worker):
+        d = dask_worker.data
+        s = d.runtime.stats()
+        return {"type": type(d).__name__, "spills": s["spill_count"], "device": s["device_used"],
+                "limit": s["device_limit"], "sent": d.counts["sent"],
+                "serialized": sum(dmem.dask.serialize.calls.values()),
+                "host_values": len(d.host), "dev_keys": len(d._dev),
+                "env_backend": d.runtime.backend}
+
+    return client.run(stats)
+
+
+def test_local_cluster_spills_in_place_3x_the_device_limit(cluster):
+    c, _ = cluster
+    with distributed.Client(c) as client:
+        assert len(client.scheduler_info()["workers"]) == 2
+        x = the_array()
+        y = (x + x.T).persist()
+        distributed.wait(y)
+        st = worker_stats(client)
+        for s in st.values():
+            assert s["type"] == "DmemWorkerData" and s["env_backend"] == "host"
+            assert s["limit"] == LIMIT and s["device"] <= LIMIT
+            assert s["host_values"] == 0  # every chunk is in dmem, none pickled to disk
+        assert sum(s["spills"] for s in st.values()) > 0, st
+        assert sum(s["dev_keys"] for s in st.values()) >= 64
+        total = y.sum().compute()
+        assert total == 2 * REF.sum()
+        np.testing.assert_array_equal(y[:CH + 5, -CH - 3:].compute(),
+                                      (REF + REF.T)[:CH + 5, -CH - 3:])
+        st = worker_stats(client)
+        # values only cross process boundaries when sent; spilling serialised none
+        assert sum(s["serialized"] for s in st.values()) == sum(s["sent"] for s in st.values())
+        metrics = client.scheduler_info()["workers"]
+        for w in metrics.values():
+            assert "dmem-device-bytes" in w["metrics"], w["metrics"].keys()
+        del y
+
+
+def test_restart_and_retry_lose_nothing(cluster, tmp_path):
+    c, _ = cluster
+    marker = tmp_path / "failed-once"
+
+    def flaky(block, path=str(marker)):
+        if not os.path.exists(path):
+            open(path, "w").close()
+            raise RuntimeError("first try fails")
+        return block * 2
+
+    with distributed.Client(c) as client:
+        x = the_array()
+        y = x.map_blocks(flaky, dtype=np.float64)
+        fut = client.compute(y.sum(), retries=2)
+        assert fut.result() == 2 * REF.sum()
+        z = (x + 1).persist()
+        distributed.wait(z)
+        one = sorted(client.scheduler_info()["workers"])[0]
+        client.restart_workers([one])
+        # the keys of the restarted worker are recomputed
+        assert z.sum().compute() == REF.sum() + N * N
+        client.restart()
+        assert the_array().sum().compute() == REF.sum()
+
+
+def test_cli_workers_join_a_remote_scheduler(tmp_path):
+    env = _env()
+    sched_file = tmp_path / "scheduler.json"
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = None
+    try:
+        for _ in range(300):
+            if sched_file.exists() and sched_file.stat().st_size:
+                break
+            time.sleep(0.1)
+        addr = json.loads(sched_file.read_text())["address"]
+        workers = subprocess.Popen(
+            [sys.executable, "-m", "dmem.dask.worker", addr, "--backend", "host", "--n-workers",
+             "2", "--device-memory-limit", str(LIMIT), "--nthreads", "2", "--name", "cli",
+             "--spill-dir", str(tmp_path), "--host", "127.0.0.1"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with distributed.Client(addr, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+            names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+            assert names == ["cli-0", "cli-1"]
+            x = the_array()
+            assert (x + x.T).sum().compute() == 2 * REF.sum()
+            st = worker_stats(client)
+            assert all(s["type"] == "DmemWorkerData" for s in st.values())
+        workers.send_signal(signal.SIGTERM)
+        out, _ = workers.communicate(timeout=60)
+        assert workers.returncode == 0, out
+        assert "2 host worker(s) connected" in out
+    finally:
+        for p in (workers, sched):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_cli_bad_arguments():
+    r = subprocess.run([sys.executable, "-m", "dmem.dask.worker"], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "scheduler" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "dmem.dask.worker", "tcp://127.0.0.1:1",
+                        "--backend", "host", "--n-workers", "0"], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--n-workers" in r.stderr
+
+
+def _files(root):
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+
+
+def test_worker_killed_mid_spill_recovers_and_leaves_no_files(tmp_path):
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
+    # a small host tier: spills go on to disk
+    with dmem.dask.LocalCluster(n_workers=2, backend="host", device_memory_limit=LIMIT,
+                                host_memory_limit=2 * MiB, spill_dir=str(spill),
+                                threads_per_worker=2, dashboard_address=None,
+                                memory_limit="2GiB") as c, distributed.Client(c) as client:
+        x = the_array()
+        y = (x * 3).persist()
+        # kill one worker as soon as it has bytes on disk
+        victim = None
+        deadline = time.time() + 60
+        while victim is None and time.time() < deadline:
+            disk = client.run(lambda dask_worker: dask_worker.data.runtime.stats()["disk_used"])
+            for addr, n in disk.items():
+                if n > 0:
+                    victim = addr
+                    break
+            time.sleep(0.05)
+        assert victim is not None, "nothing reached the disk tier"
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        # the nanny restarts it; the scheduler recomputes what it held
+        assert y.sum().compute() == 3 * REF.sum()
+        del y
+    # the killed worker could not clean up, but its files were unlinked when made
+    assert _files(spill) == [], _files(spill)
