@@ -1,0 +1,193 @@
+"""A dask.array workload on CuPy chunks at several times the workers' device
+memory: dmem.dask.LocalCluster against dask-cuda's LocalCUDACluster.
+
+    python3 examples/dask_cupy.py --cluster dmem --limit 8GB
+    python3 examples/dask_cupy.py --cluster dask-cuda --limit 8GB
+    python3 examples/dask_cupy.py --cluster both --limit 8GB --json out.json
+
+The workload is issue 11's anchor: x, an n x n float64 array in c x c chunks
+(default 40000^2 in 5000^2: 11.9 GiB), filled on the GPU; then
+y = (x + x.T).persist() and y.sum(). With the default sizes, x and y are
+23.8 GiB, 3x an 8 GB limit. Values are integers held as float64, so every sum
+is exact. Checks:
+
+- the big run's sum equals the sum computed block by block on one GPU with
+  CuPy alone (nothing held, nothing spilled);
+- a smaller run (--check-n, default 6000 in 1000^2 chunks), on the same
+  cluster, equals the CuPy result element by element.
+
+Prints, for each cluster: the time to fill x, the time for the transpose-add
+and the sum, the bytes dmem moved across PCIe (dmem's statistics; NVML's PCIe
+byte counters too, when the driver has them), and the peak RSS of the
+worker processes. Needs a GPU, CuPy, dask and distributed (and dask-cuda for
+the comparison).
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+
+def block(block_info=None):
+    """One chunk of x: ((7 i + 3 j) mod 1000) at global (i, j), on the GPU."""
+    import cupy
+
+    (r0, r1), (c0, c1) = block_info[None]["array-location"]
+    i = cupy.arange(r0, r1, dtype=cupy.int64)[:, None]
+    j = cupy.arange(c0, c1, dtype=cupy.int64)[None, :]
+    return ((7 * i + 3 * j) % 1000).astype(cupy.float64)
+
+
+def make_x(n, c):
+    import cupy
+    import dask.array as da
+
+    meta = cupy.empty((0, 0), dtype=cupy.float64)
+    return da.map_blocks(block, chunks=((c,) * (n // c), (c,) * (n // c)), dtype="f8", meta=meta)
+
+
+def reference_sum(n, c):
+    """sum(x + x.T) = 2 sum(x), block by block with CuPy alone."""
+    import cupy
+
+    total = 0.0
+    for r0 in range(0, n, c):
+        i = cupy.arange(r0, r0 + c, dtype=cupy.int64)[:, None]
+        j = cupy.arange(n, dtype=cupy.int64)[None, :]
+        total += float(((7 * i + 3 * j) % 1000).astype(cupy.float64).sum())
+    return 2 * total
+
+
+def worker_peak_rss(client):
+    return client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def worker_dmem(client):
+    def get(dask_worker):
+        d = dask_worker.data
+        if not hasattr(d, "runtime"):
+            return None
+        s = d.runtime.stats()
+        return {k: s[k] for k in ("bytes_spilled", "bytes_unspilled", "spill_count",
+                                  "unspill_count", "device_used", "host_used", "disk_used")} | {
+            "adopted": d.counts["adopted"], "copied": d.counts["copied"]}
+
+    return client.run(get)
+
+
+def pcie_bytes():
+    """(tx, rx) bytes of GPU 0's PCIe counters, or None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        tx = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", None)
+        rx = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", None)
+        if tx is None or rx is None:
+            return None
+        vals = pynvml.nvmlDeviceGetFieldValues(h, [tx, rx])
+        if any(v.nvmlReturn != 0 for v in vals):
+            return None
+        return vals[0].value.ullVal, vals[1].value.ullVal
+    except Exception:
+        return None
+
+
+def start(kind, n_workers, limit, threads, spill_dir):
+    if kind == "dmem":
+        from dmem.dask import LocalCluster
+
+        return LocalCluster(n_workers=n_workers, device_memory_limit=limit,
+                            spill_dir=spill_dir, threads_per_worker=threads,
+                            dashboard_address=None, memory_limit=0)
+    from dask_cuda import LocalCUDACluster
+
+    return LocalCUDACluster(n_workers=n_workers, device_memory_limit=limit,
+                            threads_per_worker=threads, dashboard_address=None,
+                            local_directory=spill_dir, memory_limit=0)
+
+
+def run(kind, args):
+    import cupy
+    from distributed import Client, wait
+
+    out = {"cluster": kind}
+    with start(kind, args.workers, args.limit, args.threads, args.spill_dir) as cluster, \
+            Client(cluster) as client:
+        out["workers"] = len(client.scheduler_info()["workers"])
+        # the smaller exact run, element by element
+        xs = make_x(args.check_n, args.check_c)
+        small = (xs + xs.T).compute()
+        i = cupy.arange(args.check_n, dtype=cupy.int64)
+        ref = ((7 * i[:, None] + 3 * i[None, :]) % 1000).astype(cupy.float64)
+        out["small_exact"] = bool(cupy.array_equal(small, ref + ref.T))
+        del small, ref
+        pcie0 = pcie_bytes()
+        t0 = time.perf_counter()
+        x = make_x(args.n, args.c).persist()
+        wait(x)
+        t1 = time.perf_counter()
+        y = (x + x.T).persist()
+        wait(y)
+        total = float(y.sum().compute())
+        t2 = time.perf_counter()
+        pcie1 = pcie_bytes()
+        out["fill_s"] = t1 - t0
+        out["transpose_add_sum_s"] = t2 - t1
+        out["total_s"] = t2 - t0
+        out["sum"] = total
+        out["peak_worker_rss"] = max(worker_peak_rss(client).values())
+        out["dmem"] = worker_dmem(client)
+        if pcie0 and pcie1:
+            out["pcie_tx_bytes"] = pcie1[0] - pcie0[0]
+            out["pcie_rx_bytes"] = pcie1[1] - pcie0[1]
+        del x, y
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cluster", choices=("dmem", "dask-cuda", "both"), default="dmem")
+    p.add_argument("--limit", default="8GB", help="device memory limit per worker")
+    p.add_argument("--workers", type=int, default=None, help="default: one per GPU")
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--n", type=int, default=40000)
+    p.add_argument("--c", type=int, default=5000)
+    p.add_argument("--check-n", type=int, default=6000)
+    p.add_argument("--check-c", type=int, default=1000)
+    p.add_argument("--spill-dir", default=os.environ.get("TMPDIR", "/tmp"))
+    p.add_argument("--json", default=None, help="write the results here too")
+    args = p.parse_args(argv)
+    if args.n % args.c or args.check_n % args.check_c:
+        p.error("n must be a multiple of c, check-n of check-c")
+    want = reference_sum(args.n, args.c)
+    kinds = ("dmem", "dask-cuda") if args.cluster == "both" else (args.cluster,)
+    results, ok = [], True
+    for kind in kinds:
+        try:
+            r = run(kind, args)
+        except ImportError as e:
+            r = {"cluster": kind, "error": f"cannot run: {e}"}
+        r["expected_sum"] = want
+        r["correct"] = r.get("sum") == want and r.get("small_exact", False)
+        ok &= r["correct"] or "error" in r
+        results.append(r)
+        print(json.dumps(r, indent=1, default=str), flush=True)
+    if len(results) == 2 and all("total_s" in r for r in results):
+        d, c = results
+        print(f"dask-cuda / dmem wall time: {c['total_s'] / d['total_s']:.2f}x; "
+              f"peak worker RSS dmem {d['peak_worker_rss'] / 2**30:.2f} GiB, "
+              f"dask-cuda {c['peak_worker_rss'] / 2**30:.2f} GiB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    print("dask_cupy: OK" if ok else "dask_cupy: WRONG RESULT")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
