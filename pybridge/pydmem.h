@@ -119,7 +119,8 @@ enum { PYD_VIEW_NEW = 0, PYD_VIEW_LOCKED = 1, PYD_VIEW_DONE = 2 };
 
 /* A raw allocation (dmem_device_malloc): the owner object that allocator
  * hooks hand to Numba and CuPy; freed on `stream` when collected or by
- * free(). */
+ * free(). Once adopted (Runtime.adopt: the block became buffer `h`, locked
+ * once for this object) it unlocks `h` there instead of freeing. */
 typedef struct pyd_devmem {
   PyObject_HEAD
   pyd_runtime_t *rt;           /* strong */
@@ -129,6 +130,8 @@ typedef struct pyd_devmem {
   PyObject *stream_keep;       /* strong: a foreign stream object kept alive
                                   until the free (then forgotten), or NULL */
   PyObject *owner_stream;      /* strong: the dmem.Stream it is on, or NULL */
+  dmem_handle_t h;             /* the buffer it was adopted as, or 0 */
+  int adopted;                 /* Runtime.adopt succeeded (stays set) */
 } pyd_devmem_t;
 
 /* ---- errors.c: exceptions, the call context, callback errors ------------- */
@@ -299,6 +302,7 @@ PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyOb
 PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused);
 PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr);
+PyObject *pyd_runtime_adopt(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 
 /* ---- runtime.c: dmem.Runtime ------------------------------------------------- */
 

@@ -1,7 +1,16 @@
 /*
  * pybridge/raw.c - raw device memory from Python: dmem.DeviceMemory, the
  * owner of one dmem_device_malloc (or _dedicated) block (what the Numba and
- * CuPy hooks hand out), and the Runtime methods device_malloc, memory_info and ipc_handle.
+ * CuPy hooks hand out), and the Runtime methods device_malloc, memory_info,
+ * ipc_handle and adopt.
+ *
+ * Runtime.adopt(mem) makes mem's block a spillable Buffer in place
+ * (dmem_device_adopt). The buffer comes back locked once, and that lock is
+ * mem's: the arrays that point at the block keep mem alive, so the buffer
+ * cannot move while any of them lives. When mem is freed or collected it
+ * unlocks the buffer (once) instead of freeing the block, after waiting
+ * for the work queued on its stream (a lock may only go once the device
+ * work that uses its address is done; the arrays worked on that stream).
  *
  * A DeviceMemory holds a strong reference to its Runtime, so the runtime
  * outlives it; freeing (free() or collection) after Runtime.close() does
@@ -51,10 +60,36 @@ PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyOb
   Py_XINCREF(keep);
   m->stream_keep = keep;
   m->owner_stream = NULL;
+  m->h = 0;
+  m->adopted = 0;
   return (PyObject *)m;
 }
 
-/* Free the block once (idempotent). Returns the status of the free. */
+/* The stream the block is used and freed on now. */
+static dmem_stream_t pyd_devmem_stream(pyd_devmem_t *m) {
+  if (m->owner_stream && !((pyd_stream_t *)m->owner_stream)->s)
+    return NULL; /* its dmem.Stream was closed (destroy waited for its work) */
+  return m->stream;
+}
+
+/* An adopted block: drop mem's lock on its buffer once the work queued on
+ * its stream is done (a buffer freed meanwhile is reclaimed by this
+ * unlock). The unlock happens even if the wait failed: a broken device
+ * must not keep the buffer locked for good. */
+static dmem_status_t pyd_devmem_unlock(pyd_devmem_t *m, dmem_stream_t s) {
+  pyd_runtime_t *rt = m->rt;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, rt, 0);
+  dmem_status_t st = dmem_stream_synchronize(rt->rt, s);
+  dmem_status_t st2 = dmem_unlock(rt->rt, m->h);
+  if (m->stream_keep) dmem_stream_forget(rt->rt, m->stream);
+  pyd_leave(&ctx);
+  Py_XDECREF(ctx.exc); /* nobody to raise it to */
+  return st != DMEM_OK ? st : st2;
+}
+
+/* Free the block (or, adopted, unlock its buffer) once (idempotent).
+ * Returns the status of the free. */
 static dmem_status_t pyd_devmem_release(pyd_devmem_t *m) {
   void *p = m->ptr;
   if (!p) return DMEM_OK;
@@ -62,9 +97,8 @@ static dmem_status_t pyd_devmem_release(pyd_devmem_t *m) {
   pyd_runtime_t *rt = m->rt;
   /* closing: destroy may be running without the GIL; the block goes with it */
   if (!rt->rt || rt->closing) return DMEM_OK;
-  dmem_stream_t s = m->stream;
-  if (m->owner_stream && !((pyd_stream_t *)m->owner_stream)->s)
-    s = NULL; /* its dmem.Stream was closed (destroy waited for its work) */
+  dmem_stream_t s = pyd_devmem_stream(m);
+  if (m->adopted) return pyd_devmem_unlock(m, s);
   dmem_status_t st;
   if (!rt->bindings) {
     st = dmem_device_free(rt->rt, p, s);
@@ -91,10 +125,11 @@ static PyObject *pyd_devmem_free(pyd_devmem_t *self, PyObject *unused) {
 }
 
 static void pyd_devmem_dealloc(pyd_devmem_t *self) {
-  if (self->ptr && pyd_devmem_release(self) != DMEM_OK) {
+  dmem_status_t st = self->ptr ? pyd_devmem_release(self) : DMEM_OK;
+  if (st != DMEM_OK) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
-    pyd_raise(DMEM_ERR_INVALID_ARGUMENT, NULL);
+    pyd_raise(st, NULL);
     PyErr_WriteUnraisable((PyObject *)self);
     PyErr_Restore(et, ev, etb);
   }
@@ -122,6 +157,10 @@ static PyObject *pyd_devmem_get_freed(pyd_devmem_t *self, void *closure) {
   return PyBool_FromLong(self->ptr == NULL || !self->rt->rt);
 }
 
+static PyObject *pyd_devmem_get_adopted(pyd_devmem_t *self, void *closure) {
+  return PyBool_FromLong(self->adopted);
+}
+
 static PyObject *pyd_devmem_get_runtime(pyd_devmem_t *self, void *closure) {
   Py_INCREF(self->rt);
   return (PyObject *)self->rt;
@@ -133,12 +172,15 @@ static PyObject *pyd_devmem_int(pyd_devmem_t *self) {
 
 static PyObject *pyd_devmem_repr(pyd_devmem_t *self) {
   if (!self->ptr) return PyUnicode_FromFormat("<dmem.DeviceMemory freed, %zu bytes>", self->size);
-  return PyUnicode_FromFormat("<dmem.DeviceMemory %p, %zu bytes>", self->ptr, self->size);
+  return PyUnicode_FromFormat("<dmem.DeviceMemory %p, %zu bytes%s>", self->ptr, self->size,
+                              self->adopted ? ", adopted" : "");
 }
 
 static PyMethodDef pyd_devmem_methods[] = {
     {"free", (PyCFunction)pyd_devmem_free, METH_NOARGS,
-     "free(): give the block back now, in the order of its stream (again: no-op)."},
+     "free(): give the block back now, in the order of its stream (again: no-op).\n"
+     "Adopted (Runtime.adopt): wait for the work on its stream, then unlock the buffer\n"
+     "it became instead (the Buffer frees the memory)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pyd_devmem_getset[] = {
@@ -149,6 +191,10 @@ static PyGetSetDef pyd_devmem_getset[] = {
     {"freed", (getter)pyd_devmem_get_freed, NULL,
      "True once freed (or once its runtime was closed)", NULL},
     {"runtime", (getter)pyd_devmem_get_runtime, NULL, "the Runtime it came from", NULL},
+    {"adopted", (getter)pyd_devmem_get_adopted, NULL,
+     "True once Runtime.adopt made the block a Buffer (this object then holds one lock\n"
+     "on it until it is freed or collected)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyNumberMethods pyd_devmem_as_number = {
@@ -166,7 +212,8 @@ PyTypeObject pyd_devmem_type = {
     .tp_doc = "Raw device memory of a runtime (Runtime.device_malloc): never spilled, counted\n"
               "against the device limit. Freed in its stream's order when collected or by\n"
               "free(); int(m) is its address. It keeps its Runtime alive; after\n"
-              "Runtime.close() the address is invalid and free() does nothing.",
+              "Runtime.close() the address is invalid and free() does nothing. Runtime.adopt\n"
+              "makes the block a Buffer that this object keeps locked while it lives.",
     .tp_methods = pyd_devmem_methods,
     .tp_getset = pyd_devmem_getset,
 };
@@ -244,4 +291,53 @@ PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr_o) {
   if (pyd_finish(&ctx, st) < 0) return NULL;
   return Py_BuildValue("(y#n)", (const char *)handle, (Py_ssize_t)sizeof handle,
                        (Py_ssize_t)offset);
+}
+
+PyObject *pyd_runtime_adopt(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"mem", "stream", NULL};
+  PyObject *mem_o, *stream_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:adopt", kwlist, &mem_o, &stream_o))
+    return NULL;
+  if (!Py_IS_TYPE(mem_o, &pyd_devmem_type)) {
+    PyErr_Format(PyExc_TypeError, "mem must be a dmem.DeviceMemory, not %.100s",
+                 Py_TYPE(mem_o)->tp_name);
+    return NULL;
+  }
+  pyd_devmem_t *m = (pyd_devmem_t *)mem_o;
+  if (pyd_runtime_check(self) < 0) return NULL;
+  if (m->rt != self)
+    return pyd_raise(DMEM_ERR_INVALID_ARGUMENT, "adopt: the DeviceMemory is another runtime's");
+  if (m->adopted) return pyd_raise(DMEM_ERR_INVALID_ARGUMENT, "adopt: adopted already");
+  if (!m->ptr) return pyd_raise(DMEM_ERR_INVALID_ARGUMENT, "adopt: the DeviceMemory was freed");
+  dmem_stream_t s = NULL;
+  PyObject *keep = NULL;
+  if (stream_o == Py_None) s = pyd_devmem_stream(m);
+  else if (pyd_stream_arg(self, stream_o, &s, &keep) < 0) return NULL;
+  /* While the GIL is released the block is neither m's to free nor yet a
+   * buffer: m reads as freed (a free() meanwhile does nothing) until the
+   * call has decided. */
+  void *p = m->ptr;
+  m->ptr = NULL;
+  dmem_handle_t h = 0;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self, 1);
+  dmem_status_t st = dmem_device_adopt(self->rt, p, s, &h);
+  pyd_leave(&ctx);
+  Py_XDECREF(keep);
+  m->ptr = p;
+  if (st == DMEM_OK) {
+    m->adopted = 1;
+    m->h = h;
+  }
+  PyObject *buf = NULL;
+  if (pyd_finish(&ctx, st) == 0) buf = pyd_buffer_new(self, h, m->size, 1);
+  if (!buf && st == DMEM_OK) {
+    /* a controller callback raised, or no memory for the Buffer: nobody
+     * owns the handle, so free it now (reclaimed at m's unlock) */
+    pyd_enter(&ctx, self, 0);
+    dmem_free(self->rt, h);
+    pyd_leave(&ctx);
+    Py_XDECREF(ctx.exc);
+  }
+  return buf;
 }

@@ -713,6 +713,18 @@ static PyMethodDef pyd_runtime_methods[] = {
      "ipc_handle(ptr) -> (handle: bytes of 64, offset): the CUDA IPC handle of the pool\n"
      "slab or dedicated block that holds ptr (an address of a raw allocation, or a\n"
      "DeviceMemory) and ptr's offset in it. NoDeviceError on the host backend."},
+    {"adopt", (PyCFunction)(void (*)(void))pyd_runtime_adopt, METH_VARARGS | METH_KEYWORDS,
+     "adopt(mem, stream=None) -> Buffer\n\n"
+     "Make the raw block of mem (a DeviceMemory of this runtime from device_malloc, not\n"
+     "dedicated) a spillable Buffer in place, without a copy (dmem_device_adopt): same\n"
+     "address, same bytes, size mem.size. The Buffer comes back locked once, and that\n"
+     "lock is mem's: while mem lives (the arrays made on it keep it alive) the buffer\n"
+     "cannot be spilled. When mem is freed or collected it waits for the work on its\n"
+     "stream and unlocks the buffer instead of freeing the block; the Buffer frees the\n"
+     "memory (freed while mem still holds its lock: at that unlock). stream: where the\n"
+     "block's last use so far was queued (None: mem.stream). TypeError unless mem is a\n"
+     "DeviceMemory; InvalidArgumentError for another runtime's, a freed, an adopted\n"
+     "or a dedicated one."},
     {"set_controller", (PyCFunction)pyd_runtime_set_controller, METH_O,
      "set_controller(controller): install a dmem.Controller (None removes it)."},
     {"close", (PyCFunction)pyd_runtime_close, METH_NOARGS,

@@ -1,5 +1,6 @@
 /*
- * runtime/buffer.c - the buffer calls: dmem_alloc, dmem_free,
+ * runtime/buffer.c - the buffer calls: dmem_alloc (and the publication of a
+ * new buffer it shares with dmem_device_adopt), dmem_free,
  * dmem_buffer_info, dmem_set_priority, and the lock fast path (one CAS on a
  * resident buffer; everything else goes to the retrieve state machine in
  * spill/retrieve.c) with dmem_unlock.
@@ -35,6 +36,13 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
     dmem__device_release(rt, dev, size, rt->order_stream);
     return st;
   }
+  *h_out = dmem__buffer_publish(rt, b, slot, size, flags, dev, ready, 0);
+  return DMEM_OK;
+}
+
+dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t slot,
+                                   size_t size, unsigned flags, void *dev, void *ready,
+                                   uint32_t locks) {
   dmem_atomic_store_relaxed(&b->size, size);
   dmem_atomic_store_relaxed(&b->flags, flags);
   dmem_atomic_store_relaxed(&b->dev, dev);
@@ -52,12 +60,11 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
    * dmem_lock and every other handle-taking call */
   dmem_atomic_store_release(&b->word, (gen << DMEM__GEN_SHIFT) |
                                           ((uint64_t)DMEM_STATE_RESIDENT << DMEM__STATE_SHIFT) |
-                                          (ready ? DMEM__F_UNSPILL_COPY : 0));
+                                          (ready ? DMEM__F_UNSPILL_COPY : 0) | locks);
   dmem_handle_t h = (gen << 32) | slot;
   if (ready) dmem__staging_push(rt, b, h); /* clears UNSPILL_COPY once it completes */
   dmem__emit(rt, DMEM_EVENT_ALLOC, h, size, DMEM_TIER_DEVICE, 0);
-  *h_out = h;
-  return DMEM_OK;
+  return h;
 }
 
 dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {

@@ -2,6 +2,7 @@
  * runtime/device.c - raw device memory for allocator hooks:
  * dmem_device_malloc / dmem_device_free (never spilled; charged against the
  * same limit as buffers, and spilling buffers when memory runs short),
+ * dmem_device_adopt (a raw pool block becomes a spillable buffer in place),
  * dmem_device_memory_info, dmem_ipc_handle and dmem_device_trim; and
  * dmem_host_trim, its counterpart for the pinned host pool.
  */
@@ -50,6 +51,40 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
   dmem__raw_count_sub(rt, size);
   if (dedicated) dmem__device_release_dedicated(rt, ptr, size, stream);
   else dmem__device_release(rt, ptr, size, stream);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_device_adopt(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream,
+                                dmem_handle_t *h_out) {
+  if (!rt || !h_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_adopt: NULL argument");
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  if (!ptr) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_adopt: ptr is NULL");
+  /* Everything that can fail comes before the block leaves the raw table,
+   * so that a failure leaves it a raw allocation. The event is recorded
+   * after the block's last use on `stream` (and after the wait the pool
+   * enqueued there when it handed the block out): lockers on other
+   * streams, spills and the reclaim are ordered after it (UNSPILL_COPY), as
+   * dmem_alloc's are after the order stream. */
+  void *ready = NULL;
+  uint32_t slot = 0;
+  dmem__buffer_t *b = NULL;
+  size_t size = 0;
+  st = dmem__event_get(rt, &ready);
+  if (st == DMEM_OK) st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ready, stream));
+  if (st == DMEM_OK) st = dmem__table_take(rt->table, &slot, &b);
+  if (st == DMEM_OK) st = dmem__raw_remove_pooled(rt->raw, ptr, &size);
+  if (st != DMEM_OK) {
+    if (b) dmem__table_give(rt->table, b); /* never published: nobody saw it */
+    if (ready) dmem__event_put(rt, ready);
+    return st;
+  }
+  /* The block's charge against the limit stays: it moves from the raw
+   * bytes to the buffers', and the buffer gives it back (same size, so the
+   * pool files the block as it was taken) when it is reclaimed or spilled. */
+  dmem__raw_count_sub(rt, size);
+  *h_out = dmem__buffer_publish(rt, b, slot, size, 0, ptr, ready, 1);
   return DMEM_OK;
 }
 

@@ -314,6 +314,17 @@ dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **de
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
                          dmem__buffer_t **b_out);
 
+/* runtime/buffer.c: make slot `slot` (b, just taken from the table) a live
+ * buffer of `size` bytes and `flags`, resident at `dev`, holding `locks`
+ * locks; `ready` (may be NULL; owned by the buffer from now on) is an event
+ * recorded after the last use of `dev` so far: UNSPILL_COPY is set with it,
+ * so that lockers on other streams, spills and the reclaim are ordered
+ * after it until the staging poller sees it complete. Counts the buffer,
+ * tells the controller (DMEM_EVENT_ALLOC) and returns the handle. */
+dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t slot,
+                                   size_t size, unsigned flags, void *dev, void *ready,
+                                   uint32_t locks);
+
 /* runtime/registry.c */
 dmem_status_t dmem__registry_init(dmem__registry_t *r);
 void dmem__registry_fini(dmem_runtime_t *rt);

@@ -48,6 +48,7 @@ typedef struct fx {
   void *locked_ptr;      /* device address of b[B_LOCKED] */
   void *raw;             /* a live raw allocation of rt (4 KiB) */
   void *freed_raw;       /* a raw allocation of rt, freed */
+  void *dedicated_raw;   /* a live dedicated block of rt (4 KiB) */
   void *other_raw;       /* a live raw allocation of `other` */
   dmem_stream_t s;       /* a stream of rt with nothing registered */
   char spill_dir[64];
@@ -196,6 +197,7 @@ static void fixture_init(fx_t *f) {
   SETUP_OK(dmem_device_malloc(f->rt, 4 * KiB, NULL, &f->raw));
   SETUP_OK(dmem_device_malloc(f->rt, 4 * KiB, NULL, &f->freed_raw));
   SETUP_OK(dmem_device_free(f->rt, f->freed_raw, NULL));
+  SETUP_OK(dmem_device_malloc_dedicated(f->rt, 4 * KiB, NULL, &f->dedicated_raw));
   SETUP_OK(dmem_stream_create(f->rt, &f->s));
   SETUP_OK(dmem_alloc(f->other, BUF, 0, &f->other_h));
   SETUP_OK(dmem_device_malloc(f->other, 4 * KiB, NULL, &f->other_raw));
@@ -226,6 +228,7 @@ static void fixture_fini(fx_t *f) {
   CHECK_OK(dmem_unlock(f->rt, f->b[B_LOCKED]));
   for (int i = 0; i < NBUF; i++) CHECK_OK(dmem_free(f->rt, f->b[i]));
   CHECK_OK(dmem_device_free(f->rt, f->raw, NULL));
+  CHECK_OK(dmem_device_free(f->rt, f->dedicated_raw, NULL));
   CHECK_OK(dmem_stream_destroy(f->rt, f->s));
   CHECK_OK(dmem_free(f->other, f->other_h));
   CHECK_OK(dmem_device_free(f->other, f->other_raw, NULL));
@@ -611,6 +614,23 @@ ROW(dmem_device_free, "already freed", INVAL, dmem_device_free(f->rt, f->freed_r
 ROW(dmem_device_free, "another runtime's block", INVAL, dmem_device_free(f->rt, f->other_raw, NULL))
 ROW(dmem_device_free, "a locked buffer's address", INVAL, dmem_device_free(f->rt, f->locked_ptr, NULL))
 ROW(dmem_device_free, "address ~0", INVAL, dmem_device_free(f->rt, (void *)UINTPTR_MAX, NULL))
+ROW(dmem_device_adopt, "rt NULL", INVAL, dmem_device_adopt(NULL, f->raw, NULL, &f->h_out))
+ROW(dmem_device_adopt, "h_out NULL", INVAL, dmem_device_adopt(f->rt, f->raw, NULL, NULL))
+ROW(dmem_device_adopt, "ptr NULL", INVAL, dmem_device_adopt(f->rt, NULL, NULL, &f->h_out))
+ROW(dmem_device_adopt, "an unknown address", INVAL,
+    dmem_device_adopt(f->rt, f->ipc_out, NULL, &f->h_out))
+ROW(dmem_device_adopt, "inside a block", INVAL,
+    dmem_device_adopt(f->rt, (char *)f->raw + 256, NULL, &f->h_out))
+ROW(dmem_device_adopt, "already freed", INVAL,
+    dmem_device_adopt(f->rt, f->freed_raw, NULL, &f->h_out))
+ROW(dmem_device_adopt, "a dedicated block", INVAL,
+    dmem_device_adopt(f->rt, f->dedicated_raw, NULL, &f->h_out))
+ROW(dmem_device_adopt, "another runtime's block", INVAL,
+    dmem_device_adopt(f->rt, f->other_raw, NULL, &f->h_out))
+ROW(dmem_device_adopt, "a locked buffer's address", INVAL,
+    dmem_device_adopt(f->rt, f->locked_ptr, NULL, &f->h_out))
+ROW(dmem_device_adopt, "address ~0", INVAL,
+    dmem_device_adopt(f->rt, (void *)UINTPTR_MAX, NULL, &f->h_out))
 ROW(dmem_stream_forget, "rt NULL", INVAL, dmem_stream_forget(NULL, f->s))
 ROW(dmem_stream_forget, "the default stream (no-op)", DMEM_OK, dmem_stream_forget(f->rt, NULL))
 ROW(dmem_device_memory_info, "rt NULL", INVAL, dmem_device_memory_info(NULL, &f->size_out, &f->size_out2))

@@ -1,4 +1,5 @@
-/* Raw device memory (dmem_device_malloc / dmem_device_free), the pool seen
+/* Raw device memory (dmem_device_malloc / dmem_device_free, and
+ * dmem_device_adopt, which makes a raw block a buffer), the pool seen
  * through the runtime (stream-ordered eviction, making room, trimming,
  * statistics), memory info, IPC, the process-wide default runtime and the
  * PyTorch symbols. Backend-neutral (run again as cuda.device.* on a GPU):
@@ -609,6 +610,200 @@ TEST_CASE(dedicated_blocks_force_spills) {
     CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
     CHECK_OK(dmem_free(rt, h[i]));
   }
+  dmem_runtime_destroy(rt);
+}
+
+/* ---- adopting raw allocations as buffers ---------------------------------------- */
+
+static int adopt_events[4]; /* DMEM_EVENT_ALLOC / FREE seen for adopt_seen */
+static dmem_handle_t adopt_seen;
+static size_t adopt_seen_size;
+static void adopt_on_event(void *user, const dmem_event_t *e) {
+  (void)user;
+  if (e->kind > DMEM_EVENT_FREE) return;
+  if (e->kind == DMEM_EVENT_ALLOC) {
+    adopt_seen = e->handle;
+    adopt_seen_size = e->size;
+  }
+  if (e->handle == adopt_seen) adopt_events[e->kind]++;
+}
+
+/* A raw block becomes a locked buffer at the same address with the same
+ * bytes; the bytes move from raw to buffer accounting; unlocked, it spills
+ * to host and disk and comes back intact; freed, nothing stays charged. */
+TEST_CASE(adopt_keeps_bytes_and_address_then_spills_like_a_buffer) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_controller_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.on_event = adopt_on_event;
+  REQUIRE_OK(dmem_set_controller(rt, &c));
+  const size_t n = MiB + 40; /* not a multiple of the pool's alignment */
+  void *other = NULL, *p = NULL;
+  REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, NULL, &other)); /* stays raw */
+  REQUIRE_OK(dmem_device_malloc(rt, n, NULL, &p));
+  raw_put(rt, p, n, 61, NULL);
+  dmem_stats_t s0 = stats_of(rt);
+  CHECK_UEQ(s0.raw_used, 64 * KiB + n);
+  CHECK_UEQ(s0.buffer_count, 0);
+  size_t free0 = 0, total = 0;
+  CHECK_OK(dmem_device_memory_info(rt, &free0, &total));
+
+  dmem_handle_t h = 0;
+  REQUIRE_OK(dmem_device_adopt(rt, p, NULL, &h));
+  CHECK_TRUE(h != 0);
+  CHECK_TRUE(adopt_seen == h);
+  CHECK_UEQ(adopt_seen_size, n);
+  CHECK_EQ(adopt_events[DMEM_EVENT_ALLOC], 1);
+  dmem_buffer_info_t info;
+  REQUIRE_OK(dmem_buffer_info(rt, h, &info));
+  CHECK_UEQ(info.size, n);
+  CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
+  CHECK_EQ(info.lock_count, 1); /* locked once, as dmem_lock leaves it */
+  CHECK_TRUE(!info.pinned);
+  void *q = NULL;
+  REQUIRE_OK(dmem_lock(rt, h, NULL, &q));
+  CHECK_TRUE(q == p); /* same address: no copy */
+  CHECK_UEQ(raw_bad(rt, q, n, 61, NULL), 0);
+  CHECK_OK(dmem_unlock(rt, h));
+  dmem_stats_t s1 = stats_of(rt);
+  CHECK_UEQ(s1.raw_used, 64 * KiB);           /* the block left the raw bytes */
+  CHECK_UEQ(s1.buffer_count, 1);              /* ... for the buffers' */
+  CHECK_UEQ(s1.device_used, s0.device_used);  /* counted once, not twice */
+  CHECK_UEQ(s1.device_locked, n);
+  CHECK_UEQ(s1.device_reserved, s0.device_reserved);
+  size_t fr = 0;
+  CHECK_OK(dmem_device_memory_info(rt, &fr, NULL));
+  CHECK_UEQ(fr, free0); /* locked: no more obtainable than as raw memory */
+  /* locked: not spillable; it is no raw allocation any more */
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_device_free(rt, p, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_UEQ(stats_of(rt).raw_used, 64 * KiB);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+
+  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_STATUS(dmem_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
+  CHECK_OK(dmem_device_memory_info(rt, &fr, NULL));
+  CHECK_UEQ(fr, free0 + n); /* unlocked: spillable, so obtainable */
+  CHECK_UEQ(stats_of(rt).device_locked, 0);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  dmem_stats_t s2 = stats_of(rt);
+  CHECK_UEQ(s2.device_used, 64 * KiB);
+  CHECK_UEQ(s2.host_used, n);
+  CHECK_UEQ(check_bad_bytes(rt, h, n, 61), 0); /* back through a lock */
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
+  CHECK_UEQ(stats_of(rt).disk_used, n);
+  CHECK_OK(dmem_unspill(rt, h, NULL));
+  CHECK_OK(dmem_stream_synchronize(rt, NULL));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(check_bad_bytes(rt, h, n, 61), 0);
+
+  CHECK_OK(dmem_free(rt, h));
+  CHECK_EQ(adopt_events[DMEM_EVENT_FREE], 1);
+  dmem_stats_t s3 = stats_of(rt);
+  CHECK_UEQ(s3.device_used, 64 * KiB); /* back to the start but for the other block */
+  CHECK_UEQ(s3.raw_used, 64 * KiB);
+  CHECK_UEQ(s3.buffer_count, 0);
+  CHECK_UEQ(s3.host_used + s3.disk_used, 0);
+  CHECK_OK(dmem_device_free(rt, other, NULL));
+  CHECK_UEQ(stats_of(rt).device_used, 0);
+  /* the block went back to the pool: the same size again needs no new slab */
+  uint64_t misses = stats_of(rt).pool_misses;
+  REQUIRE_OK(dmem_device_malloc(rt, n, NULL, &p));
+  CHECK_UEQ(stats_of(rt).pool_misses, misses);
+  CHECK_OK(dmem_device_free(rt, p, NULL));
+  dmem_runtime_destroy(rt);
+}
+
+/* Everything that is not the start of a live pool block of this runtime is
+ * refused, and nothing changes: the block stays raw, the stats stay. */
+TEST_CASE(adopt_refuses_what_is_not_an_adoptable_raw_block) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  void *p = NULL, *d = NULL, *gone = NULL;
+  REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, NULL, &p));
+  REQUIRE_OK(dmem_device_malloc_dedicated(rt, 64 * KiB, NULL, &d));
+  REQUIRE_OK(dmem_device_malloc(rt, 32 * KiB, NULL, &gone));
+  REQUIRE_OK(dmem_device_free(rt, gone, NULL));
+  raw_put(rt, p, 64 * KiB, 62, NULL);
+  raw_put(rt, d, 64 * KiB, 63, NULL);
+  dmem_stats_t before = stats_of(rt);
+  dmem_handle_t h = 77;
+  int stack_var = 0;
+  CHECK_STATUS(dmem_device_adopt(NULL, p, NULL, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_adopt(rt, p, NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_adopt(rt, NULL, NULL, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_adopt(rt, &stack_var, NULL, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "not a live") != NULL);
+  CHECK_STATUS(dmem_device_adopt(rt, (char *)p + 256, NULL, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_adopt(rt, gone, NULL, &h), DMEM_ERR_INVALID_ARGUMENT); /* freed */
+  CHECK_STATUS(dmem_device_adopt(rt, d, NULL, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "dedicated") != NULL);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "cannot be adopted") != NULL);
+  dmem_runtime_t *rt2 = check_runtime(16 * MiB); /* another runtime's pointer */
+  CHECK_STATUS(dmem_device_adopt(rt2, p, NULL, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_UEQ(stats_of(rt2).buffer_count, 0);
+  dmem_runtime_destroy(rt2);
+  CHECK_UEQ(h, 77); /* never written on failure */
+  dmem_stats_t after = stats_of(rt);
+  CHECK_UEQ(after.raw_used, before.raw_used);
+  CHECK_UEQ(after.device_used, before.device_used);
+  CHECK_UEQ(after.buffer_count, 0);
+  /* adopted once, then never again */
+  REQUIRE_OK(dmem_device_adopt(rt, p, NULL, &h));
+  dmem_handle_t h2 = 78;
+  CHECK_STATUS(dmem_device_adopt(rt, p, NULL, &h2), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_UEQ(h2, 78);
+  CHECK_UEQ(stats_of(rt).buffer_count, 1);
+  /* the refused blocks are intact and still raw */
+  CHECK_UEQ(raw_bad(rt, d, 64 * KiB, 63, NULL), 0);
+  CHECK_OK(dmem_device_free(rt, d, NULL));
+  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_UEQ(check_bad_bytes(rt, h, 64 * KiB, 62), 0);
+  CHECK_OK(dmem_free(rt, h));
+  CHECK_STATUS(dmem_device_adopt(rt, p, NULL, &h2), DMEM_ERR_INVALID_ARGUMENT); /* freed buffer */
+  dmem_stats_t end = stats_of(rt);
+  CHECK_UEQ(end.device_used, 0);
+  CHECK_UEQ(end.raw_used, 0);
+  CHECK_UEQ(end.buffer_count, 0);
+  dmem_runtime_destroy(rt);
+}
+
+/* Work enqueued on the raw block's stream before the adopt orders a locker
+ * on another stream after it (an event, no host wait). */
+TEST_CASE(adopted_buffer_orders_other_streams_after_the_raw_stream) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_stream_t a, b;
+  REQUIRE_OK(dmem_stream_create(rt, &a));
+  REQUIRE_OK(dmem_stream_create(rt, &b));
+  gate_t g;
+  gate_init(&g);
+  void *p = NULL, *q = NULL;
+  REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, a, &p));
+  REQUIRE_OK(dmem_stream_enqueue_host(rt, a, gate_wait, &g)); /* A still "writes" p */
+  dmem_handle_t h = 0;
+  REQUIRE_OK(dmem_device_adopt(rt, p, a, &h));
+  REQUIRE_OK(dmem_lock(rt, h, b, &q)); /* a second locker, on B */
+  CHECK_TRUE(q == p);
+  REQUIRE_OK(dmem_stream_enqueue_host(rt, b, mark_b, &g));
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  CHECK_EQ(g.ran_b, 0); /* B waits for A's work */
+  gate_open(&g);
+  CHECK_OK(dmem_stream_synchronize(rt, b));
+  CHECK_TRUE(g.ran_a > 0 && g.ran_a < g.ran_b);
+  CHECK_OK(dmem_stream_synchronize(rt, a));
+  CHECK_OK(dmem_unlock(rt, h));
+  /* freed while the adopter still holds its lock: reclaimed at its unlock */
+  CHECK_OK(dmem_free(rt, h));
+  CHECK_UEQ(stats_of(rt).device_used, 64 * KiB);
+  CHECK_STATUS(dmem_lock(rt, h, NULL, &q), DMEM_ERR_STALE_HANDLE);
+  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_UEQ(stats_of(rt).device_used, 0);
+  CHECK_UEQ(stats_of(rt).buffer_count, 0);
+  CHECK_OK(dmem_stream_destroy(rt, a));
+  CHECK_OK(dmem_stream_destroy(rt, b));
   dmem_runtime_destroy(rt);
 }
 

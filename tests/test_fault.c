@@ -95,7 +95,7 @@ typedef enum api {
   API_PREFETCH, API_EVICT, API_LAUNCH_ASYNC, API_LOCK_AND_LAUNCH, API_SYNC_AND_UNLOCK,
   API_STREAM_RELEASE, API_STREAM_CREATE, API_STREAM_DESTROY, API_STREAM_SYNC,
   API_ENQUEUE_HOST, API_COPY, API_DEVICE_MALLOC, API_DEVICE_FREE, API_MEMORY_INFO,
-  API_DEVICE_TRIM, API_HOST_TRIM, API_POLL, API_STATS, API_N
+  API_DEVICE_TRIM, API_HOST_TRIM, API_POLL, API_STATS, API_DEVICE_ADOPT, API_N
 } api_t;
 
 /* What each call's header (include/dmem/) says it returns. */
@@ -134,6 +134,7 @@ static const struct {
     [API_HOST_TRIM] = {"dmem_host_trim", OK_ | INV},
     [API_POLL] = {"dmem_runtime_poll", OK_ | INV | DEV | FATAL},
     [API_STATS] = {"dmem_stats", OK_ | INV},
+    [API_DEVICE_ADOPT] = {"dmem_device_adopt", OK_ | INV | HOOM | DEV | FATAL},
 };
 
 /* ---- the fixture: a runtime and what lives in it ------------------------------------- */
@@ -632,8 +633,9 @@ static void launch_run(fx_t *f) {
 }
 
 /* raw allocations: on a stream and on the default stream, one that needs
- * buffers spilled, memory info, free and trim; dedicated blocks too, one of
- * them freed on one stream and taken back from the cache by another. */
+ * buffers spilled, memory info, one adopted as a buffer, free and trim;
+ * dedicated blocks too, one of them freed on one stream and taken back from
+ * the cache by another (and refused by adopt). */
 static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s, bool dedicated) {
   void *p = NULL;
   dmem_status_t st =
@@ -649,12 +651,36 @@ static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s, bool 
   if (st != DMEM_OK) f->rawseed[r] = 0; /* unknown */
   return st;
 }
+/* Raw allocation r becomes buffer slot f->nbuf (dmem_device_adopt on its
+ * stream), unlocked once its writes are done, then spilled to the host tier
+ * and locked back. A failed adopt leaves it a raw allocation. */
+static void raw_adopt(fx_t *f, int r) {
+  if (!f->raw[r] || f->nbuf == NBUF) return;
+  int i = f->nbuf;
+  if (DO(API_DEVICE_ADOPT, dmem_device_adopt(f->rt, f->raw[r], f->raw_s[r], &f->h[i])) != DMEM_OK)
+    return;
+  f->nbuf++;
+  f->size[i] = f->rawsize[r];
+  f->seed[i] = f->rawseed[r];
+  f->known[i] = f->rawseed[r] != 0;
+  f->live[i] = true;
+  f->raw[r] = NULL;
+  /* the lock may only go once the raw writes are done; a failed wait leaves
+   * them unknown */
+  if (DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->raw_s[r])) != DMEM_OK)
+    f->known[i] = false;
+  (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+  (void)t_spill(f, i, DMEM_TIER_HOST);
+  void *p;
+  if (t_lock(f, i, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+}
 static void raw_setup(fx_t *f) { setup_buffers(f, 4, 8 * U); }
 static void raw_run(fx_t *f) {
   (void)raw_add(f, 0, 16 * U, f->s, false);
   (void)raw_add(f, 1, 24 * U, NULL, false); /* spills buffers */
   size_t fr = 0, tot = 0;
   (void)DO(API_MEMORY_INFO, dmem_device_memory_info(f->rt, &fr, &tot));
+  raw_adopt(f, 1); /* now a buffer: spilled and brought back like one */
   if (f->raw[0]) {
     (void)DO(API_DEVICE_FREE, dmem_device_free(f->rt, f->raw[0], f->s));
     f->raw[0] = NULL;
@@ -667,6 +693,11 @@ static void raw_run(fx_t *f) {
     f->raw[2] = NULL;
   }
   (void)raw_add(f, 2, U / 2, NULL, true);
+  if (f->raw[2]) { /* a dedicated block is refused (or the plan failed the call) and stays raw */
+    dmem_handle_t h = 0;
+    dmem_status_t st = DO(API_DEVICE_ADOPT, dmem_device_adopt(f->rt, f->raw[2], NULL, &h));
+    EXPECT(st != DMEM_OK, "adopt of a dedicated block succeeded");
+  }
   (void)DO(API_DEVICE_TRIM, dmem_device_trim(f->rt, 0, NULL));
   (void)raw_add(f, 3, 32 * U, f->s, true); /* more spilling */
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));

@@ -84,6 +84,49 @@ DMEM_API dmem_status_t dmem_device_malloc_dedicated(dmem_runtime_t *rt, size_t s
 DMEM_API dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream);
 
 /**
+ * Turn a raw allocation into a spillable buffer in place, without a copy:
+ * `ptr` (the start of a live block of dmem_device_malloc of this runtime,
+ * whose last use so far was enqueued on `stream`) stops being a raw
+ * allocation and becomes the device memory of a new buffer of the block's
+ * size (the size asked of dmem_device_malloc), at the same address with the
+ * same bytes. The buffer comes back locked once on `stream`, as
+ * dmem_lock(rt, *h_out, stream, &p) would leave it (p == ptr): it cannot
+ * move until the caller's dmem_unlock (which, as for every lock, must come
+ * after the device work that uses the address has completed). From then on
+ * it is an ordinary buffer: spilled and brought back (to another address)
+ * like any, freed with dmem_free (dmem_device_free(ptr) is refused). Lockers
+ * on other streams, spills and the final release are ordered after the
+ * work enqueued on `stream` before this call (an event recorded there; no
+ * host synchronisation). The bytes move in the statistics from raw_used to
+ * the buffers' (buffer_count, device_locked while locked); device_used does
+ * not change. The controller gets DMEM_EVENT_ALLOC for the new buffer.
+ *
+ * For allocator hooks whose blocks are later kept as data (the dmem.cupy
+ * allocator under Dask): the hook's owner of the block unlocks the buffer
+ * where it would have freed the block.
+ *
+ * Thread-safe (one of concurrent adopts or frees of the same ptr wins; the
+ * others get DMEM_ERR_INVALID_ARGUMENT).
+ * @return DMEM_OK (*h_out written);
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL; ptr not the start of
+ *                                    a live raw allocation of this runtime
+ *                                    (NULL, unknown, inside a block, freed,
+ *                                    adopted already); ptr a dedicated block
+ *                                    (dmem_device_malloc_dedicated: those
+ *                                    cannot be adopted, the detail says so;
+ *                                    copy the bytes into a buffer instead);
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY the handle table could not grow or no
+ *                                    event could be made;
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL  recording the event failed
+ *                                    (the fatal kind also once the runtime
+ *                                    refuses work after a fatal error);
+ *         DMEM_ERR_FORKED            in a forked child (see dmem/runtime.h).
+ *         On every error the raw allocation stays as it was.
+ */
+DMEM_API dmem_status_t dmem_device_adopt(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream,
+                                         dmem_handle_t *h_out);
+
+/**
  * Forget `stream` before the caller destroys it itself: a stream that was
  * passed to dmem_device_malloc / dmem_device_free (or dmem_lock,
  * dmem_launch_async ...) may still be named by the pool as the last user of

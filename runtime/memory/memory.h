@@ -64,6 +64,11 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *raw, void *ptr, size_t size, bool de
  * not one: nothing changes. */
 dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out,
                                bool *dedicated_out);
+/* The same for dmem_device_adopt: forget a live raw allocation that is a
+ * pool block; a dedicated block stays (DMEM_ERR_INVALID_ARGUMENT, detail
+ * saying it cannot be adopted), as does anything that is not a live raw
+ * allocation. */
+dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *raw, void *ptr, size_t *size_out);
 size_t dmem__raw_count(dmem__raw_t *raw);
 
 /* ---- dedicated device blocks (memory/blocks.c) ----------------------------------- */

@@ -2,7 +2,8 @@
  * runtime/memory/raw.c - the table of live raw allocations
  * (dmem_device_malloc): pointer -> size. It is what makes a bad free
  * (an unknown pointer, a pointer inside a block, a double free) a clear
- * DMEM_ERR_INVALID_ARGUMENT instead of a corrupted pool.
+ * DMEM_ERR_INVALID_ARGUMENT instead of a corrupted pool, and what
+ * dmem_device_adopt takes a pool block out of when it becomes a buffer.
  *
  * 64 shards, each an open-addressed table (linear probing, deletion by
  * backward shift) under its own mutex, chosen by a hash of the pointer:
@@ -97,8 +98,10 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedi
   return DMEM_OK;
 }
 
-dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out,
-                               bool *dedicated_out) {
+/* Forget ptr's entry unless it is a dedicated block and keep_dedicated is
+ * set (then DMEM_ERR_INVALID_ARGUMENT, detail recorded, nothing changes). */
+static dmem_status_t raw_remove(dmem__raw_t *t, void *ptr, bool keep_dedicated,
+                                size_t *size_out, bool *dedicated_out) {
   uint64_t h;
   raw_shard_t *s = raw_shard(t, ptr, &h);
   dmem__mutex_lock(&s->mu, DMEM__RANK_RAW);
@@ -115,6 +118,13 @@ dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out,
   }
   size_t size = s->v[j].size;
   bool dedicated = s->v[j].dedicated;
+  if (dedicated && keep_dedicated) {
+    dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "%p is a dedicated block (dmem_device_malloc_dedicated): dedicated "
+                       "blocks cannot be adopted as buffers (copy the bytes instead)",
+                       ptr);
+  }
   /* backward-shift deletion: move later entries of the probe run up */
   size_t i = j;
   for (;;) {
@@ -136,6 +146,16 @@ done:
   *size_out = size;
   *dedicated_out = dedicated;
   return DMEM_OK;
+}
+
+dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out,
+                               bool *dedicated_out) {
+  return raw_remove(t, ptr, false, size_out, dedicated_out);
+}
+
+dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *t, void *ptr, size_t *size_out) {
+  bool dedicated;
+  return raw_remove(t, ptr, true, size_out, &dedicated);
 }
 
 size_t dmem__raw_count(dmem__raw_t *t) {

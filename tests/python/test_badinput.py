@@ -52,6 +52,7 @@ class Fixture:
         self.raw = self.rt.device_malloc(4096)
         self.freed_raw = self.rt.device_malloc(4096)
         self.freed_raw.free()
+        self.dedicated_raw = self.rt.device_malloc(4096, dedicated=True)
         self.unentered = self.b["res"].lock()  # a view never entered
         self.launches = 0
 
@@ -70,6 +71,7 @@ class Fixture:
 
     def close(self):
         self.raw.free()
+        self.dedicated_raw.free()
         self.s.close()
         self.other_s.close()
         self.rt.close()
@@ -226,6 +228,15 @@ row("Runtime.ipc_handle", "ptr 2**64", ValueError, lambda f: f.rt.ipc_handle(2 *
 row("Runtime.ipc_handle", "ptr 0", dmem.InvalidArgumentError, lambda f: f.rt.ipc_handle(0))
 row("Runtime.ipc_handle", "an address in no slab", dmem.InvalidArgumentError,
     lambda f: f.rt.ipc_handle(id(f)))
+row("Runtime.adopt", "no arguments", TypeError, lambda f: f.rt.adopt())
+row("Runtime.adopt", "mem an int", TypeError, lambda f: f.rt.adopt(f.raw.ptr))
+row("Runtime.adopt", "mem a Buffer", TypeError, lambda f: f.rt.adopt(f.b["res"]))
+row("Runtime.adopt", "mem freed", dmem.InvalidArgumentError, lambda f: f.rt.adopt(f.freed_raw))
+row("Runtime.adopt", "mem a dedicated block", dmem.InvalidArgumentError,
+    lambda f: f.rt.adopt(f.dedicated_raw))
+row("Runtime.adopt", "stream 'x'", TypeError, lambda f: f.rt.adopt(f.raw, "x"))
+row("Runtime.adopt", "another runtime's stream", ValueError, lambda f: f.rt.adopt(f.raw, f.other_s))
+row("Runtime.adopt", "an unknown keyword", TypeError, lambda f: f.rt.adopt(f.raw, flags=1))
 row("Runtime.set_controller", "an int", TypeError, lambda f: f.rt.set_controller(5))
 row("Runtime.set_controller", "not a dmem.Controller", TypeError, lambda f: f.rt.set_controller(object()))
 row("Runtime.set_controller", "None when there is none (no-op)", None, lambda f: f.rt.set_controller(None))
@@ -321,6 +332,7 @@ def _free_twice(f):
 row("DeviceMemory.free", "freed already (no-op)", None, _free_twice)
 row("DeviceMemory.free", "an argument", TypeError, lambda f: f.raw.free(1))
 row("DeviceMemory.ptr", "assigned", AttributeError, lambda f: setattr(f.raw, "ptr", 0))
+row("DeviceMemory.adopted", "assigned", AttributeError, lambda f: setattr(f.raw, "adopted", True))
 
 # ---- CupyAllocator ----------------------------------------------------------------------------------------
 row("CupyAllocator", "no arguments", TypeError, lambda f: _dmem.CupyAllocator())
