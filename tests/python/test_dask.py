@@ -325,3 +325,42 @@ def test_mapping_made_by_the_worker_uses_the_default_runtime(tmp_path):
     """)
     assert r.returncode == 0, r.stderr
     assert "ok" in r.stdout
+
+
+class _Ns:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_adoption_of_a_block_from_the_runtimes_allocator(d):
+    # What a CuPy array made through dmem.cupy looks like to the mapping
+    # (array.data.mem._owner is the DeviceMemory): adopted in place, locked
+    # while the DeviceMemory lives. The host backend has no CuPy, so the
+    # array is a stand-in with CuPy's attributes.
+    mem = d.runtime.device_malloc(4096)
+    payload = np.arange(256, dtype=np.float64)  # 2 KiB at offset 1 KiB
+    src = _Ns(data=_Ns(mem=_Ns(_owner=mem), ptr=mem.ptr + 1024), nbytes=payload.nbytes,
+              shape=payload.shape, dtype=payload.dtype, strides=payload.strides)
+    leaf = dmem.dask._arrays._adopt(d.runtime, src, "cupy", None)
+    assert leaf is not None and leaf.adopted and leaf.offset == 1024
+    assert mem.adopted and leaf.buf.size == 4096 and leaf.buf.lock_count == 1
+    assert d.runtime.stats()["raw_used"] == 0
+    # a second array over the same block is not adopted twice (copied instead)
+    assert dmem.dask._arrays._adopt(d.runtime, src, "cupy", None) is None
+    # another runtime's block is not adopted
+    other = dmem.Runtime(backend="host", host_capacity=MiB)
+    omem = other.device_malloc(4096)
+    osrc = _Ns(data=_Ns(mem=_Ns(_owner=omem), ptr=omem.ptr), nbytes=8, shape=(1,),
+               dtype=np.dtype("f8"), strides=(8,))
+    assert dmem.dask._arrays._adopt(d.runtime, osrc, "cupy", None) is None
+    del osrc, omem
+    other.close()
+    leaf.buf.write(payload.tobytes(), 1024)
+    with pytest.raises(dmem.BusyError):
+        leaf.buf.spill("host")  # the array (its DeviceMemory) still holds it
+    del src, mem
+    gc.collect()
+    assert leaf.buf.lock_count == 0
+    leaf.buf.spill("disk")
+    assert leaf.buf.peek(payload.nbytes, 1024) == payload.tobytes()
+    leaf.buf.free()

@@ -170,7 +170,9 @@ def _adopt(runtime, src, kind, stream):
     if offset < 0 or offset + src.nbytes > owner.size:
         return None
     try:
-        buf = adopt(owner, stream)
+        # ordered after the block's own stream (where CuPy made the array);
+        # the buffer stays locked until that DeviceMemory is collected
+        buf = adopt(owner)
     except (ValueError, TypeError):
         return None
     return Leaf(buf, offset, src.nbytes, src.shape, src.dtype, src.strides, kind, adopted=True)
