@@ -149,46 +149,98 @@ out:
   return ret;
 }
 
-static PyObject *pyd_buffer_read(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"nbytes", "offset", NULL};
-  PyObject *n_o = Py_None, *offset_o = NULL;
-  Py_ssize_t offset = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:read", kwlist, &n_o, &offset_o)) return NULL;
-  Py_ssize_t n;
-  if (offset_o && pyd_offset_int_arg(offset_o, "offset", &offset) < 0) return NULL;
+/* read() and peek()'s (nbytes=None, offset=0): the range, checked against
+ * the buffer's size. */
+static int pyd_range_args(pyd_buffer_t *self, PyObject *n_o, PyObject *offset_o,
+                          Py_ssize_t *offset_out, Py_ssize_t *n_out) {
+  Py_ssize_t n, offset = 0;
+  if (offset_o && pyd_offset_int_arg(offset_o, "offset", &offset) < 0) return -1;
   if (n_o == Py_None) {
     if ((size_t)offset > self->size) {
       PyErr_Format(PyExc_ValueError, "offset %zd is outside the buffer of %zu bytes", offset,
                    self->size);
-      return NULL;
+      return -1;
     }
     n = (Py_ssize_t)(self->size - (size_t)offset);
   } else {
     if (!PyLong_Check(n_o) || PyBool_Check(n_o)) {
       PyErr_Format(PyExc_TypeError, "nbytes must be an int or None, not %.100s",
                    Py_TYPE(n_o)->tp_name);
-      return NULL;
+      return -1;
     }
     n = PyLong_AsSsize_t(n_o);
     if (n == -1 && PyErr_Occurred()) {
       PyErr_Clear();
       PyErr_SetString(PyExc_ValueError, "nbytes out of range");
-      return NULL;
+      return -1;
     }
   }
-  if (pyd_offset_arg(offset, n, self->size) < 0 || pyd_buffer_check(self) < 0) return NULL;
+  if (pyd_offset_arg(offset, n, self->size) < 0) return -1;
+  *offset_out = offset;
+  *n_out = n;
+  return 0;
+}
+
+/* read (lock, copy, unlock: the buffer comes back to the device) or peek
+ * (dmem_buffer_read: copied from where it is) into a new bytes object. */
+static PyObject *pyd_buffer_copy_out(pyd_buffer_t *self, PyObject *args, PyObject *kwds,
+                                     int in_place) {
+  static char *kwlist[] = {"nbytes", "offset", NULL};
+  PyObject *n_o = Py_None, *offset_o = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, in_place ? "|OO:peek" : "|OO:read", kwlist, &n_o,
+                                   &offset_o))
+    return NULL;
+  Py_ssize_t offset, n;
+  if (pyd_range_args(self, n_o, offset_o, &offset, &n) < 0 || pyd_buffer_check(self) < 0)
+    return NULL;
   PyObject *out = PyBytes_FromStringAndSize(NULL, n);
   if (!out) return NULL;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
   dmem_status_t st =
-      pyd_buffer_copy(self->rt->rt, self->h, (size_t)offset, PyBytes_AS_STRING(out), (size_t)n, 0);
+      in_place ? dmem_buffer_read(self->rt->rt, self->h, (size_t)offset, PyBytes_AS_STRING(out),
+                                  (size_t)n)
+               : pyd_buffer_copy(self->rt->rt, self->h, (size_t)offset, PyBytes_AS_STRING(out),
+                                 (size_t)n, 0);
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) {
     Py_DECREF(out);
     return NULL;
   }
   return out;
+}
+
+static PyObject *pyd_buffer_read(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
+  return pyd_buffer_copy_out(self, args, kwds, 0);
+}
+
+static PyObject *pyd_buffer_peek(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
+  return pyd_buffer_copy_out(self, args, kwds, 1);
+}
+
+/* readinto(out, offset=0): len(out) bytes from offset, read where they are,
+ * straight into a writable C-contiguous buffer; the GIL is released while
+ * they are copied (the view keeps `out` from being resized meanwhile). */
+static PyObject *pyd_buffer_readinto(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"out", "offset", NULL};
+  Py_buffer view;
+  Py_ssize_t offset = 0;
+  PyObject *offset_o = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "w*|O:readinto", kwlist, &view, &offset_o))
+    return NULL;
+  PyObject *ret = NULL;
+  if (offset_o && pyd_offset_int_arg(offset_o, "offset", &offset) < 0) goto out;
+  if (pyd_offset_arg(offset, view.len, self->size) < 0 || pyd_buffer_check(self) < 0) goto out;
+  pyd_ctx_t ctx;
+  pyd_enter(&ctx, self->rt, 1);
+  dmem_status_t st =
+      dmem_buffer_read(self->rt->rt, self->h, (size_t)offset, view.buf, (size_t)view.len);
+  pyd_leave(&ctx);
+  if (pyd_finish(&ctx, st) < 0) goto out;
+  ret = PyLong_FromSsize_t(view.len);
+out:
+  PyBuffer_Release(&view);
+  return ret;
 }
 
 static PyObject *pyd_buffer_spill(pyd_buffer_t *self, PyObject *args, PyObject *kwds) {
@@ -352,7 +404,16 @@ static PyMethodDef pyd_buffer_methods[] = {
     {"write", (PyCFunction)(void (*)(void))pyd_buffer_write, METH_VARARGS | METH_KEYWORDS,
      "write(data, offset=0): copy a bytes-like object into the buffer at offset."},
     {"read", (PyCFunction)(void (*)(void))pyd_buffer_read, METH_VARARGS | METH_KEYWORDS,
-     "read(nbytes=None, offset=0) -> bytes: copy bytes out of the buffer."},
+     "read(nbytes=None, offset=0) -> bytes: copy bytes out of the buffer (locks it:\n"
+     "a spilled buffer comes back to the device)."},
+    {"peek", (PyCFunction)(void (*)(void))pyd_buffer_peek, METH_VARARGS | METH_KEYWORDS,
+     "peek(nbytes=None, offset=0) -> bytes: copy bytes out of the buffer from where\n"
+     "they are (device, host or disk), without moving it (dmem_buffer_read).\n"
+     "Raises BusyError for a buffer held by the controller."},
+    {"readinto", (PyCFunction)(void (*)(void))pyd_buffer_readinto, METH_VARARGS | METH_KEYWORDS,
+     "readinto(out, offset=0) -> int: fill the writable, C-contiguous buffer `out`\n"
+     "(bytearray, memoryview, numpy array ...) with len(out) bytes from offset,\n"
+     "read where they are as peek() does; returns the number of bytes."},
     {"spill", (PyCFunction)(void (*)(void))pyd_buffer_spill, METH_VARARGS | METH_KEYWORDS,
      "spill(tier='host'): move to 'host', 'disk' or 'controller' and wait for the move.\n"
      "BusyError if the buffer is locked or pinned; for an exposed buffer its message names\n"

@@ -1,7 +1,8 @@
 /*
  * runtime/buffer.c - the buffer calls: dmem_alloc (and the publication of a
  * new buffer it shares with dmem_device_adopt), dmem_free,
- * dmem_buffer_info, dmem_set_priority, and the lock fast path (one CAS on a
+ * dmem_buffer_info, dmem_set_priority, dmem_buffer_read (the state machine
+ * is spill/read.c), and the lock fast path (one CAS on a
  * resident buffer; everything else goes to the retrieve state machine in
  * spill/retrieve.c) with dmem_unlock.
  */
@@ -121,6 +122,17 @@ dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priorit
   if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_atomic_store_relaxed(&b->priority, priority);
   return DMEM_OK;
+}
+
+dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, size_t offset, void *dst,
+                               size_t n) {
+  if (!rt || (!dst && n > 0))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_read: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  return dmem__read(rt, b, h, offset, dst, n);
 }
 
 /* The lock's fast path: a resident, unlocked-or-locked buffer of the right

@@ -515,6 +515,38 @@ dmem_status_t dmem__disk_write(dmem__disk_t *d, uint64_t off, const void *data, 
   return job_run(d, true, (void *)data, off, n, cancel, cancel_arg);
 }
 
+/* The first m bytes of a read that starts `lead` bytes into the block at
+ * file offset aoff (a ranged read: dmem_buffer_read). Under O_DIRECT the
+ * whole block is read into a bounce buffer (the extent holds whole blocks);
+ * buffered, straight into buf. Returns 0 or an errno. */
+static int head_read(dmem__disk_t *d, uint64_t aoff, size_t lead, char *buf, size_t m) {
+  if (dmem_atomic_load_relaxed(&d->direct)) {
+    char *bb = bounce_get(d);
+    if (!bb) return ENOMEM;
+    int e = rw_all(d, false, bb, aoff, DISK_ALIGN, lead + m);
+    if (e == 0) memcpy(buf, bb + lead, m);
+    bounce_put(d, bb);
+    if (e != EINVAL) return e;
+    go_buffered(d);
+  }
+  return rw_all(d, false, buf, aoff + lead, m, m);
+}
+
 dmem_status_t dmem__disk_read(dmem__disk_t *d, uint64_t off, void *data, size_t n) {
+  size_t lead = (size_t)(off & (DISK_ALIGN - 1));
+  if (lead && n) {
+    /* Not at a block boundary: the bytes up to the next one first, so that
+     * the rest starts aligned (O_DIRECT needs aligned file offsets). */
+    size_t m = DISK_ALIGN - lead < n ? DISK_ALIGN - lead : n;
+    int e = head_read(d, off - lead, lead, data, m);
+    if (e != 0)
+      return dmem__error(DMEM_ERR_IO, "disk tier pread of %zu bytes at %llu in %s: %s", m,
+                         (unsigned long long)off, d->dir,
+                         e == ENODATA ? "file too short" : strerror(e));
+    off += m;
+    data = (char *)data + m;
+    n -= m;
+    if (n == 0) return DMEM_OK;
+  }
   return job_run(d, false, data, off, n, NULL, NULL);
 }

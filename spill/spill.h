@@ -33,6 +33,11 @@ typedef struct dmem__tier_ops {
   /* Bring the bytes back into pinned memory at b->host (the host tier: they
    * are there already). On failure b->host is as it was. */
   dmem_status_t (*load)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
+  /* Copy n bytes at offset off of the buffer into host memory at dst and
+   * leave the tier's copy as it is (dmem_buffer_read; spill/read.c). NULL:
+   * the tier cannot be read in place (the controller may drop its copy
+   * after a retrieve). */
+  dmem_status_t (*read)(dmem_runtime_t *rt, dmem__buffer_t *b, size_t off, void *dst, size_t n);
   /* Forget the buffer: remove its file, uncharge its bytes. Pinned memory at
    * b->host stays (dmem__host_copy_release frees it; a retrieve recycles it
    * as staging). */
@@ -81,7 +86,8 @@ void dmem__disk_free(dmem__disk_t *disk, uint64_t off, size_t n);
 typedef bool (*dmem__disk_cancel_fn)(void *arg);
 /* Write / read n bytes at file offset off of an extent, in chunks shared
  * with the I/O threads. DMEM_ERR_IO on a failed or short pread/pwrite;
- * DMEM_ERR_BUSY when `cancel` (may be NULL) said stop. */
+ * DMEM_ERR_BUSY when `cancel` (may be NULL) said stop. A write starts at
+ * the extent's start; a read may start anywhere in it (a ranged read). */
 dmem_status_t dmem__disk_write(dmem__disk_t *disk, uint64_t off, const void *data, size_t n,
                                dmem__disk_cancel_fn cancel, void *cancel_arg);
 dmem_status_t dmem__disk_read(dmem__disk_t *disk, uint64_t off, void *data, size_t n);
@@ -203,6 +209,14 @@ typedef enum dmem__retrieve_mode {
  * locked buffer; in DMEM__RETRIEVE_ONLY mode dev_out may be NULL. */
 dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                              void *stream, dmem__retrieve_mode_t mode, void **dev_out);
+
+/* ---- reading in place (read.c) ---------------------------------------------------- */
+
+/* Copy bytes [off, off + n) of b (handle h) into host memory at dst from
+ * wherever they are, leaving the buffer there: the one read state machine
+ * behind dmem_buffer_read (statuses as documented there). */
+dmem_status_t dmem__read(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, size_t off,
+                         void *dst, size_t n);
 
 /* ---- the copy engine (copy.c) and prefetch (prefetch.c) --------------------------- */
 

@@ -57,6 +57,7 @@ const dmem__tier_ops_t dmem__tier_controller = {
     .adopts_staging = false,
     .store = ctl_store,
     .load = ctl_load,
+    .read = NULL, /* retrieve may drop the controller's copy */
     .drop = ctl_drop,
     .used = ctl_used,
 };

@@ -108,6 +108,17 @@ static dmem_status_t disk_load(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   return DMEM_OK;
 }
 
+/* Straight from the extent into dst (no staging): a failed read is
+ * DMEM_ERR_IO and leaves the extent as it was. Not counted as a disk read
+ * (those are retrieves). */
+static dmem_status_t disk_read_range(dmem_runtime_t *rt, dmem__buffer_t *b, size_t off,
+                                     void *dst, size_t n) {
+  dmem__disk_t *disk;
+  dmem_status_t st = dmem__disk_get(rt, &disk);
+  if (st != DMEM_OK) return st;
+  return dmem__disk_read(disk, b->disk_off + off, dst, n);
+}
+
 static void disk_drop(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
   (void)h;
   /* acquire: partner is dmem__disk_get's release (the tier held this buffer,
@@ -125,6 +136,7 @@ const dmem__tier_ops_t dmem__tier_disk = {
     .adopts_staging = false,
     .store = disk_store,
     .load = disk_load,
+    .read = disk_read_range,
     .drop = disk_drop,
     .used = disk_used,
 };

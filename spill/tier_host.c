@@ -14,6 +14,7 @@
  * brake that keeps pinned memory bounded.
  */
 #include "runtime/internal.h"
+#include <string.h>
 
 size_t dmem__host_tier_cap(size_t limit) {
   return limit > SIZE_MAX / 3 * 2 ? SIZE_MAX : limit + limit / 2;
@@ -50,6 +51,21 @@ static dmem_status_t host_load(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   return DMEM_OK; /* the copy is pinned memory already */
 }
 
+/* The copy is b->host; a spill copy into it may still run (SPILL_COPY):
+ * wait for its event first. Both are stable while the caller owns TRANSIT
+ * (the staging poller takes TRANSIT to clear them). */
+static dmem_status_t host_read(dmem_runtime_t *rt, dmem__buffer_t *b, size_t off, void *dst,
+                               size_t n) {
+  DMEM_ASSERT(b->host != NULL);
+  if (dmem_atomic_load_relaxed(&b->word) & DMEM__F_SPILL_COPY) {
+    void *ev = dmem_atomic_load_relaxed(&b->spill_event);
+    dmem_status_t st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+    if (st != DMEM_OK) return st;
+  }
+  memcpy(dst, (const char *)b->host + off, n);
+  return DMEM_OK;
+}
+
 static void host_drop(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
   (void)h;
   dmem_atomic_sub_relaxed(&rt->host_used, dmem__bsize(b));
@@ -64,6 +80,7 @@ const dmem__tier_ops_t dmem__tier_host = {
     .adopts_staging = true,
     .store = host_store,
     .load = host_load,
+    .read = host_read,
     .drop = host_drop,
     .used = host_used,
 };

@@ -63,6 +63,7 @@ typedef struct fx {
   dmem_stream_t stream_out;
   dmem_runtime_t *rt_out;
   unsigned char ipc_out[DMEM_IPC_HANDLE_SIZE];
+  unsigned char read_out[64]; /* dmem_buffer_read's dst */
   /* Callbacks called: must stay 0 when a row fails. */
   int launches, host_fns, ctl_calls;
 } fx_t;
@@ -79,6 +80,7 @@ static void outputs_fill(fx_t *f) {
   memset(&f->stream_out, SENTINEL, sizeof f->stream_out);
   memset(&f->rt_out, SENTINEL, sizeof f->rt_out);
   memset(f->ipc_out, SENTINEL, sizeof f->ipc_out);
+  memset(f->read_out, SENTINEL, sizeof f->read_out);
   f->launches = f->host_fns = f->ctl_calls = 0;
 }
 static bool all_sentinel(const void *p, size_t n) {
@@ -92,7 +94,7 @@ static const char *output_written(const fx_t *f) {
 #define OUT_(field) \
   if (!all_sentinel(&f->field, sizeof f->field)) return #field;
   OUT_(h_out) OUT_(ptr_out) OUT_(size_out) OUT_(size_out2) OUT_(frac_out) OUT_(info_out)
-  OUT_(stats_out) OUT_(stream_out) OUT_(rt_out) OUT_(ipc_out)
+  OUT_(stats_out) OUT_(stream_out) OUT_(rt_out) OUT_(ipc_out) OUT_(read_out)
 #undef OUT_
   if (f->launches) return "a launch function ran";
   if (f->host_fns) return "a host function ran";
@@ -433,6 +435,27 @@ ROW(dmem_unlock, "without a lock (pinned)", DMEM_ERR_NOT_LOCKED, dmem_unlock(f->
 ROW(dmem_set_priority, "rt NULL", INVAL, dmem_set_priority(NULL, RES, 1))
 ROW_H(dmem_set_priority, "bad handle", STALE, dmem_set_priority(f->rt, f->bad, 7))
 ROW_H(dmem_set_priority, "bad handle, INT_MIN", STALE, dmem_set_priority(f->rt, f->bad, INT_MIN))
+ROW(dmem_buffer_read, "rt NULL", INVAL, dmem_buffer_read(NULL, RES, 0, f->read_out, 8))
+ROW(dmem_buffer_read, "dst NULL, n 8", INVAL, dmem_buffer_read(f->rt, RES, 0, NULL, 8))
+ROW(dmem_buffer_read, "dst NULL, n 8, disk tier", INVAL, dmem_buffer_read(f->rt, DISK, 0, NULL, 8))
+ROW(dmem_buffer_read, "dst NULL, n 0 (nothing to read)", DMEM_OK,
+    dmem_buffer_read(f->rt, HOST, 0, NULL, 0))
+ROW(dmem_buffer_read, "one byte past the end (resident)", INVAL,
+    dmem_buffer_read(f->rt, RES, BUF - 7, f->read_out, 8))
+ROW(dmem_buffer_read, "one byte past the end (host tier)", INVAL,
+    dmem_buffer_read(f->rt, HOST, BUF - 7, f->read_out, 8))
+ROW(dmem_buffer_read, "one byte past the end (disk tier)", INVAL,
+    dmem_buffer_read(f->rt, DISK, BUF - 7, f->read_out, 8))
+ROW(dmem_buffer_read, "one byte past the end (locked)", INVAL,
+    dmem_buffer_read(f->rt, LOCKED, 1, f->read_out, BUF))
+ROW(dmem_buffer_read, "offset past the end, n 0", INVAL,
+    dmem_buffer_read(f->rt, RES, BUF + 1, f->read_out, 0))
+ROW(dmem_buffer_read, "offset SIZE_MAX", INVAL,
+    dmem_buffer_read(f->rt, HOST, SIZE_MAX, f->read_out, 1))
+ROW(dmem_buffer_read, "n SIZE_MAX (offset + n wraps)", INVAL,
+    dmem_buffer_read(f->rt, DISK, 8, f->read_out, SIZE_MAX))
+ROW_H(dmem_buffer_read, "bad handle", STALE, dmem_buffer_read(f->rt, f->bad, 0, f->read_out, 8))
+ROW_H(dmem_buffer_read, "bad handle, n 0", STALE, dmem_buffer_read(f->rt, f->bad, 0, NULL, 0))
 
 /* ---- launch.h ---- */
 ROW(dmem_lock_and_launch, "rt NULL", INVAL, dmem_lock_and_launch(NULL, &RES, 1, count_launch, f))

@@ -1,6 +1,7 @@
 /* Handle table and buffer life cycle: alloc, free, info, lock, unlock,
  * priorities, and every bad input. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "check.h"
 
@@ -328,5 +329,404 @@ TEST_CASE(data_survives_spill_roundtrip) {
   CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB + 17, 99), 0);
   CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+/* ---- dmem_buffer_read: bytes read where they are ---------------------------------- */
+
+/* The counters a read must leave alone. */
+typedef struct move_counts {
+  uint64_t spills, unspills, bytes_spilled, bytes_unspilled, disk_to_device, cancelled;
+  size_t host_used, disk_used, device_used;
+} move_counts_t;
+
+static move_counts_t move_counts(dmem_runtime_t *rt) {
+  dmem_stats_t s;
+  if (dmem_stats(rt, &s) != DMEM_OK) abort();
+  return (move_counts_t){s.spill_count,    s.unspill_count, s.bytes_spilled,
+                         s.bytes_unspilled, s.disk_to_device_count, s.cancelled_spills,
+                         s.host_used,      s.disk_used,     s.device_used};
+}
+
+static int counts_same(move_counts_t a, move_counts_t b) {
+  return a.spills == b.spills && a.unspills == b.unspills && a.bytes_spilled == b.bytes_spilled &&
+         a.bytes_unspilled == b.bytes_unspilled && a.disk_to_device == b.disk_to_device &&
+         a.cancelled == b.cancelled && a.host_used == b.host_used && a.disk_used == b.disk_used &&
+         a.device_used == b.device_used;
+}
+
+/* Read [off, off + n) of h (whose bytes are the pattern in `want`) into a
+ * destination that starts `mis` bytes past an aligned address; every byte
+ * right, nothing written around the range. */
+static size_t read_bad_bytes(dmem_runtime_t *rt, dmem_handle_t h, const unsigned char *want,
+                             size_t off, size_t n, size_t mis) {
+  unsigned char *dst = malloc(n + mis + 16);
+  if (!dst) abort();
+  memset(dst, 0xEE, n + mis + 16);
+  dmem_status_t st = dmem_buffer_read(rt, h, off, dst + mis, n);
+  if (st != DMEM_OK) {
+    fprintf(stderr, "dmem_buffer_read(%zu, %zu): %s (%s)\n", off, n, dmem_status_name(st),
+            dmem_last_error_detail());
+    free(dst);
+    return n ? n : 1;
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += dst[mis + i] != want[off + i];
+  for (size_t i = 0; i < mis; i++) bad += dst[i] != 0xEE;
+  for (size_t i = 0; i < 16; i++) bad += dst[mis + n + i] != 0xEE;
+  free(dst);
+  return bad;
+}
+
+/* Whole and partial ranges, at offsets inside and across 4 KiB blocks and
+ * 8 MiB disk chunks, into aligned and unaligned destinations. */
+static void check_ranges(dmem_runtime_t *rt, dmem_handle_t h, const unsigned char *want,
+                         size_t size) {
+  const size_t ranges[][2] = {
+      {0, size}, {0, 1}, {size - 1, 1}, {1, 4095}, {4095, 2}, {4096, 4096}, {4097, 8191},
+      {12345, 3 * MiB + 7}, {size - 5000, 5000}, {8 * MiB - 3, 6}, {100, size - 200},
+  };
+  for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++) {
+    size_t off = ranges[k][0], n = ranges[k][1];
+    if (off > size || n > size - off) continue;
+    CHECK_UEQ(read_bad_bytes(rt, h, want, off, n, 0), 0);
+    CHECK_UEQ(read_bad_bytes(rt, h, want, off, n, 3), 0);
+  }
+}
+
+TEST_CASE(read_in_place_each_tier) {
+  dmem_runtime_t *rt = check_runtime(32 * MiB);
+  const size_t size = 9 * MiB + 123; /* past one disk chunk, not whole blocks */
+  unsigned char *want = malloc(size);
+  REQUIRE_TRUE(want != NULL);
+  check_fill(want, size, 41);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, size, 0, &h));
+  check_put(rt, h, size, 41);
+  const dmem_state_t states[3] = {DMEM_STATE_RESIDENT, DMEM_STATE_DEFERRED_HOST,
+                                  DMEM_STATE_DEFERRED_DISK};
+  for (int t = 0; t < 3; t++) {
+    if (t == 1) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    if (t == 2) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    dmem_buffer_info_t before, after;
+    REQUIRE_OK(dmem_buffer_info(rt, h, &before));
+    CHECK_EQ(before.state, states[t]);
+    move_counts_t c0 = move_counts(rt);
+    dmem_stats_t s0, s1;
+    REQUIRE_OK(dmem_stats(rt, &s0));
+    check_ranges(rt, h, want, size);
+    /* reads from inside a block do not make O_DIRECT fail (EINVAL) and the
+     * file go buffered */
+    REQUIRE_OK(dmem_stats(rt, &s1));
+    CHECK_UEQ(s1.disk_direct_io, s0.disk_direct_io);
+    if (t == 2) fprintf(stderr, "disk tier I/O: %s\n", s1.disk_direct_io ? "direct" : "buffered");
+    CHECK_OK(dmem_buffer_read(rt, h, size, NULL, 0)); /* empty range at the end */
+    REQUIRE_OK(dmem_buffer_info(rt, h, &after));
+    CHECK_EQ(after.state, states[t]);
+    CHECK_EQ(after.lock_count, 0);
+    CHECK_UEQ(after.spill_count, before.spill_count);
+    CHECK_TRUE(counts_same(c0, move_counts(rt)));
+  }
+  /* and the bytes are still right when they come back */
+  CHECK_UEQ(check_bad_bytes(rt, h, size, 41), 0);
+  CHECK_OK(dmem_free(rt, h));
+  free(want);
+  dmem_runtime_destroy(rt);
+}
+
+/* A locked buffer is read where it is; the lock count stays. A read right
+ * after an unspill (its copy maybe still in flight) sees the bytes. */
+TEST_CASE(read_locked_and_just_unspilled) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  const size_t size = MiB + 5;
+  unsigned char *want = malloc(size);
+  REQUIRE_TRUE(want != NULL);
+  check_fill(want, size, 7);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, size, 0, &h));
+  check_put(rt, h, size, 7);
+  void *p;
+  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
+  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
+  CHECK_UEQ(read_bad_bytes(rt, h, want, 0, size, 0), 0);
+  dmem_buffer_info_t info;
+  REQUIRE_OK(dmem_buffer_info(rt, h, &info));
+  CHECK_EQ(info.lock_count, 2);
+  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_unlock(rt, h));
+  for (int round = 0; round < 20; round++) {
+    REQUIRE_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+    dmem_stream_t s;
+    REQUIRE_OK(dmem_stream_create(rt, &s));
+    REQUIRE_OK(dmem_unspill(rt, h, s)); /* returns once the copy is enqueued */
+    CHECK_UEQ(read_bad_bytes(rt, h, want, 0, size, 0), 0);
+    REQUIRE_OK(dmem_buffer_info(rt, h, &info));
+    CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
+    CHECK_OK(dmem_stream_destroy(rt, s));
+  }
+  CHECK_OK(dmem_free(rt, h));
+  free(want);
+  dmem_runtime_destroy(rt);
+}
+
+/* A read is no use for the victim policy: the buffer read most recently
+ * is still the least recently unlocked one, and is spilled first. */
+TEST_CASE(read_does_not_refresh_lru) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t old, young;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &old));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &young));
+  check_put(rt, old, MiB, 1);   /* unlocked first */
+  check_put(rt, young, MiB, 2); /* unlocked last */
+  unsigned char *want = malloc(MiB);
+  REQUIRE_TRUE(want != NULL);
+  check_fill(want, MiB, 1);
+  for (int i = 0; i < 3; i++) CHECK_UEQ(read_bad_bytes(rt, old, want, 0, MiB, 0), 0);
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, 1, &freed));
+  CHECK_UEQ(freed, MiB);
+  dmem_buffer_info_t io, iy;
+  REQUIRE_OK(dmem_buffer_info(rt, old, &io));
+  REQUIRE_OK(dmem_buffer_info(rt, young, &iy));
+  CHECK_EQ(io.state, DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(iy.state, DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_free(rt, old));
+  CHECK_OK(dmem_free(rt, young));
+  free(want);
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(read_bad_ranges_and_stale) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 1000, 0, &h));
+  check_put(rt, h, 1000, 3);
+  unsigned char buf[1100];
+  memset(buf, 0x11, sizeof buf);
+  for (int t = 0; t < 3; t++) {
+    if (t == 1) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    if (t == 2) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    CHECK_STATUS(dmem_buffer_read(rt, h, 0, buf, 1001), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_buffer_read(rt, h, 1, buf, 1000), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_buffer_read(rt, h, 1001, buf, 0), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_buffer_read(rt, h, SIZE_MAX, buf, 2), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_buffer_read(rt, h, 2, buf, SIZE_MAX), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_buffer_read(rt, h, 0, NULL, 1), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_buffer_read(NULL, h, 0, buf, 1), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_OK(dmem_buffer_read(rt, h, 1000, NULL, 0));
+    CHECK_OK(dmem_buffer_read(rt, h, 0, buf, 0));
+  }
+  for (size_t i = 0; i < sizeof buf; i++)
+    if (buf[i] != 0x11) CHECK_FAIL_(1, "byte %zu written by a failed or empty read", i);
+  CHECK_OK(dmem_free(rt, h));
+  CHECK_STATUS(dmem_buffer_read(rt, h, 0, buf, 10), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_read(rt, h, 0, NULL, 0), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_read(rt, DMEM_HANDLE_NULL, 0, buf, 10), DMEM_ERR_STALE_HANDLE);
+  dmem_runtime_destroy(rt);
+}
+
+/* The controller tier is not read in place (its retrieve may drop the
+ * copy): DMEM_ERR_BUSY, and nothing is asked of the controller. */
+typedef struct { void *data; size_t size; int retrieves; } one_copy_t;
+static dmem_status_t one_store(void *user, dmem_handle_t h, const void *d, size_t n) {
+  (void)h;
+  one_copy_t *c = user;
+  free(c->data);
+  c->data = malloc(n);
+  if (!c->data) return DMEM_ERR_CALLBACK;
+  memcpy(c->data, d, n);
+  c->size = n;
+  return DMEM_OK;
+}
+static dmem_status_t one_retrieve(void *user, dmem_handle_t h, void *out, size_t n) {
+  (void)h;
+  one_copy_t *c = user;
+  c->retrieves++;
+  if (!c->data || c->size != n) return DMEM_ERR_CALLBACK;
+  memcpy(out, c->data, n);
+  return DMEM_OK;
+}
+
+TEST_CASE(read_controller_tier_is_busy) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  one_copy_t copy = {NULL, 0, 0};
+  dmem_controller_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.user = &copy;
+  c.store = one_store;
+  c.retrieve = one_retrieve;
+  REQUIRE_OK(dmem_set_controller(rt, &c));
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &h));
+  check_put(rt, h, 4096, 5);
+  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  unsigned char buf[16];
+  CHECK_STATUS(dmem_buffer_read(rt, h, 0, buf, sizeof buf), DMEM_ERR_BUSY);
+  CHECK_EQ(copy.retrieves, 0);
+  dmem_buffer_info_t info;
+  REQUIRE_OK(dmem_buffer_info(rt, h, &info));
+  CHECK_EQ(info.state, DMEM_STATE_DEFERRED_CONTROLLER);
+  CHECK_UEQ(check_bad_bytes(rt, h, 4096, 5), 0);
+  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_set_controller(rt, NULL));
+  free(copy.data);
+  dmem_runtime_destroy(rt);
+}
+
+/* Reads on two threads while another spills to host and disk, unspills,
+ * locks and frees nothing: every read sees the right bytes, never a torn
+ * state; a host limit makes the I/O threads push buffers down meanwhile. */
+#define RACE_SIZE (256 * 1024 + 5)
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h[2];
+  const unsigned char *want[2];
+  _Atomic int stop;
+  _Atomic int reads, bad, errors;
+} race_t;
+
+static void *race_reader(void *arg) {
+  race_t *r = arg;
+  unsigned char *dst = malloc(RACE_SIZE);
+  if (!dst) abort();
+  unsigned x = 12345;
+  while (!atomic_load(&r->stop)) {
+    x = x * 1103515245u + 12345u;
+    int i = (int)(x >> 20) & 1;
+    size_t off = (x >> 4) % RACE_SIZE, n = RACE_SIZE - off;
+    if (x & 1) off = 0, n = RACE_SIZE;
+    dmem_status_t st = dmem_buffer_read(r->rt, r->h[i], off, dst, n);
+    if (st != DMEM_OK) {
+      fprintf(stderr, "race read: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+      atomic_fetch_add(&r->errors, 1);
+      continue;
+    }
+    if (memcmp(dst, r->want[i] + off, n) != 0) atomic_fetch_add(&r->bad, 1);
+    atomic_fetch_add(&r->reads, 1);
+  }
+  free(dst);
+  return NULL;
+}
+
+static void *race_mover(void *arg) {
+  race_t *r = arg;
+  /* at least 300 moves, and until the readers have read 400 times */
+  for (int it = 0; it < 300 || (atomic_load(&r->reads) < 400 && it < 200000); it++) {
+    dmem_handle_t h = r->h[it & 1];
+    dmem_status_t st;
+    void *p;
+    switch (it % 5) {
+      case 0: st = dmem_spill(r->rt, h, DMEM_TIER_HOST); break;
+      case 1: st = dmem_spill(r->rt, h, DMEM_TIER_DISK); break;
+      case 2: st = dmem_unspill(r->rt, h, NULL); break;
+      case 3:
+        st = dmem_lock(r->rt, h, NULL, &p);
+        if (st == DMEM_OK) st = dmem_unlock(r->rt, h);
+        break;
+      default: st = dmem_spill(r->rt, h, DMEM_TIER_HOST); break;
+    }
+    /* BUSY: being read or moved; INVALID: disk -> host is no move */
+    if (st != DMEM_OK && st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT) {
+      fprintf(stderr, "race move %d: %s (%s)\n", it % 5, dmem_status_name(st),
+              dmem_last_error_detail());
+      atomic_fetch_add(&r->errors, 1);
+    }
+  }
+  atomic_store(&r->stop, 1);
+  return NULL;
+}
+
+TEST_CASE(read_races_moves) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.spill_ahead = 0;
+  cfg.device_limit = 16 * MiB;
+  cfg.host_limit = RACE_SIZE + RACE_SIZE / 2; /* two in the host tier: one is pushed down */
+  dmem_runtime_t *rt = check_runtime_cfg(&cfg);
+  race_t r;
+  memset(&r, 0, sizeof r);
+  r.rt = rt;
+  unsigned char *want[2];
+  for (int i = 0; i < 2; i++) {
+    want[i] = malloc(RACE_SIZE);
+    REQUIRE_TRUE(want[i] != NULL);
+    check_fill(want[i], RACE_SIZE, 60 + (uint64_t)i);
+    r.want[i] = want[i];
+    REQUIRE_OK(dmem_alloc(rt, RACE_SIZE, 0, &r.h[i]));
+    check_put(rt, r.h[i], RACE_SIZE, 60 + (uint64_t)i);
+  }
+  move_counts_t c0 = move_counts(rt);
+  pthread_t t[3];
+  pthread_create(&t[0], NULL, race_reader, &r);
+  pthread_create(&t[1], NULL, race_reader, &r);
+  pthread_create(&t[2], NULL, race_mover, &r);
+  for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+  fprintf(stderr, "read_races_moves: %d reads\n", atomic_load(&r.reads));
+  CHECK_GT(atomic_load(&r.reads), 0);
+  CHECK_EQ(atomic_load(&r.bad), 0);
+  CHECK_EQ(atomic_load(&r.errors), 0);
+  CHECK_GT(move_counts(rt).spills, c0.spills); /* the mover did move them */
+  for (int i = 0; i < 2; i++) {
+    CHECK_UEQ(check_bad_bytes(rt, r.h[i], RACE_SIZE, 60 + (uint64_t)i), 0);
+    CHECK_OK(dmem_free(rt, r.h[i]));
+    free(want[i]);
+  }
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.buffer_count, 0);
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.disk_used, 0);
+  dmem_runtime_destroy(rt);
+}
+
+/* A free while a read copies: the read finishes with the right bytes (or
+ * finds the handle stale), and the buffer is reclaimed once. */
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  const unsigned char *want;
+  size_t size;
+  _Atomic int bad;
+} free_race_t;
+
+static void *free_race_reader(void *arg) {
+  free_race_t *r = arg;
+  unsigned char *dst = malloc(r->size);
+  if (!dst) abort();
+  dmem_status_t st = dmem_buffer_read(r->rt, r->h, 0, dst, r->size);
+  if (st == DMEM_OK ? memcmp(dst, r->want, r->size) != 0 : st != DMEM_ERR_STALE_HANDLE)
+    atomic_fetch_add(&r->bad, 1);
+  free(dst);
+  return NULL;
+}
+
+TEST_CASE(read_races_free) {
+  dmem_runtime_t *rt = check_runtime(32 * MiB);
+  const size_t size = 2 * MiB + 1;
+  unsigned char *want = malloc(size);
+  REQUIRE_TRUE(want != NULL);
+  check_fill(want, size, 77);
+  for (int round = 0; round < 30; round++) {
+    free_race_t r = {rt, 0, want, size, 0};
+    REQUIRE_OK(dmem_alloc(rt, size, 0, &r.h));
+    check_put(rt, r.h, size, 77);
+    if (round % 3 == 1) REQUIRE_OK(dmem_spill(rt, r.h, DMEM_TIER_HOST));
+    if (round % 3 == 2) REQUIRE_OK(dmem_spill(rt, r.h, DMEM_TIER_DISK));
+    pthread_t t;
+    pthread_create(&t, NULL, free_race_reader, &r);
+    CHECK_OK(dmem_free(rt, r.h));
+    pthread_join(t, NULL);
+    CHECK_EQ(atomic_load(&r.bad), 0);
+  }
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.buffer_count, 0);
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.disk_used, 0);
+  free(want);
   dmem_runtime_destroy(rt);
 }

@@ -95,7 +95,7 @@ typedef enum api {
   API_PREFETCH, API_EVICT, API_LAUNCH_ASYNC, API_LOCK_AND_LAUNCH, API_SYNC_AND_UNLOCK,
   API_STREAM_RELEASE, API_STREAM_CREATE, API_STREAM_DESTROY, API_STREAM_SYNC,
   API_ENQUEUE_HOST, API_COPY, API_DEVICE_MALLOC, API_DEVICE_FREE, API_MEMORY_INFO,
-  API_DEVICE_TRIM, API_HOST_TRIM, API_POLL, API_STATS, API_DEVICE_ADOPT, API_N
+  API_DEVICE_TRIM, API_HOST_TRIM, API_POLL, API_STATS, API_DEVICE_ADOPT, API_READ, API_N
 } api_t;
 
 /* What each call's header (include/dmem/) says it returns. */
@@ -135,6 +135,7 @@ static const struct {
     [API_POLL] = {"dmem_runtime_poll", OK_ | INV | DEV | FATAL},
     [API_STATS] = {"dmem_stats", OK_ | INV},
     [API_DEVICE_ADOPT] = {"dmem_device_adopt", OK_ | INV | HOOM | DEV | FATAL},
+    [API_READ] = {"dmem_buffer_read", OK_ | INV | STALE | BUSY | IO | DEV | FATAL},
 };
 
 /* ---- the fixture: a runtime and what lives in it ------------------------------------- */
@@ -586,6 +587,51 @@ static void controller_run(fx_t *f) {
     (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[1]));
   size_t freed = 0;
   (void)DO(API_EVICT, dmem_evict(f->rt, 16 * U, &freed));
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+}
+
+/* read in place: resident (also right after an unspill, its copy maybe in
+ * flight), from the host tier and from disk, whole and from inside a
+ * block. A read moves nothing, failed or not; one that succeeded got the
+ * right bytes. */
+static void t_read_(fx_t *f, int i, size_t off, size_t n, int line) {
+  int before = state_of(f, i);
+  unsigned char *dst = malloc(n), *want = malloc(f->size[i]);
+  if (!dst || !want) abort();
+  dmem_status_t st = checked(f, API_READ, dmem_buffer_read(f->rt, f->h[i], off, dst, n), line);
+  int after = state_of(f, i);
+  if (after != before) {
+    fprintf(stderr, "test_fault.c:%d: [%s] read of buffer %d (%s) moved it: state %d -> %d\n",
+            line, f->where, i, dmem_status_name(st), before, after);
+    check_failed_ = 1;
+    f->bad++;
+  }
+  pat_fill(want, f->size[i], f->seed[i]);
+  if (st == DMEM_OK && f->known[i] && memcmp(dst, want + off, n) != 0) {
+    fprintf(stderr, "test_fault.c:%d: [%s] read of buffer %d returned wrong bytes\n", line,
+            f->where, i);
+    check_failed_ = 1;
+    f->bad++;
+  }
+  free(dst);
+  free(want);
+}
+#define t_read(f, i, off, n) t_read_((f), (i), (off), (n), __LINE__)
+
+static void read_setup(fx_t *f) {
+  setup_buffers(f, 4, 4 * U + 100);
+  dmem_status_t st = dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST);
+  if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK);
+  if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[3], DMEM_TIER_DISK);
+  if (st != DMEM_OK) setup_fail("spill", st);
+}
+static void read_run(fx_t *f) {
+  for (int i = 0; i < 3; i++) {
+    t_read(f, i, 0, f->size[i]);
+    t_read(f, i, 4097, 2 * U);
+  }
+  (void)t_unspill(f, 3, f->s);
+  t_read(f, 3, 5, f->size[3] - 5);
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
 
@@ -1138,6 +1184,11 @@ TEST_CASE(pushdown) {
 TEST_CASE(controller) {
   scenario_t sc = {"controller", LIMIT, 0, true, false, true, controller_setup,
                    controller_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(read) {
+  scenario_t sc = {"read", LIMIT, 0, false, false, true, read_setup, read_run};
   run_scenario(&sc);
 }
 

@@ -116,6 +116,9 @@ static void child_calls(dmem_runtime_t *rt, dmem_handle_t hr, dmem_handle_t hh,
   CHILD_EXPECT(dmem_lock(rt, hr, NULL, &p), DMEM_ERR_FORKED); /* resident: the fast path */
   CHILD_EXPECT(dmem_lock(rt, hh, NULL, &p), DMEM_ERR_FORKED); /* spilled: the retrieve */
   CHILD_EXPECT(dmem_lock(rt, hd, s, &p), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_read(rt, hr, 0, host, 16), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_read(rt, hh, 0, host, 16), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_read(rt, hd, 0, host, 16), DMEM_ERR_FORKED);
   /* unlock writes the child's own copy of the lock count, nothing else */
   CHILD_EXPECT(dmem_unlock(rt, hl), DMEM_OK);
   CHILD_EXPECT(dmem_unlock(rt, hl), DMEM_ERR_NOT_LOCKED);

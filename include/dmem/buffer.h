@@ -128,6 +128,52 @@ DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
 DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
 
 /**
+ * Copy bytes [offset, offset + n) of a buffer into host memory at `dst`,
+ * from wherever the bytes are, and leave the buffer there: a resident buffer
+ * is copied device->host on the runtime's device->host copy stream (after an
+ * unspill copy still in flight) and this call waits for the copy; a buffer in
+ * the host tier is copied from its pinned copy; one on disk is read from its
+ * spill file (pread, no staging). Nothing is unspilled, the buffer's state,
+ * lock count and spill count stay as they were, no spill or unspill is
+ * counted in dmem_stats, and the read does not count as a use for the victim
+ * policy (only unlocks do).
+ *
+ * While the bytes are copied the buffer is owned by the read as by a move:
+ * dmem_spill of it gives DMEM_ERR_BUSY and eviction passes it over; a lock
+ * of a resident buffer proceeds at once, a lock of a deferred one waits for
+ * the read; a free marks it and it is reclaimed when the read ends. A read
+ * that finds the buffer being moved (spilled, unspilled, pushed down to
+ * disk) waits for the move and reads from where it ended. Bytes written by
+ * device work still running on a locked buffer are not ordered before the
+ * read (as for dmem_copy): read after that work, or after the unlock.
+ *
+ * Thread-safe. Reads of one buffer from several threads run one after the
+ * other.
+ *
+ * @param dst  host memory of at least n bytes (not device memory); may be
+ *             NULL when n is 0.
+ * @return DMEM_OK (n == 0 included, once h and offset are checked; dst is
+ *         written only then, and may be partly written on failure);
+ *         DMEM_ERR_INVALID_ARGUMENT  rt NULL, dst NULL with n > 0, or
+ *                                    offset + n past the buffer's size;
+ *         DMEM_ERR_STALE_HANDLE;
+ *         DMEM_ERR_BUSY              the bytes are held by the controller
+ *                                    (DMEM_STATE_DEFERRED_CONTROLLER: its
+ *                                    retrieve may drop its copy; lock or
+ *                                    unspill it instead), or called from a
+ *                                    controller callback for the buffer that
+ *                                    callback is moving;
+ *         DMEM_ERR_IO                the disk read failed (the buffer stays
+ *                                    on disk, intact);
+ *         DMEM_ERR_FORKED            in a forked child (see dmem/runtime.h);
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL (a resident buffer's copy
+ *                                    or its event; the second also for any
+ *                                    call after a fatal device error).
+ */
+DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, size_t offset,
+                                        void *dst, size_t n);
+
+/**
  * Set a buffer's priority class. Eviction spills lower priorities first, and
  * within a class the least recently unlocked first. Default 0; every int
  * (INT_MIN to INT_MAX) is a priority.

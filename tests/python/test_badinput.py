@@ -264,6 +264,33 @@ row("Buffer.read", "offset 2**70", ValueError, lambda f: f.b["disk"].read(1, 2 *
 row("Buffer.read", "offset 'x'", TypeError, lambda f: f.b["disk"].read(1, "x"))
 row("Buffer.read", "offset past the end", ValueError, lambda f: f.b["disk"].read(None, BUF + 1))
 row("Buffer.read", "a freed buffer", dmem.StaleHandleError, lambda f: f.freed.read(1))
+row("Buffer.peek", "nbytes -1", ValueError, lambda f: f.b["disk"].peek(-1))
+row("Buffer.peek", "nbytes past the end", ValueError, lambda f: f.b["host"].peek(BUF + 1))
+row("Buffer.peek", "nbytes 2**70", ValueError, lambda f: f.b["res"].peek(2 ** 70))
+row("Buffer.peek", "nbytes 'x'", TypeError, lambda f: f.b["disk"].peek("x"))
+row("Buffer.peek", "nbytes True", TypeError, lambda f: f.b["disk"].peek(True))
+row("Buffer.peek", "offset -1", ValueError, lambda f: f.b["disk"].peek(1, -1))
+row("Buffer.peek", "offset 2**70", ValueError, lambda f: f.b["host"].peek(1, 2 ** 70))
+row("Buffer.peek", "offset 'x'", TypeError, lambda f: f.b["disk"].peek(1, "x"))
+row("Buffer.peek", "offset past the end", ValueError, lambda f: f.b["disk"].peek(None, BUF + 1))
+row("Buffer.peek", "one byte past the end", ValueError, lambda f: f.b["locked"].peek(2, BUF - 1))
+row("Buffer.peek", "a freed buffer", dmem.StaleHandleError, lambda f: f.freed.peek(1))
+row("Buffer.readinto", "out bytes (read-only)", TypeError,
+    lambda f: f.b["disk"].readinto(b"1234"))
+row("Buffer.readinto", "out an int", TypeError, lambda f: f.b["host"].readinto(5))
+row("Buffer.readinto", "out None", TypeError, lambda f: f.b["res"].readinto(None))
+row("Buffer.readinto", "out not contiguous", (TypeError, BufferError),
+    lambda f: f.b["disk"].readinto(memoryview(bytearray(16))[::2]))
+row("Buffer.readinto", "out larger than the buffer", ValueError,
+    lambda f: f.b["host"].readinto(bytearray(BUF + 1)))
+row("Buffer.readinto", "offset -1", ValueError, lambda f: f.b["disk"].readinto(bytearray(1), -1))
+row("Buffer.readinto", "offset 2**70", ValueError,
+    lambda f: f.b["disk"].readinto(bytearray(1), 2 ** 70))
+row("Buffer.readinto", "offset 'x'", TypeError, lambda f: f.b["res"].readinto(bytearray(1), "x"))
+row("Buffer.readinto", "offset + len(out) past the end", ValueError,
+    lambda f: f.b["disk"].readinto(bytearray(2), BUF - 1))
+row("Buffer.readinto", "a freed buffer", dmem.StaleHandleError,
+    lambda f: f.freed.readinto(bytearray(1)))
 row("Buffer.spill", "tier 'gpu'", ValueError, lambda f: f.b["res"].spill("gpu"))
 row("Buffer.spill", "tier 'device'", ValueError, lambda f: f.b["res"].spill("device"))
 row("Buffer.spill", "tier 1", TypeError, lambda f: f.b["res"].spill(1))

@@ -322,3 +322,197 @@ def test_host_trim(rt):
     assert released > 0 and rt.stats()["host_pool_reserved"] == 0
     with pytest.raises(TypeError):
         rt.host_trim("0")
+
+
+# ---- peek / readinto: read where the bytes are, without moving the buffer ----
+
+MOVES = ("spill_count", "unspill_count", "bytes_spilled", "bytes_unspilled")
+
+
+def _moves(rt):
+    st = rt.stats()
+    return {k: st[k] for k in MOVES}
+
+
+def _place(buf, tier):
+    if tier != "device":
+        buf.spill(tier)
+
+
+@pytest.mark.parametrize("tier, state", [("device", "resident"), ("host", "deferred_host"),
+                                         ("disk", "deferred_disk")])
+def test_peek_and_readinto_leave_buffer_in_place(rt, tier, state):
+    n = 3 * 4096 + 77
+    data = pattern(n, 5)
+    b = rt.alloc(n)
+    b.write(data)
+    _place(b, tier)
+    spills = b.spill_count
+    moves = _moves(rt)
+    assert b.peek() == data
+    assert b.peek(10) == data[:10]
+    assert b.peek(offset=4095) == data[4095:]
+    assert b.peek(5000, 4097) == data[4097:9097]
+    assert b.peek(0) == b""
+    assert b.peek(0, n) == b""
+    out = bytearray(n)
+    assert b.readinto(out) == n
+    assert out == data
+    part = bytearray(1001)
+    assert b.readinto(part, offset=4093) == 1001
+    assert part == data[4093:5094]
+    mv = memoryview(bytearray(300))
+    assert b.readinto(mv[100:200], 7) == 100
+    assert mv[100:200] == data[7:107] and mv[:100] == bytes(100) and mv[200:] == bytes(100)
+    assert b.readinto(bytearray()) == 0
+    assert b.state == state
+    assert b.spill_count == spills
+    assert b.lock_count == 0
+    assert _moves(rt) == moves
+    assert b.read() == data  # read() still brings it back
+    assert b.state == "resident"
+
+
+def test_readinto_numpy(rt):
+    np = pytest.importorskip("numpy")
+    a = np.arange(10000, dtype=np.float64)
+    b = rt.alloc(a.nbytes)
+    b.write(a)
+    b.spill("disk")
+    out = np.empty_like(a)
+    assert b.readinto(out) == a.nbytes
+    assert np.array_equal(out, a)
+    half = np.zeros(5000, dtype=np.float64)
+    assert b.readinto(half, offset=5000 * 8) == half.nbytes
+    assert np.array_equal(half, a[5000:])
+    assert b.state == "deferred_disk"
+    with pytest.raises(TypeError):
+        b.readinto(out[::2])  # not contiguous
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError):
+        b.readinto(ro)
+    assert b.state == "deferred_disk"
+
+
+def test_peek_locked_buffer(rt):
+    b = rt.alloc(64)
+    b.write(pattern(64, 9))
+    with b.lock():
+        assert b.peek() == pattern(64, 9)
+        out = bytearray(64)
+        assert b.readinto(out) == 64 and out == pattern(64, 9)
+        assert b.lock_count == 1
+    assert b.lock_count == 0
+
+
+@pytest.mark.parametrize("args, kwargs, exc", [
+    ((-1,), {}, ValueError),
+    ((65,), {}, ValueError),
+    ((1, -1), {}, ValueError),
+    ((None, 65), {}, ValueError),
+    ((2, 63), {}, ValueError),
+    (("x",), {}, TypeError),
+    ((1.0,), {}, TypeError),
+    ((1, "x"), {}, TypeError),
+    ((), {"bogus": 1}, TypeError),
+])
+def test_peek_bad_arguments(rt, args, kwargs, exc):
+    b = rt.alloc(64)
+    b.spill("disk")
+    with pytest.raises(exc):
+        b.peek(*args, **kwargs)
+    assert b.state == "deferred_disk"
+
+
+@pytest.mark.parametrize("make, kwargs, exc", [
+    (lambda: b"abcd", {}, TypeError),              # read-only
+    (lambda: "abcd", {}, TypeError),
+    (lambda: 4, {}, TypeError),
+    (lambda: None, {}, TypeError),
+    (lambda: bytearray(65), {}, ValueError),       # larger than the buffer
+    (lambda: bytearray(2), {"offset": 63}, ValueError),
+    (lambda: bytearray(1), {"offset": -1}, ValueError),
+    (lambda: bytearray(1), {"offset": "x"}, TypeError),
+    (lambda: bytearray(1), {"bogus": 1}, TypeError),
+])
+def test_readinto_bad_arguments(rt, make, kwargs, exc):
+    b = rt.alloc(64)
+    b.spill("host")
+    with pytest.raises(exc):
+        b.readinto(make(), **kwargs)
+    assert b.state == "deferred_host"
+
+
+def test_peek_readinto_freed_is_stale(rt):
+    b = rt.alloc(64)
+    b.free()
+    with pytest.raises(dmem.StaleHandleError):
+        b.peek()
+    with pytest.raises(dmem.StaleHandleError):
+        b.readinto(bytearray(8))
+
+
+class _KeepController(dmem.Controller):
+    def __init__(self):
+        self.kept = {}
+        self.retrieves = 0
+
+    def store(self, buf, data):
+        self.kept[buf.handle] = bytes(data)
+
+    def retrieve(self, buf, out):
+        self.retrieves += 1
+        out[:] = self.kept[buf.handle]
+
+
+def test_peek_controller_tier_is_busy(rt):
+    c = _KeepController()
+    rt.set_controller(c)
+    b = rt.alloc(64)
+    b.write(pattern(64, 3))
+    b.spill("controller")
+    with pytest.raises(dmem.BusyError):
+        b.peek()
+    with pytest.raises(dmem.BusyError):
+        b.readinto(bytearray(8))
+    assert c.retrieves == 0
+    assert b.state == "deferred_controller"
+    assert b.read() == pattern(64, 3)
+    b.free()
+    rt.set_controller(None)
+
+
+def test_peek_while_other_threads_move(rt):
+    import threading
+    n = 200_000
+    data = pattern(n, 11)
+    b = rt.alloc(n)
+    b.write(data)
+    stop = threading.Event()
+    errors = []
+
+    def mover():
+        try:
+            for i in range(200):
+                move = (lambda: b.spill("host"), lambda: b.spill("disk"), b.unspill)[i % 3]
+                try:
+                    move()
+                except (dmem.BusyError, dmem.InvalidArgumentError):
+                    pass
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            stop.set()
+
+    t = threading.Thread(target=mover)
+    t.start()
+    reads = 0
+    out = bytearray(n)
+    while not stop.is_set() or reads < 20:
+        assert b.peek(1000, reads % 5000) == data[reads % 5000:reads % 5000 + 1000]
+        assert b.readinto(out) == n and out == data
+        reads += 1
+    t.join()
+    assert not errors, errors
+    assert b.read() == data
