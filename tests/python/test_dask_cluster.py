@@ -51,7 +51,7 @@ def cluster(tmp_path_factory):
     os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]  # the spawned workers import dmem
     c = dmem.dask.LocalCluster(n_workers=2, backend="host", device_memory_limit=LIMIT,
                                host_memory_limit=64 * MiB, spill_dir=str(spill),
-                               threads_per_worker=2, dashboard_address=None,
+                               threads_per_worker=2, dashboard_address=":0",
                                memory_limit="2GiB")
     yield c, spill
     c.close()
@@ -145,10 +145,16 @@ def test_cli_workers_join_a_remote_scheduler(tmp_path):
             client.wait_for_workers(2, timeout=120)
             names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
             assert names == ["cli-0", "cli-1"]
-            x = the_array()
+            # the scheduler and workers are other programs: the test module is
+            # not importable there, so the block function goes by value
+            # (cloudpickle pickles a lambda with its code)
+            x = da.fromfunction(lambda i, j: ((i * 7 + j * 3) % 1000).astype(np.float64),
+                                shape=(N, N), chunks=CH, dtype=np.float64)
             assert (x + x.T).sum().compute() == 2 * REF.sum()
-            st = worker_stats(client)
-            assert all(s["type"] == "DmemWorkerData" for s in st.values())
+            np.testing.assert_array_equal((x + x.T)[:300, -200:].compute(),
+                                          (REF + REF.T)[:300, -200:])
+            types = client.run(lambda dask_worker: type(dask_worker.data).__name__)
+            assert set(types.values()) == {"DmemWorkerData"}
         workers.send_signal(signal.SIGTERM)
         out, _ = workers.communicate(timeout=60)
         assert workers.returncode == 0, out
@@ -181,7 +187,7 @@ def test_worker_killed_mid_spill_recovers_and_leaves_no_files(tmp_path):
     # a small host tier: spills go on to disk
     with dmem.dask.LocalCluster(n_workers=2, backend="host", device_memory_limit=LIMIT,
                                 host_memory_limit=2 * MiB, spill_dir=str(spill),
-                                threads_per_worker=2, dashboard_address=None,
+                                threads_per_worker=2, dashboard_address=":0",
                                 memory_limit="2GiB") as c, distributed.Client(c) as client:
         x = the_array()
         y = (x * 3).persist()
