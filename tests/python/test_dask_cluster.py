@@ -90,7 +90,9 @@ def test_local_cluster_spills_in_place_3x_the_device_limit(cluster):
                                       (REF + REF.T)[:CH + 5, -CH - 3:])
         st = worker_stats(client)
         # values only cross process boundaries when sent; spilling serialised none
-        assert sum(s["serialized"] for s in st.values()) == sum(s["sent"] for s in st.values())
+        sent = sum(s["sent"] for s in st.values())
+        assert sent > 0  # x.T needs chunks of the other worker: they went as DmemValues
+        assert sum(s["serialized"] for s in st.values()) == sent
         metrics = client.scheduler_info()["workers"]
         for w in metrics.values():
             assert "dmem-device-bytes" in w["metrics"], w["metrics"].keys()
