@@ -148,6 +148,16 @@ static void print_stats(dmem_runtime_t *rt, const char *when) {
          (double)s.bytes_spilled / (1 << 30), s.seconds_spilling,
          (unsigned long long)s.unspill_count, (double)s.bytes_unspilled / (1 << 30),
          (unsigned long long)s.oom_evictions);
+  /* where spilling time goes: pinning host memory, waiting for room,
+   * spill-ahead, prefetches */
+  printf("  %-12s unspill %6.2f s; room waits %llu (%6.2f s); pinned pool %.2f GiB in %llu "
+         "grows (%llu in the background), %llu pageable blocks; prefetched %llu; ahead %llu; "
+         "cancelled %llu\n",
+         "", s.seconds_unspilling, (unsigned long long)s.room_waits, s.seconds_waiting_for_room,
+         (double)s.host_pool_reserved / (1 << 30), (unsigned long long)s.host_pool_grows,
+         (unsigned long long)s.host_pool_background_grows,
+         (unsigned long long)s.host_pageable_allocs, (unsigned long long)s.prefetch_count,
+         (unsigned long long)s.ahead_evictions, (unsigned long long)s.cancelled_spills);
 }
 
 typedef struct opts {

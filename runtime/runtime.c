@@ -252,12 +252,13 @@ static void print_stats(dmem_runtime_t *rt) {
   fprintf(stderr,
           "  spill-ahead %llu buffers (%llu bytes, %llu passes), prefetched %llu (%llu bytes), "
           "waits for room %llu (%.3f s); pinned pool %zu bytes (%llu grows, %llu in the "
-          "background, %llu trims)\n",
+          "background, %llu trims; %llu pageable blocks while it grew)\n",
           (unsigned long long)s.ahead_evictions, (unsigned long long)s.ahead_bytes,
           (unsigned long long)s.ahead_passes, (unsigned long long)s.prefetch_count,
           (unsigned long long)s.prefetch_bytes, (unsigned long long)s.room_waits,
           s.seconds_waiting_for_room, s.host_pool_reserved, (unsigned long long)s.host_pool_grows,
-          (unsigned long long)s.host_pool_background_grows, (unsigned long long)s.host_pool_trims);
+          (unsigned long long)s.host_pool_background_grows, (unsigned long long)s.host_pool_trims,
+          (unsigned long long)s.host_pageable_allocs);
 }
 
 void dmem_runtime_destroy(dmem_runtime_t *rt) {

@@ -63,6 +63,8 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.host_pool_grows = hp.grows;
   s.host_pool_background_grows = hp.background_grows;
   s.host_pool_trims = hp.trims;
+  s.host_pageable_used = hp.pageable;
+  s.host_pageable_allocs = hp.pageable_allocs;
   s.host_to_disk_count = dmem_atomic_load_relaxed(&rt->disk_writes);
   s.host_to_disk_bytes = dmem_atomic_load_relaxed(&rt->disk_bytes_written);
   s.seconds_host_to_disk = (double)dmem_atomic_load_relaxed(&rt->ns_disk_writing) * 1e-9;

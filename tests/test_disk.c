@@ -312,6 +312,53 @@ TEST_CASE(odd_sizes_round_trip) { sizes_round_trip(false); }
 
 TEST_CASE(filesystem_without_o_direct_is_used_buffered) { sizes_round_trip(true); }
 
+/* The pinned pool's pageable fallback (runtime/memory/hostpool.c): host
+ * blocks taken outside the pinned chunks (as when the pool is busy pinning
+ * a chunk under CUDA) carry spills to the host tier, staging for disk
+ * writes and reads, and in-place reads, and go back to the C heap when
+ * freed. Forced here for every block; under CUDA this is the D2H/H2D copy
+ * into and out of pageable memory. */
+TEST_CASE(pageable_host_blocks_carry_spills) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(96 * MiB, 0, parent);
+  dmem__hostpool_set_pageable_only(rt->hostpool, true);
+  const size_t sizes[] = {4097, 3 * MiB + 5, 20 * MiB + 1};
+  enum { NS = sizeof sizes / sizeof sizes[0] };
+  dmem_handle_t h[NS];
+  for (int i = 0; i < NS; i++) {
+    REQUIRE_OK(dmem_alloc(rt, sizes[i], 0, &h[i]));
+    check_put(rt, h[i], sizes[i], 500 + (uint64_t)i);
+  }
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  dmem_stats_t s = stats_of(rt);
+  CHECK_GE(s.host_pageable_used, s.host_used);
+  CHECK_GE(s.host_pageable_allocs, NS);
+  CHECK_UEQ(s.host_pool_reserved, 0); /* nothing was pinned */
+  /* read where they are, then host -> disk, read again, back to the device */
+  for (int i = 0; i < NS; i++) {
+    uint8_t probe[64];
+    CHECK_OK(dmem_buffer_read(rt, h[i], sizes[i] / 2, probe, sizeof probe < sizes[i] / 2 ? sizeof probe : 1));
+    CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+    CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_DISK);
+    CHECK_OK(dmem_buffer_read(rt, h[i], 0, probe, 1));
+  }
+  for (int i = 0; i < NS; i++)
+    CHECK_UEQ(check_bad_bytes(rt, h[i], sizes[i], 500 + (uint64_t)i), 0);
+  /* device -> disk straight, through pageable staging, and back */
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  for (int i = 0; i < NS; i++)
+    CHECK_UEQ(check_bad_bytes(rt, h[i], sizes[i], 500 + (uint64_t)i), 0);
+  dmem__hostpool_set_pageable_only(rt->hostpool, false);
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_free(rt, h[i]));
+  s = stats_of(rt);
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.host_pageable_used, 0); /* every pageable block went back */
+  CHECK_GE(s.host_pageable_allocs, 3 * NS);
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
 /* The filesystem takes O_DIRECT at fcntl but rejects direct writes: the
  * first EINVAL turns the file buffered and the write is done again. */
 TEST_CASE(direct_write_rejected_falls_back) {

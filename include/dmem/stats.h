@@ -83,6 +83,12 @@ typedef struct dmem_stats {
   uint64_t host_pool_grows;         /**< chunks added (cudaMallocHost calls) */
   uint64_t host_pool_background_grows; /**< of which by the background thread */
   uint64_t host_pool_trims;         /**< chunks given back (trim, idle) */
+  /** Pageable host memory taken instead of pinned (CUDA backend): when a
+   *  spill or a copy needs host memory while the pool is pinning a new chunk,
+   *  it does not wait for cudaMallocHost but uses ordinary memory (slower,
+   *  synchronous copies). Bytes held in such blocks now, and blocks taken. */
+  size_t host_pageable_used;
+  uint64_t host_pageable_allocs;
   /* ---- the disk tier: host -> disk and disk -> device moves ---------------- */
   /** Buffers written to the disk tier: pushed down from the host tier by the
    *  host limit, moved there by dmem_spill(DMEM_TIER_DISK), or spilled from

@@ -15,6 +15,15 @@
  * the backend's host_alloc / host_free: one thread grows at a time
  * (`growing`), others wait for it on `cv` and look again.
  *
+ * Pageable fallback (pools with a background thread: the CUDA backend): an
+ * allocation that finds no room while another thread is pinning a chunk
+ * does not wait for it (pinning 1 GiB takes a few hundred ms, a spill's copy
+ * of 256 MiB 5 ms). It takes ordinary (pageable) host memory instead, outside
+ * the chunks: copies to and from it are slower and not asynchronous, but
+ * nothing waits for cudaMallocHost. Such blocks are marked in their header
+ * (no chunk) and go back to the C heap when freed; the pool's limit bounds
+ * only the pinned chunks.
+ *
  * Bounds and shrinking: the chunks never hold more than `limit` bytes (0:
  * unlimited); dmem__hostpool_trim gives wholly free chunks back, and the
  * background thread does so itself after the pool has been idle (no
@@ -50,7 +59,8 @@ typedef struct free_range {
 
 typedef struct block_header {
   size_t size;         /* bytes of the block including the header */
-  pool_chunk_t *chunk; /* owning chunk */
+  pool_chunk_t *chunk; /* owning chunk; NULL: a pageable block */
+  void *base;          /* a pageable block: what posix_memalign returned */
 } block_header_t;
 
 #define DMEM__HOSTPOOL_IDLE_NS (30ull * 1000 * 1000 * 1000)
@@ -69,10 +79,13 @@ struct dmem__hostpool {
   bool growing;         /* a thread is in host_alloc for the pool */
   bool want_grow;       /* the free bytes ran low: the thread should add a chunk */
   bool stop;
-  bool has_thread;
+  bool has_thread;     /* also: allocations fall back to pageable memory */
   pthread_t thread;
   uint64_t last_alloc_ns;
   uint64_t grows, bg_grows, trims;
+  size_t pageable_bytes; /* in pageable blocks now */
+  uint64_t pageable_allocs;
+  bool pageable_only;    /* tests: every block is a pageable one */
 };
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -231,12 +244,40 @@ static bool running_low(const dmem__hostpool_t *p) {
   return p->free_bytes < low && (!p->limit || p->reserved < p->limit);
 }
 
+/* A pageable block of size bytes at `align` (the fallback). Called with mu
+ * held, which it drops around posix_memalign and returns held. false: no
+ * memory (the caller waits for the growth instead). */
+static bool pageable_alloc(dmem__hostpool_t *p, size_t size, size_t align, void **ptr_out) {
+  size_t lead = align > POOL_HEADER ? align : POOL_HEADER; /* header in front */
+  size_t total = lead + round_up(size, POOL_ALIGN);
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  void *base = NULL;
+  int rc = posix_memalign(&base, lead, total);
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  if (rc != 0) return false;
+  p->pageable_bytes += total;
+  p->pageable_allocs++;
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  char *ptr = (char *)base + lead;
+  block_header_t *hd = (block_header_t *)(ptr - POOL_HEADER);
+  hd->size = total;
+  hd->chunk = NULL;
+  hd->base = base;
+  *ptr_out = ptr;
+  return true;
+}
+
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_out) {
   if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
   size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
   size_t align = size >= POOL_PAGE_MIN ? POOL_PAGE : POOL_ALIGN;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   p->last_alloc_ns = mono_ns();
+  if (p->pageable_only) {
+    if (pageable_alloc(p, size, align, ptr_out)) return DMEM_OK;
+    dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "no pageable memory for %zu bytes", size);
+  }
   for (;;) {
     /* First fit at the block's alignment; failing that, a range that holds
      * the block only unaligned (the disk tier bounces such a block) rather
@@ -298,8 +339,11 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
       return DMEM_OK;
     }
     free(back_rec);
-    if (p->growing) { /* someone is adding a chunk: wait for it, look again */
-      pthread_cond_wait(&p->cv, &p->mu);
+    if (p->growing) {
+      /* someone is adding a chunk: with a background thread, do not wait
+       * for the pinning; else wait for it and look again */
+      if (p->has_thread && pageable_alloc(p, size, align, ptr_out)) return DMEM_OK;
+      if (p->growing) pthread_cond_wait(&p->cv, &p->mu); /* still: mu was dropped */
       continue;
     }
     size_t csize = next_chunk(p, need + align);
@@ -326,6 +370,14 @@ void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
   block_header_t *hd = (block_header_t *)addr;
   size_t size = hd->size;
   pool_chunk_t *c = hd->chunk;
+  if (!c) { /* a pageable block: back to the C heap */
+    void *base = hd->base;
+    dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+    p->pageable_bytes -= size;
+    dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+    free(base);
+    return;
+  }
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   if (free_insert(p, addr, size, c)) p->free_bytes += size;
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
@@ -379,6 +431,12 @@ dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *p, size_t keep, size_t *rele
   return DMEM_OK;
 }
 
+void dmem__hostpool_set_pageable_only(dmem__hostpool_t *p, bool on) {
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  p->pageable_only = on;
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+}
+
 void dmem__hostpool_stats(dmem__hostpool_t *p, dmem__hostpool_stats_t *out) {
   dmem__hostpool_stats_t s;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
@@ -387,6 +445,8 @@ void dmem__hostpool_stats(dmem__hostpool_t *p, dmem__hostpool_stats_t *out) {
   s.grows = p->grows;
   s.background_grows = p->bg_grows;
   s.trims = p->trims;
+  s.pageable = p->pageable_bytes;
+  s.pageable_allocs = p->pageable_allocs;
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
   *out = s;
 }

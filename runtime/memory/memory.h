@@ -115,9 +115,12 @@ void dmem__blocks_stats(dmem__blocks_t *blocks, dmem__blocks_stats_t *out);
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
                                     dmem__hostpool_t **pool_out);
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
-/* A block of size bytes (256-byte aligned). Grows the pool when nothing
- * fits (one grower at a time, no mutex held across the backend call).
- * DMEM_ERR_HOST_OUT_OF_MEMORY: the limit, or the backend refused. */
+/* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up). Grows
+ * the pool when nothing fits (one grower at a time, no mutex held across the
+ * backend call). With a background thread, a block that would have to wait
+ * for another thread's growth is pageable memory instead (the pageable
+ * fallback, hostpool.c). DMEM_ERR_HOST_OUT_OF_MEMORY: the limit, or the
+ * backend refused. */
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **ptr_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
 /* Give wholly free chunks back until at most `keep` bytes stay held;
@@ -126,7 +129,12 @@ dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *pool, size_t keep, size_t *r
 typedef struct dmem__hostpool_stats {
   size_t reserved, free;
   uint64_t grows, background_grows, trims;
+  size_t pageable;          /* bytes in pageable fallback blocks now */
+  uint64_t pageable_allocs; /* fallback blocks taken */
 } dmem__hostpool_stats_t;
 void dmem__hostpool_stats(dmem__hostpool_t *pool, dmem__hostpool_stats_t *out);
+/* Tests: every later block is a pageable fallback block (on), or back to
+ * the pool (off), so that the pageable path runs on demand. */
+void dmem__hostpool_set_pageable_only(dmem__hostpool_t *pool, bool on);
 
 #endif /* DMEM_MEMORY_LAYER_H */
