@@ -53,3 +53,15 @@ def run_python(code, timeout=120, env_extra=None):
         timeout=timeout,
         env=env,
     )
+
+
+def gpu_env():
+    """The environment for a child process of a GPU test: this dmem on the
+    path, and none of the variables that would pick the host backend, cap
+    the device or choose Numba's memory manager."""
+    e = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dmem.__file__)))
+    e["PYTHONPATH"] = pkg_parent + os.pathsep + e.get("PYTHONPATH", "")
+    for k in ("DMEM_BACKEND", "DMEM_DEVICE_LIMIT", "NUMBA_CUDA_MEMORY_MANAGER"):
+        e.pop(k, None)
+    return e

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import dmem
-from conftest import run_python
+from conftest import gpu_env, run_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -36,13 +36,7 @@ _ok, _why = _ready()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"no CUDA device, CuPy or dask for dmem: {_why}")
 
 
-def env():
-    e = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dmem.__file__)))
-    e["PYTHONPATH"] = pkg_parent + os.pathsep + e.get("PYTHONPATH", "")
-    for k in ("DMEM_BACKEND", "DMEM_DEVICE_LIMIT", "NUMBA_CUDA_MEMORY_MANAGER"):
-        e.pop(k, None)
-    return e
+env = gpu_env
 
 
 def run(code, timeout=300):

@@ -25,7 +25,7 @@ import tempfile
 import pytest
 
 import dmem
-from conftest import run_python
+from conftest import gpu_env, run_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -48,13 +48,7 @@ def _has(mod):
     return r.returncode == 0
 
 
-def env():
-    e = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dmem.__file__)))
-    e["PYTHONPATH"] = pkg_parent + os.pathsep + e.get("PYTHONPATH", "")
-    for k in ("DMEM_BACKEND", "DMEM_DEVICE_LIMIT", "NUMBA_CUDA_MEMORY_MANAGER"):
-        e.pop(k, None)
-    return e
+env = gpu_env
 
 
 def job(mode, out):
