@@ -149,8 +149,10 @@ static inline bool lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   const uint64_t slow_bits =
       DMEM__F_FREED | DMEM__F_UNSPILL_COPY | DMEM__F_SPILL_COPY | DMEM__STATE_MASK;
-  if (dmem__w_gen(w) == dmem__h_gen(h) && (w & slow_bits) == 0 &&
-      dmem__w_count(w) < DMEM_LOCK_COUNT_MAX && !dmem_atomic_load_relaxed(&rt->fatal) &&
+  if (__builtin_expect(dmem__w_gen(w) == dmem__h_gen(h) && (w & slow_bits) == 0 &&
+                           dmem__w_count(w) < DMEM_LOCK_COUNT_MAX &&
+                           !dmem_atomic_load_relaxed(&rt->fatal),
+                       1) &&
       dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
     *dev_out = dmem__bdev(b);
     return true;

@@ -72,10 +72,11 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
      * must not do (mutexes, the backend): refused there, nothing changes.
      * Any other unlock in a child only writes the child's copy of the word
      * (and so costs no check here). */
-    if (dmem__w_count(w) == 1 && (w & DMEM__F_FREED) &&
+    nw = w - 1;
+    /* one compare of the new word, a branch not taken on the hot path */
+    if (__builtin_expect((nw & (DMEM__F_FREED | DMEM__COUNT_MASK)) == DMEM__F_FREED, 0) &&
         dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED)
       return dmem__forked_error();
-    nw = w - 1;
     /* release: the caller's device work is done; partner is the spiller's
      * acquiring CAS */
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
