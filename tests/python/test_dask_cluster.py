@@ -211,3 +211,41 @@ def test_worker_killed_mid_spill_recovers_and_leaves_no_files(tmp_path):
         del y
     # the killed worker could not clean up, but its files were unlinked when made
     assert _files(spill) == [], _files(spill)
+
+
+def test_memory_manager_evicts_host_tier_keys_to_disk(tmp_path):
+    # Dask's memory manager sees the process memory over its spill
+    # threshold (a 1 % threshold: always) and calls evict() until fast is
+    # empty: dmem's host-tier bytes go to dmem's disk tier.
+    import dask
+
+    os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
+    cfg = {"distributed.worker.memory.spill": 0.01, "distributed.worker.memory.target": False,
+           "distributed.worker.memory.pause": False,
+           "distributed.worker.memory.terminate": False,
+           "distributed.worker.memory.monitor-interval": "50ms"}
+    with dask.config.set(cfg), \
+            dmem.dask.LocalCluster(n_workers=1, backend="host", device_memory_limit=LIMIT,
+                                   host_memory_limit=256 * MiB, spill_dir=str(tmp_path),
+                                   threads_per_worker=2, dashboard_address=":0",
+                                   memory_limit="8GiB") as c, \
+            distributed.Client(c) as client:
+        x = the_array()
+        y = (x + 1).persist()
+        distributed.wait(y)
+
+        def tiers(dask_worker):
+            d = dask_worker.data
+            s = d.runtime.stats()
+            return {"disk": s["disk_used"], "host": s["host_used"],
+                    "evictions": d.counts["evictions"], "fast": len(d.fast)}
+
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            (t,) = client.run(tiers).values()
+            if t["evictions"] > 0 and t["host"] == 0:
+                break
+            time.sleep(0.1)
+        assert t["evictions"] > 0 and t["disk"] > 0, t
+        assert t["host"] == 0 and t["fast"] == 0, t
+        assert y.sum().compute() == REF.sum() + N * N  # read back from disk
