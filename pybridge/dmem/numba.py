@@ -37,6 +37,12 @@ Behaviour, method by method:
   stream's order, by other streams after an event, never after a host wait.
   Out of memory (after spilling whatever can be spilled) raises
   ``dmem.OutOfMemoryError`` (a ``MemoryError``).
+  ``DMEM_NUMBA_POINTER=del`` returns ``DmemMemoryPointer`` instead, a
+  ``MemoryPointer`` subclass freed by ``__del__`` (no ``weakref.finalize``
+  per allocation: about half the cost of a ``memalloc``); pointers still
+  alive when the interpreter exits are not given back (the process's end
+  frees them). It is off by default until numba-cuda's suite has run under
+  it on a GPU (docs/integrations.md).
 - ``get_memory_info()``: dmem's ``(free, total)``: total is the runtime's
   device limit; free counts the bytes of spillable buffers as obtainable.
 - ``get_ipc_handle(memory)``: an ``IpcHandle`` built from the CUDA IPC
@@ -60,10 +66,12 @@ need Numba (``DmemNumbaManager``, ``_numba_memory_manager``) are made on
 first access and raise ImportError naming numba-cuda when it is missing.
 """
 
+import atexit
 import contextlib
 import ctypes
 import functools
 import os
+import sys
 
 __all__ = ["DmemNumbaManager", "use_dmem_for_numba"]
 
@@ -116,6 +124,53 @@ def _build():
         make_ptr = ctypes.c_uint64
     MemoryInfo = driver.MemoryInfo
     config = getattr(driver, "config", None)
+    # Set by an atexit hook registered after Numba's own (so it runs first):
+    # from then on a collected pointer gives nothing back (the process is
+    # ending; Numba may have torn its contexts down, and a CUDA call then
+    # could wait forever).
+    exiting = [False]
+    atexit.register(exiting.__setitem__, 0, True)
+
+    class DmemMemoryPointer(MemoryPointer):
+        """What memalloc returns under DMEM_NUMBA_POINTER=del: numba-cuda's
+        MemoryPointer with its attributes and behaviour, over a dmem raw
+        allocation given back to the manager when the pointer is freed
+        (free(), or its last view dropping the count) or collected. A
+        __del__ does what MemoryPointer's weakref.finalize would, for less
+        than creating a finalizer costs."""
+
+        def __init__(self, context, pointer, size, manager, mem):
+            # MemoryPointer.__init__ (numba-cuda 0.30) without the finalizer
+            self.context = context
+            self.device_pointer = pointer
+            self.size = size
+            self._cuda_memsize_ = size
+            self.is_managed = True
+            self.refct = 1
+            self.handle = pointer
+            self._owner = None
+            self._manager = manager
+            self._mem = mem
+
+        def free(self):
+            mem = self._mem
+            if mem is None:
+                raise RuntimeError("Freeing dead memory")
+            self._mem = None
+            self._manager._release(mem)
+
+        def __del__(self):
+            mem = self._mem
+            if mem is None or exiting[0] or sys.is_finalizing():
+                return
+            self._mem = None
+            try:
+                self._manager._release(mem)
+            except Exception:  # noqa: BLE001 - a runtime already closed: nothing to give back
+                pass
+
+    DmemMemoryPointer.__module__ = __name__
+    use_del = os.environ.get("DMEM_NUMBA_POINTER", "finalize") == "del"
 
     class DmemNumbaManager(HostOnlyCUDAMemoryManager):
         """Numba EMM plugin over dmem's default runtime (see the module's
@@ -148,6 +203,8 @@ def _build():
                 return MemoryPointer(self.context, make_ptr(0), 0)
             mem = rt.device_malloc(size, self._stream, dedicated=self._dedicated)
             self._live[mem] = None
+            if use_del:
+                return DmemMemoryPointer(self.context, make_ptr(mem.ptr), size, self, mem)
             return MemoryPointer(
                 self.context,
                 make_ptr(mem.ptr),

@@ -555,7 +555,8 @@ def fake_numba(tmp_path):
                                            os.environ.get("PYTHONPATH", "")])}
 
 
-def test_numba_manager_over_stand_in(fake_numba):
+@pytest.mark.parametrize("pointer", ["finalize", "del"])
+def test_numba_manager_over_stand_in(fake_numba, pointer):
     check("""
         import gc, dmem, dmem.numba
         from numba import cuda
@@ -627,7 +628,49 @@ def test_numba_manager_over_stand_in(fake_numba):
         dummy = M(context=None)                          # set_memory_manager's probe
         assert dummy.interface_version == 1
         print("ok")
-    """, env=fake_numba)
+    """, env=dict(fake_numba, DMEM_NUMBA_POINTER=pointer))
+
+
+def test_numba_pointer_freed_by_del(fake_numba):
+    # DMEM_NUMBA_POINTER=del: the pointer is freed by free() (once: again is
+    # Numba's "Freeing dead memory") or by collection; pointers alive at exit
+    # are left to the process's end, and the interpreter exits at once.
+    out = check("""
+        import gc, dmem, dmem.numba
+        from numba.cuda.cudadrv import driver
+        class Device:
+            id = 0
+        class Context:
+            device = Device()
+        mm = dmem.numba.DmemNumbaManager(context=Context())
+        mm.initialize()
+        rt = dmem.default_runtime(0)
+        q = mm.memalloc(64)
+        assert type(q).__name__ == "DmemMemoryPointer"
+        assert isinstance(q, driver.MemoryPointer) and q.is_managed and q.refct == 1
+        assert q.size == 64 and q._cuda_memsize_ == 64 and q.handle is q.device_pointer
+        assert rt.stats()["raw_used"] == 64
+        q.free()
+        assert rt.stats()["raw_used"] == 0
+        try:
+            q.free()
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("double free accepted")
+        del q
+        r = mm.memalloc(128)
+        del r                                            # collected: given back
+        assert rt.stats()["raw_used"] == 0
+        with mm.defer_cleanup():
+            t = mm.memalloc(256)
+            del t
+            assert rt.stats()["raw_used"] == 256         # held back
+        assert rt.stats()["raw_used"] == 0
+        keep = [mm.memalloc(1 << 12) for _ in range(100)]   # alive at exit
+        print("ok")
+    """, env=dict(fake_numba, DMEM_NUMBA_POINTER="del"), timeout=60)
+    assert "ok" in out
 
 
 def test_numba_manager_reports_out_of_memory(fake_numba):
