@@ -4,7 +4,6 @@ fast (distributed's ManualEvictProto), serialisation without unspilling, bad
 values. The cluster tests are in test_dask_cluster.py."""
 
 import gc
-import os
 import pickle
 
 import numpy as np

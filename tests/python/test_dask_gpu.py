@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-import dmem
 from conftest import gpu_env, run_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
