@@ -363,3 +363,57 @@ def test_adoption_of_a_block_from_the_runtimes_allocator(d):
     leaf.buf.spill("disk")
     assert leaf.buf.peek(payload.nbytes, 1024) == payload.tobytes()
     leaf.buf.free()
+
+
+def test_prefetch_brings_spilled_keys_back_without_locking(d):
+    for i in range(10):  # 5 MiB under a 4 MiB limit
+        d[i] = chunk(i)
+    d["h"] = b"host value"
+    gc.collect()
+    spilled = [i for i in range(10) if d.tier_of(i) != "device"]
+    assert spilled
+    d[spilled[0]]  # now it is back and recent
+    gc.collect()
+    spilled = [i for i in range(10) if d.tier_of(i) != "device"]
+    target = spilled[-1]
+    d._dev[target].leaves[0].buf.spill("disk")
+    before = d.runtime.stats()["prefetch_count"]
+    n = d.prefetch([target, "h", "missing"])  # host values and missing keys: skipped
+    assert n == 1 and d.counts["prefetched"] == 1
+    d.runtime.poll()
+    buf = d._dev[target].leaves[0].buf
+    assert buf.state in ("resident", "unspilling") and buf.lock_count == 0
+    assert d.runtime.stats()["prefetch_count"] == before + 1
+    assert d.prefetch([target]) == 0 or buf.state != "resident"  # resident: nothing to do
+    for i in range(10):
+        np.testing.assert_array_equal(d[i], chunk(i))
+
+
+class _HeapSet(list):
+    def peekn(self, n):
+        return self[:n]
+
+
+def test_plugin_prefetches_the_next_ready_tasks_inputs(d):
+    plugin = dmem.dask.DmemWorkerPlugin(use_dmem_for_cupy=False)
+    for i in range(10):
+        d[i] = chunk(i)
+    gc.collect()
+    spilled = [i for i in range(10) if d.tier_of(i) != "device"]
+    assert len(spilled) >= 2
+    w = type("W", (), {})()
+    w.data = d
+    w.state = type("S", (), {"ready": _HeapSet([_TS([spilled[0]]), _TS([spilled[1]])]),
+                             "executing": set(), "nthreads": 1})()
+    plugin._worker = w
+    plugin.transition("t", "ready", "memory")  # not a task start: nothing
+    assert d.counts["prefetched"] == 0
+    plugin.transition("t", "ready", "executing")  # the next 1 ready task's inputs
+    assert d.counts["prefetched"] == 1
+    plugin.prefetch = False
+    plugin.transition("t2", "ready", "executing")
+    assert d.counts["prefetched"] == 1
+    # what goes to the worker processes: the settings, not the worker
+    import pickle as pk
+    clone = pk.loads(pk.dumps(dmem.dask.DmemWorkerPlugin(prefetch=False)))
+    assert clone.prefetch is False and clone._worker is None

@@ -65,6 +65,7 @@ def worker_stats(client):
                 "limit": s["device_limit"], "sent": d.counts["sent"],
                 "serialized": sum(dmem.dask.serialize.calls.values()),
                 "host_values": len(d.host), "dev_keys": len(d._dev),
+                "prefetched": d.counts["prefetched"], "prefetch_count": s["prefetch_count"],
                 "env_backend": d.runtime.backend}
 
     return client.run(stats)
@@ -83,6 +84,9 @@ def test_local_cluster_spills_in_place_3x_the_device_limit(cluster):
             assert s["limit"] == LIMIT and s["device"] <= LIMIT
             assert s["host_values"] == 0  # every chunk is in dmem, none pickled to disk
         assert sum(s["spills"] for s in st.values()) > 0, st
+        # tasks starting prefetched the spilled inputs of the next ready ones
+        assert sum(s["prefetched"] for s in st.values()) > 0, st
+        assert sum(s["prefetch_count"] for s in st.values()) > 0, st
         assert sum(s["dev_keys"] for s in st.values()) >= 64
         total = y.sum().compute()
         assert total == 2 * REF.sum()

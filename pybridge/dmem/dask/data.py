@@ -167,7 +167,7 @@ class DmemWorkerData(MutableMapping):
         self._lru = collections.OrderedDict()  # device keys, least recently used first
         self._lock = threading.Lock()
         self._worker = None
-        self.counts = collections.Counter()  # adopted, copied, fallbacks, evictions, sent
+        self.counts = collections.Counter()  # adopted, copied, fallbacks, evictions, sent, prefetched
         self._controller = None
         if self.runtime.controller is None:
             self._controller = _Victims(self)
@@ -306,6 +306,35 @@ class DmemWorkerData(MutableMapping):
                     return victims
         return victims or None
 
+    def prefetch(self, keys):
+        """Start bringing the spilled arrays of these keys back to the device
+        (dmem_prefetch: stream-ordered copies, nothing locked), so that the
+        tasks about to read them do not wait for the copies. Keys that are
+        gone or hold host values are skipped. Returns the number of buffers
+        asked for. Never raises: when the device has no room even after
+        spilling colder keys, what was started stays started and the rest
+        is left to the tasks' own locks."""
+        with self._lock:
+            entries = [self._dev.get(k) for k in keys]
+        bufs = []
+        for e in entries:
+            if e is None:
+                continue
+            for leaf in e.leaves:
+                try:
+                    if leaf.buf.state in ("deferred_host", "deferred_disk"):
+                        bufs.append(leaf.buf)
+                except dmem.StaleHandleError:
+                    continue
+        if not bufs:
+            return 0
+        try:
+            self.runtime.prefetch(bufs, self._stream())
+        except (MemoryError, dmem.DmemError) as e:
+            logger.debug("dmem.dask: prefetch of %d buffers stopped: %s", len(bufs), e)
+        self.counts["prefetched"] += len(bufs)
+        return len(bufs)
+
     # ---- ManualEvictProto -----------------------------------------------------------
 
     @property
@@ -368,6 +397,7 @@ class DmemWorkerData(MutableMapping):
             "dmem-device-keys": len(self._dev),
             "dmem-adopted": self.counts["adopted"],
             "dmem-copied": self.counts["copied"],
+            "dmem-prefetched": self.counts["prefetched"],
         }
 
     def close(self):

@@ -2,6 +2,9 @@
 
 - Tells the mapping its worker, so that keys needed by ready and executing
   tasks count as hot when dmem chooses spill victims.
+- When a task starts, prefetches the spilled inputs of the next tasks in the
+  ready queue (as many as the worker has threads), so that their copies
+  back to the device overlap the running tasks.
 - Makes ``get_data`` (values asked for by other workers and clients) hand
   out DmemValue objects, sent from where their bytes are.
 - Reports dmem's device, host and disk bytes with every heartbeat
@@ -31,14 +34,23 @@ METRICS = (
     "dmem-device-keys",
     "dmem-adopted",
     "dmem-copied",
+    "dmem-prefetched",
 )
 
 
 class DmemWorkerPlugin(WorkerPlugin):
     name = "dmem"
 
-    def __init__(self, use_dmem_for_cupy=True):
+    def __init__(self, use_dmem_for_cupy=True, prefetch=True):
         self.use_dmem_for_cupy = use_dmem_for_cupy
+        self.prefetch = prefetch
+        self._worker = None
+
+    def __getstate__(self):  # sent to worker processes: without the worker
+        return {"use_dmem_for_cupy": self.use_dmem_for_cupy, "prefetch": self.prefetch}
+
+    def __setstate__(self, d):
+        self.__init__(**d)
 
     def setup(self, worker):
         data = worker.data
@@ -46,6 +58,7 @@ class DmemWorkerPlugin(WorkerPlugin):
             raise TypeError("DmemWorkerPlugin needs a worker whose data is a DmemWorkerData, "
                             f"not {type(data).__name__}")
         data.attach(worker)
+        self._worker = worker
         handler = worker.handlers["get_data"]
         if not getattr(handler, "_dmem", False):
 
@@ -69,8 +82,25 @@ class DmemWorkerPlugin(WorkerPlugin):
             except ImportError:
                 pass
 
+    def transition(self, key, start, finish, **kwargs):
+        if finish != "executing" or not self.prefetch:
+            return
+        worker = self._worker
+        data = getattr(worker, "data", None) if worker is not None else None
+        if not isinstance(data, DmemWorkerData):
+            return
+        try:
+            state = worker.state
+            upcoming = state.ready.peekn(max(1, state.nthreads))
+            keys = [dep.key for ts in upcoming for dep in ts.dependencies]
+        except Exception:  # the state changed under us: nothing to prefetch
+            return
+        if keys:
+            data.prefetch(keys)
+
     def teardown(self, worker):
         data = worker.data
+        self._worker = None
         if isinstance(data, DmemWorkerData):
             data.attach(None)
             data.close()
