@@ -18,7 +18,8 @@ import sys
 
 import numpy
 
-__all__ = ["Leaf", "pack", "unpack", "leaves_of", "materialize", "skeleton", "rebuild"]
+__all__ = ["Leaf", "pack", "unpack", "expose", "leaves_of", "peek", "materialize", "skeleton",
+           "rebuild"]
 
 
 class Leaf:
@@ -320,8 +321,12 @@ def rebuild(skel, frames, device):
     return {k: rebuild(s, frames, device) for k, s in body}
 
 
+def peek(leaf):
+    """The leaf's bytes, read from the tier they are in (Buffer.peek: no
+    unspill, nothing locked after the read)."""
+    return leaf.buf.peek(leaf.nbytes, leaf.offset)
+
+
 def materialize(tree, device):
     """The value as plain arrays, read where the bytes are (no unspill)."""
-    leaves = leaves_of(tree)
-    frames = [leaf.buf.peek(leaf.nbytes, leaf.offset) for leaf in leaves]
-    return rebuild(skeleton(tree), frames, device)
+    return rebuild(skeleton(tree), [peek(leaf) for leaf in leaves_of(tree)], device)

@@ -52,8 +52,7 @@ class DmemValue:
         self.device = device  # rebuild as device arrays on the receiver
 
     def __reduce__(self):
-        leaves = _arrays.leaves_of(self.tree)
-        frames = [leaf.buf.peek(leaf.nbytes, leaf.offset) for leaf in leaves]
+        frames = [_arrays.peek(leaf) for leaf in _arrays.leaves_of(self.tree)]
         return (_arrays.rebuild, (_arrays.skeleton(self.tree), frames, self.device))
 
     def __sizeof__(self):

@@ -41,7 +41,7 @@ def _header(value):
 def _dask_serialize(value):
     calls["dask"] += 1
     leaves, header = _header(value)
-    frames = [memoryview(leaf.buf.peek(leaf.nbytes, leaf.offset)) for leaf in leaves]
+    frames = [memoryview(_arrays.peek(leaf)) for leaf in leaves]
     return header, frames
 
 
@@ -60,7 +60,7 @@ def _cuda_serialize(value):
             raw = _arrays.expose(leaf)  # locked until the frame is sent
             frames.append(raw.ravel(order="K").view("u1"))
         else:
-            frames.append(memoryview(leaf.buf.peek(leaf.nbytes, leaf.offset)))
+            frames.append(memoryview(_arrays.peek(leaf)))
     return header, frames
 
 
