@@ -58,6 +58,9 @@ def reference_sum(n, c):
         i = cupy.arange(r0, r0 + c, dtype=cupy.int64)[:, None]
         j = cupy.arange(n, dtype=cupy.int64)[None, :]
         total += float(((7 * i + 3 * j) % 1000).astype(cupy.float64).sum())
+    # the client's CuPy pool would otherwise keep these blocks on GPU 0
+    # beside the worker's device limit
+    cupy.get_default_memory_pool().free_all_blocks()
     return 2 * total
 
 
