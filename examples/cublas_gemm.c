@@ -17,14 +17,22 @@
  *
  *   cublas_gemm [--n N] [--tiles T] [--limit BYTES] [--streams S]
  *               [--samples K] [--full] [--no-prefetch] [--compare]
+ *               [--host-reserve BYTES]
  *
  * Before each product is launched, the tiles of the next one are handed to
  * dmem_prefetch on the stream that will run it (--no-prefetch: not), so
  * that their host->device copies overlap the current product.
- * --compare runs the same products twice in one process: first with every
- * tile resident (the limit raised to hold them all), then at the given
- * limit (default: half the tiles' bytes, 2x oversubscription), and prints
- * the ratio of the two TFLOP/s figures (the check runs after the second).
+ * --compare runs the same products three times in one process: first with
+ * every tile resident (the limit raised to hold them all), then at the
+ * given limit (default: half the tiles' bytes, 2x oversubscription) with
+ * the pinned pool growing as the spills need it, then at that limit with a
+ * pinned host reserve (dmem_config_t.host_reserve: the bytes that must
+ * spill plus four tiles, or --host-reserve) taken when the runtime is
+ * created, and prints both ratios to the resident TFLOP/s (the check runs
+ * after the last). Pinning runs at a few GB/s, the spills at 55: the first
+ * oversubscribed run shows what getting pinned memory costs while spilling,
+ * the second what spilling costs once it is there. --host-reserve alone
+ * gives the runtime of a single run that reserve.
  *
  * Defaults: n 8192, T 7, limit 8G: 2T + T^2 = 63 tiles of 256 MiB (15.75
  * GiB) under an 8 GiB device limit, 49 SGEMMs of 8192^3. A small run (for
@@ -132,7 +140,7 @@ static size_t parse_bytes(const char *s) {
 static void usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [--n N] [--tiles T] [--limit BYTES] [--streams S] [--samples K] [--full]\n"
-          "          [--no-prefetch] [--compare]\n",
+          "          [--no-prefetch] [--compare] [--host-reserve BYTES]\n",
           argv0);
   exit(2);
 }
@@ -161,7 +169,7 @@ static void print_stats(dmem_runtime_t *rt, const char *when) {
 }
 
 typedef struct opts {
-  size_t n, tile_bytes, limit;
+  size_t n, tile_bytes, limit, host_reserve;
   int T;
   long nstreams, samples;
   int full, prefetch;
@@ -171,11 +179,11 @@ typedef struct opts {
  * own with device limit `limit`. Returns the products' TFLOP/s; *ok_out is
  * 0 when a checked entry is wrong or nothing was spilled although the tiles
  * exceed the limit. Exits 77 without a device. */
-static double run(const opts_t *o, size_t limit, int check, int *ok_out);
+static double run(const opts_t *o, size_t limit, size_t host_reserve, int check, int *ok_out);
 
 int main(int argc, char **argv) {
   long n_arg = 8192, tiles = 7, nstreams = 2, samples = 64;
-  size_t limit = 0;
+  size_t limit = 0, reserve = 0;
   int full = 0, compare = 0, prefetch = 1;
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--full") == 0) { full = 1; continue; }
@@ -188,6 +196,9 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[a - 1], "--limit") == 0) {
       limit = parse_bytes(v);
       if (!limit) usage(argv[0]);
+    } else if (strcmp(argv[a - 1], "--host-reserve") == 0) {
+      reserve = parse_bytes(v);
+      if (!reserve) usage(argv[0]);
     } else if (strcmp(argv[a - 1], "--streams") == 0) nstreams = atol(v);
     else if (strcmp(argv[a - 1], "--samples") == 0) samples = atol(v);
     else usage(argv[0]);
@@ -212,22 +223,29 @@ int main(int argc, char **argv) {
   }
   int ok = 1;
   if (!compare) {
-    (void)run(&o, limit, 1, &ok);
+    (void)run(&o, limit, reserve, 1, &ok);
   } else {
     /* all resident: room for every tile plus the pool's rounding */
     size_t roomy = all + all / 8 + ((size_t)256 << 20);
-    int ok1 = 1;
-    double resident = run(&o, roomy, 0, &ok1);
-    double over = run(&o, limit, 1, &ok);
-    printf("cublas_gemm --compare: all resident %.1f TFLOP/s, %.2fx oversubscribed %.1f "
-           "TFLOP/s: ratio %.2f (prefetch %s)\n",
-           resident, (double)all / (double)limit, over, over / resident, prefetch ? "on" : "off");
+    if (!reserve) reserve = (all > limit ? all - limit : 0) + 4 * o.tile_bytes;
+    int ok1 = 1, ok2 = 1;
+    double resident = run(&o, roomy, 0, 0, &ok1);
+    double cold = run(&o, limit, 0, 0, &ok2);
+    double over = run(&o, limit, reserve, 1, &ok);
+    ok = ok && ok2;
+    const char *pin = getenv("DMEM_HOST_PIN");
+    printf("cublas_gemm --compare: all resident %.1f TFLOP/s; %.2fx oversubscribed, pinned pool "
+           "growing %.1f TFLOP/s (ratio %.2f); %.2fx oversubscribed with a %.2f GiB pinned reserve "
+           "%.1f TFLOP/s: ratio %.2f (prefetch %s, DMEM_HOST_PIN %s)\n",
+           resident, (double)all / (double)limit, cold, cold / resident,
+           (double)all / (double)limit, (double)reserve / (1 << 30), over, over / resident,
+           prefetch ? "on" : "off", pin && *pin ? pin : "auto");
   }
   printf("cublas_gemm: %s\n", ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
 }
 
-static double run(const opts_t *o, size_t limit, int check, int *ok_out) {
+static double run(const opts_t *o, size_t limit, size_t host_reserve, int check, int *ok_out) {
   const size_t n = o->n, tile_bytes = o->tile_bytes;
   const long nstreams = o->nstreams, samples = o->samples;
   const int full = o->full;
@@ -236,8 +254,11 @@ static double run(const opts_t *o, size_t limit, int check, int *ok_out) {
   dmem_config_init(&cfg);
   cfg.backend = DMEM_BACKEND_CUDA;
   cfg.device_limit = limit;
+  if (host_reserve) cfg.host_reserve = host_reserve;
   dmem_runtime_t *rt = NULL;
+  double t_create = now_s();
   dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  t_create = now_s() - t_create;
   if (st == DMEM_ERR_NO_DEVICE) {
     fprintf(stderr, "SKIP: no CUDA device (%s)\n", dmem_last_error_detail());
     exit(77);
@@ -253,10 +274,12 @@ static double run(const opts_t *o, size_t limit, int check, int *ok_out) {
   const int T = (int)tiles;
   const size_t ntiles = (size_t)(2 * T + T * T);
   printf("cublas_gemm: %d x %d tiled SGEMM, tiles %zu x %zu (%.0f MiB), %zu tiles = %.2f GiB "
-         "under a device limit of %.2f GiB (%.2fx), %ld streams\n",
+         "under a device limit of %.2f GiB (%.2fx), %ld streams; pinned reserve %.2f GiB "
+         "(runtime created in %.2f s)\n",
          T, T, n, n, (double)tile_bytes / (1 << 20), ntiles,
          (double)ntiles * (double)tile_bytes / (1 << 30), (double)limit / (1 << 30),
-         (double)ntiles * (double)tile_bytes / (double)limit, nstreams);
+         (double)ntiles * (double)tile_bytes / (double)limit, nstreams,
+         (double)cfg.host_reserve / (1 << 30), t_create);
 
   dmem_stream_t streams[MAX_STREAMS];
   gemm_t gemms[MAX_STREAMS];

@@ -36,6 +36,8 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "spill_ahead_low %g not in [0, spill_ahead %g)", cfg->spill_ahead_low,
                        cfg->spill_ahead);
+  if ((int)cfg->host_pin < DMEM_HOST_PIN_AUTO || (int)cfg->host_pin > DMEM_HOST_PIN_REGISTER)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_pin %d not in 0..2", (int)cfg->host_pin);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;
@@ -179,8 +181,15 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     size_t extra = rt->host_limit / 4 > ((size_t)64 << 20) ? rt->host_limit / 4 : (size_t)64 << 20;
     pin_limit = cap > SIZE_MAX - extra ? SIZE_MAX : cap + extra;
   }
+  if (pin_limit && cfg.host_reserve > pin_limit) {
+    st = dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                     "host_reserve %zu is more than the pinned pool may hold with host_limit "
+                     "%zu (%zu)",
+                     cfg.host_reserve, rt->host_limit, pin_limit);
+    goto fail_backend;
+  }
   st = dmem__hostpool_create(rt->be, pin_limit, rt->be->kind == DMEM_BACKEND_CUDA,
-                             &rt->hostpool);
+                             cfg.host_reserve, &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
   if (st != DMEM_OK) goto fail_hostpool;

@@ -7,7 +7,7 @@
 static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIMIT",
                              "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
                              "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
-                             "DMEM_SPILL_AHEAD"};
+                             "DMEM_SPILL_AHEAD", "DMEM_HOST_RESERVE", "DMEM_HOST_PIN"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -237,6 +237,46 @@ TEST_CASE(oom_wait_from_env_and_struct) {
   dmem_runtime_t *rt = NULL;
   CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_TRUE(rt == NULL);
+}
+
+/* DMEM_HOST_RESERVE and DMEM_HOST_PIN: applied when well formed, a
+ * DMEM_ERR_CONFIG naming the variable otherwise; defaults 0 and auto. */
+TEST_CASE(host_reserve_and_pin_from_env) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_reserve, 0);
+  CHECK_EQ(cfg.host_pin, DMEM_HOST_PIN_AUTO);
+  setenv("DMEM_HOST_RESERVE", "1.5G", 1);
+  setenv("DMEM_HOST_PIN", "register", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_reserve, (size_t)3 << 29);
+  CHECK_EQ(cfg.host_pin, DMEM_HOST_PIN_REGISTER);
+  setenv("DMEM_HOST_PIN", "MALLOC_HOST", 1);
+  dmem_config_init(&cfg);
+  CHECK_EQ(cfg.host_pin, DMEM_HOST_PIN_MALLOC_HOST);
+  const char *bad_reserve[] = {"-1", "10%", "abc", "1.5X"};
+  for (size_t i = 0; i < sizeof bad_reserve / sizeof bad_reserve[0]; i++) {
+    dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+    CHECK_STATUS(create_with_env("DMEM_HOST_RESERVE", bad_reserve[i], &rt), DMEM_ERR_CONFIG);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_HOST_RESERVE") != NULL);
+  }
+  const char *bad_pin[] = {"mmap", "1", "registered"};
+  for (size_t i = 0; i < sizeof bad_pin / sizeof bad_pin[0]; i++) {
+    dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+    CHECK_STATUS(create_with_env("DMEM_HOST_PIN", bad_pin[i], &rt), DMEM_ERR_CONFIG);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_HOST_PIN") != NULL);
+  }
+  /* the host backend takes the reserve from the heap at create */
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(create_with_env("DMEM_HOST_RESERVE", "6M", &rt));
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_GE(s.host_pool_reserved, (size_t)6 << 20);
+  dmem_runtime_destroy(rt);
+  clear_env();
 }
 
 /* DMEM_SPILL_AHEAD sets the marks: "N%,M%" both, "N%" the high one with

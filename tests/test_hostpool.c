@@ -37,7 +37,7 @@ static dmem__backend_t fake_backend(void) {
 TEST_CASE(grow_failure_keeps_backend_detail) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
   fake_fail = 1;
   void *ptr = (void *)0x1;
   CHECK_STATUS(dmem__hostpool_alloc(p, 4096, &ptr), DMEM_ERR_HOST_OUT_OF_MEMORY);
@@ -55,7 +55,7 @@ TEST_CASE(grow_failure_keeps_backend_detail) {
 TEST_CASE(blocks_reuse_and_coalesce) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
   void *a = NULL, *b = NULL, *c = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 1000, &a), DMEM_OK);
   REQUIRE_EQ(dmem__hostpool_alloc(p, 5000, &b), DMEM_OK);
@@ -110,7 +110,7 @@ static void *grower_main(void *arg) {
 TEST_CASE(mutex_not_held_across_host_alloc) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
   void *a = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &a), DMEM_OK); /* first chunk, fast */
   be.host_alloc = slow_host_alloc;
@@ -144,7 +144,7 @@ TEST_CASE(mutex_not_held_across_host_alloc) {
 TEST_CASE(background_growth_before_running_dry) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
   void *a = NULL, *b = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &a), DMEM_OK); /* grows on demand: 1 MiB */
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)900 << 10, &b), DMEM_OK); /* now low */
@@ -185,7 +185,7 @@ TEST_CASE(pageable_fallback_while_the_pool_pins) {
   atomic_store(&slow_release, 0);
   atomic_store(&slow_in_alloc, 0);
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
   /* another thread is pinning the pool's first chunk (held in host_alloc) */
   grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT};
   pthread_t th;
@@ -231,7 +231,7 @@ TEST_CASE(pageable_fallback_while_the_pool_pins) {
 TEST_CASE(no_pageable_fallback_without_a_thread) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
   void *a = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)3 << 20, &a), DMEM_OK);
   dmem__hostpool_stats_t s;
@@ -246,7 +246,7 @@ TEST_CASE(no_pageable_fallback_without_a_thread) {
 TEST_CASE(limit_and_trim) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)3 << 20, false, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)3 << 20, false, 0, &p), DMEM_OK);
   void *v[3] = {NULL, NULL, NULL};
   for (int i = 0; i < 3; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)900 << 10, &v[i]), DMEM_OK);
   void *x = (void *)0x1;
@@ -306,7 +306,7 @@ TEST_CASE(host_trim_public) {
 TEST_CASE(large_blocks_start_on_a_page) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
   void *small = NULL, *big[3] = {NULL, NULL, NULL}, *after = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 100, &small), DMEM_OK);
   for (int i = 0; i < 3; i++) {
@@ -327,4 +327,174 @@ TEST_CASE(large_blocks_start_on_a_page) {
   dmem__hostpool_free(p, whole);
   fake_fail = 0;
   dmem__hostpool_destroy(p);
+}
+
+/* ---- the reserve (dmem_config_t.host_reserve) ---------------------------------- */
+
+/* A pinned allocator of large, lazily backed chunks (mmap with
+ * MAP_NORESERVE: only the pages the pool writes a header to are ever
+ * backed) that takes 30 ms a call, counts calls in flight at once and can
+ * fail its n-th call. */
+#include <sys/mman.h>
+#define RES_MAX 16
+static struct {
+  pthread_mutex_t mu;
+  void *base[RES_MAX];
+  size_t size[RES_MAX];
+  int live, calls, fail_call, in_flight, max_in_flight;
+} res = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static dmem_status_t res_host_alloc(dmem__backend_t *be, size_t size, void **ptr_out) {
+  (void)be;
+  pthread_mutex_lock(&res.mu);
+  int call = ++res.calls;
+  if (++res.in_flight > res.max_in_flight) res.max_in_flight = res.in_flight;
+  pthread_mutex_unlock(&res.mu);
+  struct timespec ts = {0, 30 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  void *p = call == res.fail_call ? MAP_FAILED
+                                  : mmap(NULL, size, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  pthread_mutex_lock(&res.mu);
+  res.in_flight--;
+  if (p != MAP_FAILED) {
+    for (int i = 0; i < RES_MAX; i++)
+      if (!res.base[i]) {
+        res.base[i] = p;
+        res.size[i] = size;
+        res.live++;
+        break;
+      }
+  }
+  pthread_mutex_unlock(&res.mu);
+  if (p == MAP_FAILED)
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "fake pinning: call %d refused", call);
+  *ptr_out = p;
+  return DMEM_OK;
+}
+
+static dmem_status_t res_host_free(dmem__backend_t *be, void *ptr) {
+  (void)be;
+  pthread_mutex_lock(&res.mu);
+  for (int i = 0; i < RES_MAX; i++)
+    if (res.base[i] == ptr) {
+      munmap(ptr, res.size[i]);
+      res.base[i] = NULL;
+      res.live--;
+      break;
+    }
+  pthread_mutex_unlock(&res.mu);
+  return DMEM_OK;
+}
+
+static dmem__backend_t res_backend(int fail_call) {
+  dmem__backend_t be = fake_backend();
+  be.host_alloc = res_host_alloc;
+  be.host_free = res_host_free;
+  pthread_mutex_lock(&res.mu);
+  res.calls = 0;
+  res.fail_call = fail_call;
+  res.max_in_flight = 0;
+  pthread_mutex_unlock(&res.mu);
+  return be;
+}
+
+/* 2.5 GiB of reserve: three chunks (1 GiB, 1 GiB, 0.5 GiB) pinned at once
+ * before create returns; blocks come out of them without growth; no trim
+ * goes below the reserve, memory past it is trimmed; destroy gives all
+ * back. */
+TEST_CASE(reserve_pinned_at_create_in_parallel_and_kept) {
+  dmem__backend_t be = res_backend(0);
+  const size_t GiB = (size_t)1 << 30, reserve = 2 * GiB + GiB / 2;
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, reserve, &p), DMEM_OK);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.reserved, reserve);
+  CHECK_UEQ(s.free, reserve);
+  CHECK_UEQ(s.grows, 3);
+  CHECK_EQ(res.calls, 3);
+  CHECK_GE(res.max_in_flight, 2); /* pinned at once, not one after another */
+  void *a = NULL, *b = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, GiB - 4096, &a), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_alloc(p, GiB / 4, &b), DMEM_OK);
+  memset(a, 1, 4096);
+  memset(b, 2, 4096);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, 3); /* out of the reserve */
+  /* a block past the reserve grows the pool; that chunk is trimmed later */
+  void *c = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, GiB, &c), DMEM_OK);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, 4);
+  CHECK_GT(s.reserved, reserve);
+  dmem__hostpool_free(p, c);
+  dmem__hostpool_free(p, a);
+  dmem__hostpool_free(p, b);
+  size_t released = 0;
+  CHECK_EQ(dmem__hostpool_trim(p, 0, &released), DMEM_OK);
+  dmem__hostpool_stats(p, &s);
+  CHECK_GE(s.reserved, reserve); /* the reserve stays */
+  CHECK_GT(released, 0);         /* what grew past it went */
+  CHECK_UEQ(s.reserved + released, reserve + (s.reserved + released - reserve));
+  CHECK_EQ(dmem__hostpool_trim(p, 0, &released), DMEM_OK);
+  CHECK_UEQ(released, 0);
+  dmem__hostpool_destroy(p);
+  CHECK_EQ(res.live, 0);
+}
+
+/* A reserve chunk the backend refuses fails the create with
+ * DMEM_ERR_HOST_OUT_OF_MEMORY naming the reserve and the backend's cause;
+ * the chunks pinned before it are given back; *pool_out is not written. */
+TEST_CASE(reserve_failure_fails_create_and_gives_back) {
+  for (int fail = 1; fail <= 4; fail++) {
+    dmem__backend_t be = res_backend(fail);
+    dmem__hostpool_t *p = (dmem__hostpool_t *)0x1;
+    CHECK_STATUS(dmem__hostpool_create(&be, 0, true, ((size_t)7 << 30) / 2, &p),
+                 DMEM_ERR_HOST_OUT_OF_MEMORY);
+    CHECK_TRUE(p == (dmem__hostpool_t *)0x1);
+    const char *d = dmem_last_error_detail();
+    CHECK_TRUE(strstr(d, "pinned host reserve of 3758096384 bytes") != NULL);
+    CHECK_TRUE(strstr(d, "refused") != NULL);
+    CHECK_EQ(res.live, 0);
+  }
+}
+
+/* Through the public API: host_reserve pins at create (the host backend
+ * takes it from the heap), dmem_host_trim keeps it, a reserve past the
+ * pool's bound under host_limit and a bad host_pin are refused. */
+TEST_CASE(host_reserve_public) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_backend_capacity = (size_t)16 << 20;
+  cfg.host_reserve = (size_t)24 << 20;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_GE(s.host_pool_reserved, (size_t)24 << 20);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, (size_t)1 << 20, 0, &h));
+  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_free(rt, h));
+  size_t released = 7;
+  CHECK_OK(dmem_host_trim(rt, 0, &released));
+  CHECK_UEQ(released, 0);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_GE(s.host_pool_reserved, (size_t)24 << 20);
+  CHECK_UEQ(s.host_pool_grows, s.host_pool_grows); /* stats readable */
+  dmem_runtime_destroy(rt);
+
+  dmem_runtime_t *bad = (dmem_runtime_t *)0x1;
+  cfg.host_limit = (size_t)8 << 20; /* pool bound: 8 MiB tier + cap + 64 MiB staging */
+  cfg.host_reserve = (size_t)1 << 30;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &bad), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "host_reserve") != NULL);
+  CHECK_TRUE(bad == (dmem_runtime_t *)0x1);
+  cfg.host_limit = 0;
+  cfg.host_reserve = 0;
+  cfg.host_pin = (dmem_host_pin_t)7;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &bad), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(bad == (dmem_runtime_t *)0x1);
 }

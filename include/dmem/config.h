@@ -11,6 +11,11 @@
  *                      the host tier's size, beyond which the least recently
  *                      used host-tier buffers are pushed down to disk
  *                      (see dmem_config_t.host_limit)
+ *   DMEM_HOST_RESERVE  bytes, with optional K/M/G/T suffix; 0 = none: pinned
+ *                      host memory taken at creation and kept until destroy
+ *                      (see dmem_config_t.host_reserve)
+ *   DMEM_HOST_PIN      auto | malloc_host | register: how the CUDA backend
+ *                      pins host memory (see dmem_config_t.host_pin)
  *   DMEM_SPILL_DIR     directory under which the private spill directory is
  *                      made (default: $TMPDIR or /tmp); it must be writable
  *                      when the disk tier is first used
@@ -51,6 +56,16 @@ typedef enum dmem_log_level {
   DMEM_LOG_INFO = 3,
   DMEM_LOG_DEBUG = 4
 } dmem_log_level_t;
+
+/** How the CUDA backend gets pinned host memory for its pool (the memory
+ *  that holds spilled bytes): dmem_config_t.host_pin, DMEM_HOST_PIN. */
+typedef enum dmem_host_pin {
+  DMEM_HOST_PIN_AUTO = 0,        /**< the backend's choice (docs/benchmarks.md, bench_pin) */
+  DMEM_HOST_PIN_MALLOC_HOST = 1, /**< cudaMallocHost */
+  /** mmap with transparent huge pages, first touched by several threads,
+   *  then cudaHostRegister */
+  DMEM_HOST_PIN_REGISTER = 2
+} dmem_host_pin_t;
 
 /**
  * Creation parameters. Always start from dmem_config_init(), which sets
@@ -99,6 +114,21 @@ typedef struct dmem_config {
   /** Low-water mark (fraction of the limit, below spill_ahead); 0:
    *  spill_ahead - 0.05. */
   double spill_ahead_low;
+  /** Pinned host memory taken by dmem_runtime_create and kept until
+   *  destroy, in bytes; 0 (the default): none, the pool grows as spills
+   *  need it. Getting pinned memory is slow (0.4-0.5 s a GiB through
+   *  cudaMallocHost on the lent H100 and H200: docs/benchmarks.md), far
+   *  slower than the copies it feeds (55 GB/s), so a workload that spills
+   *  gigabytes at once waits for the pinning, not the link. A reserve moves
+   *  that cost to creation, as Spark RAPIDS' and RMM's pinned pools do:
+   *  creation pins it (several threads at once, chunks of at most 1 GiB)
+   *  and fails with DMEM_ERR_HOST_OUT_OF_MEMORY if it cannot. Trims
+   *  (dmem_host_trim, the idle trim) never go below it. With host_limit
+   *  set, it must fit in the pinned pool's bound (host_limit's host tier
+   *  plus staging). The host backend takes it from the C heap. */
+  size_t host_reserve;
+  /** How the CUDA backend pins host memory (DMEM_HOST_PIN_AUTO). */
+  dmem_host_pin_t host_pin;
 } dmem_config_t;
 
 /** dmem_config_t.spill_ahead: the backend's default. */

@@ -19,6 +19,9 @@
  * frees and destroy, which become no-ops returning DMEM_OK (the context and
  * everything in it is lost anyway).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* MADV_HUGEPAGE, MAP_ANONYMOUS */
+#endif
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +63,8 @@ dmem_status_t dmem__cuda_make_current(dmem__backend_t *be) {
 #else /* DMEM_HAVE_CUDA */
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <sys/mman.h>
 
 #if !defined(CUDART_VERSION) || CUDART_VERSION < 12000
 #error "the dmem CUDA backend needs the CUDA 12.0+ toolkit (configure with -DDMEM_WITH_CUDA=OFF)"
@@ -76,7 +81,19 @@ typedef struct cuda_backend {
    * on whichever thread detects it; read by every call. The value is
    * self-contained (it publishes no other data), so relaxed loads suffice. */
   _Atomic int fatal;
+  /* How host_alloc pins (DMEM_HOST_PIN_MALLOC_HOST or _REGISTER; AUTO
+   * resolved at create), and the regions the register way mapped (host_free
+   * needs their sizes). Few: the pinned pool's chunks of 64 MiB - 1 GiB. */
+  dmem_host_pin_t pin;
+  pthread_mutex_t reg_mu;
+  struct pinned_region *regions; /* under reg_mu */
 } cuda_backend_t;
+
+typedef struct pinned_region {
+  struct pinned_region *next;
+  void *base;
+  size_t size;
+} pinned_region_t;
 
 /* The context binding of one backend call (see cuda_enter / cuda_leave). */
 typedef struct cuda_scope {
@@ -274,10 +291,98 @@ static dmem_status_t cuda_device_free(dmem__backend_t *be, void *ptr) {
   return st;
 }
 
+/* ---- pinned host memory ------------------------------------------------------------ */
+
+/* Two ways (dmem_config_t.host_pin; bench/bench_pin.c measures them):
+ * cudaMallocHost, or mmap + MADV_HUGEPAGE + a first touch by several
+ * threads + cudaHostRegister. Pinning costs mostly the kernel's work per
+ * page (fault, zeroing, pinning, mapping); huge pages cut the page count by
+ * 512 and the threads fault different parts at once. */
+
+#define PIN_TOUCH_THREADS 8
+#define PIN_TOUCH_PART ((size_t)64 << 20) /* at least this much per thread */
+#define PIN_HUGE ((size_t)2 << 20)
+
+typedef struct touch_part {
+  volatile char *base;
+  size_t bytes;
+} touch_part_t;
+
+static void *touch_part(void *arg) {
+  touch_part_t *t = arg;
+  for (size_t o = 0; o < t->bytes; o += 4096) t->base[o] = 0;
+  return NULL;
+}
+
+/* Fault in [p, p + size) from up to PIN_TOUCH_THREADS threads (this one
+ * included); a thread that cannot start leaves its part to this one. */
+static void touch_pages(char *p, size_t size) {
+  size_t parts = size / PIN_TOUCH_PART;
+  if (parts > PIN_TOUCH_THREADS) parts = PIN_TOUCH_THREADS;
+  if (parts < 1) parts = 1;
+  size_t per = (size / parts + PIN_HUGE - 1) / PIN_HUGE * PIN_HUGE;
+  pthread_t th[PIN_TOUCH_THREADS];
+  bool started[PIN_TOUCH_THREADS] = {false};
+  touch_part_t tp[PIN_TOUCH_THREADS];
+  size_t n = 0;
+  for (size_t o = 0; o < size && n < parts; o += per, n++) {
+    tp[n].base = p + o;
+    tp[n].bytes = size - o < per ? size - o : per;
+    if (n > 0) started[n] = pthread_create(&th[n], NULL, touch_part, &tp[n]) == 0;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!started[i]) (void)touch_part(&tp[i]);
+  for (size_t i = 1; i < n; i++)
+    if (started[i]) pthread_join(th[i], NULL);
+}
+
+static dmem_status_t register_alloc(cuda_backend_t *cb, size_t size, void **ptr_out) {
+  size_t len = (size + PIN_HUGE - 1) / PIN_HUGE * PIN_HUGE;
+  pinned_region_t *r = malloc(sizeof *r);
+  if (r == NULL) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "pinned region record");
+  char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    free(r);
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "mmap(%zu) for pinned memory failed", len);
+  }
+  (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: without THP, 4 KiB pages */
+  touch_pages(p, len);
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cudaHostRegister", &sc);
+  if (st == DMEM_OK) {
+    cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+      char call[64];
+      snprintf(call, sizeof call, "cudaHostRegister(%zu)", len);
+      st = cuda_fail(cb, e, call);
+      if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_ERR_HOST_OUT_OF_MEMORY;
+    }
+    cuda_leave(cb, &sc);
+  }
+  if (st != DMEM_OK) {
+    munmap(p, len);
+    free(r);
+    return st;
+  }
+  r->base = p;
+  r->size = len;
+  pthread_mutex_lock(&cb->reg_mu);
+  r->next = cb->regions;
+  cb->regions = r;
+  pthread_mutex_unlock(&cb->reg_mu);
+  *ptr_out = p;
+  return DMEM_OK;
+}
+
 static dmem_status_t cuda_host_alloc(dmem__backend_t *be, size_t size, void **ptr_out) {
   cuda_backend_t *cb = cuda_of(be);
   if (size == 0 || ptr_out == NULL)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cudaMallocHost: size 0 or ptr_out NULL");
+  if (cb->pin == DMEM_HOST_PIN_REGISTER) {
+    int fatal = dmem_atomic_load_relaxed(&cb->fatal); /* self-contained flag */
+    if (fatal != 0) return cuda_refuse(cb, "cudaHostRegister", fatal);
+    return register_alloc(cb, size, ptr_out);
+  }
   cuda_scope_t sc;
   dmem_status_t st = cuda_enter(cb, "cudaMallocHost", &sc);
   if (st != DMEM_OK) return st;
@@ -296,9 +401,32 @@ static dmem_status_t cuda_host_alloc(dmem__backend_t *be, size_t size, void **pt
 
 static dmem_status_t cuda_host_free(dmem__backend_t *be, void *ptr) {
   cuda_backend_t *cb = cuda_of(be);
-  if (ptr == NULL || cuda_is_fatal(cb)) return DMEM_OK;
+  if (ptr == NULL) return DMEM_OK;
+  pinned_region_t *r = NULL;
+  pthread_mutex_lock(&cb->reg_mu);
+  for (pinned_region_t **rp = &cb->regions; *rp; rp = &(*rp)->next)
+    if ((*rp)->base == ptr) {
+      r = *rp;
+      *rp = r->next;
+      break;
+    }
+  pthread_mutex_unlock(&cb->reg_mu);
+  dmem_status_t st = DMEM_OK;
+  if (r != NULL) { /* the register way: unpin (unless the context died), unmap */
+    cuda_scope_t sc;
+    if (!cuda_is_fatal(cb) && (st = cuda_enter(cb, "cudaHostUnregister", &sc)) == DMEM_OK) {
+      cudaError_t e = cudaHostUnregister(ptr);
+      if (e != cudaSuccess && e != cudaErrorCudartUnloading)
+        st = cuda_fail(cb, e, "cudaHostUnregister");
+      cuda_leave(cb, &sc);
+    }
+    munmap(r->base, r->size);
+    free(r);
+    return st == DMEM_ERR_DEVICE_FATAL ? DMEM_OK : st;
+  }
+  if (cuda_is_fatal(cb)) return DMEM_OK;
   cuda_scope_t sc;
-  dmem_status_t st = cuda_enter(cb, "cudaFreeHost", &sc);
+  st = cuda_enter(cb, "cudaFreeHost", &sc);
   if (st != DMEM_OK) return st;
   cudaError_t e = cudaFreeHost(ptr);
   if (e != cudaSuccess && e != cudaErrorCudartUnloading) st = cuda_fail(cb, e, "cudaFreeHost");
@@ -517,6 +645,13 @@ static void cuda_destroy(dmem__backend_t *be) {
     }
     cuda_leave(cb, &sc);
   }
+  /* regions the pool did not give back (it always does): unmapped */
+  for (pinned_region_t *r = cb->regions, *n; r; r = n) {
+    n = r->next;
+    munmap(r->base, r->size);
+    free(r);
+  }
+  pthread_mutex_destroy(&cb->reg_mu);
   free(cb);
 }
 
@@ -599,6 +734,11 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   if (cb == NULL)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "calloc(%zu) for the CUDA backend", sizeof *cb);
   atomic_init(&cb->fatal, 0);
+  pthread_mutex_init(&cb->reg_mu, NULL);
+  /* AUTO: cudaMallocHost until bench_pin shows the other way faster on
+   * the machines dmem runs on (docs/benchmarks.md) */
+  cb->pin = cfg->host_pin == DMEM_HOST_PIN_REGISTER ? DMEM_HOST_PIN_REGISTER
+                                                    : DMEM_HOST_PIN_MALLOC_HOST;
   cb->drv.device = cfg->device;
   dmem_status_t st = cuda_load_driver(&cb->drv);
   if (st != DMEM_OK) goto fail_free;
@@ -666,6 +806,7 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
 fail_restore:
   (void)cb->drv.ctx_set_current(saved);
 fail_free:
+  pthread_mutex_destroy(&cb->reg_mu);
   free(cb);
   return st;
 }

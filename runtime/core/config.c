@@ -74,6 +74,14 @@ static int parse_backend(const char *s, dmem_backend_t *out) {
   return 0;
 }
 
+static int parse_pin(const char *s, dmem_host_pin_t *out) {
+  if (strcasecmp(s, "auto") == 0) *out = DMEM_HOST_PIN_AUTO;
+  else if (strcasecmp(s, "malloc_host") == 0) *out = DMEM_HOST_PIN_MALLOC_HOST;
+  else if (strcasecmp(s, "register") == 0) *out = DMEM_HOST_PIN_REGISTER;
+  else return -1;
+  return 0;
+}
+
 static int parse_int(const char *s, long lo, long hi, long *out) {
   char *end = NULL;
   errno = 0;
@@ -171,6 +179,20 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
                          "DMEM_HOST_LIMIT=\"%s\": expected bytes (K/M/G/T suffix)", v));
     else if (cfg) cfg->host_limit = bytes;
+  }
+  if ((v = getenv("DMEM_HOST_RESERVE")) && *v) {
+    size_t bytes;
+    if (parse_size(v, &bytes, NULL) != DMEM_OK)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                         "DMEM_HOST_RESERVE=\"%s\": expected bytes (K/M/G/T suffix)", v));
+    else if (cfg) cfg->host_reserve = bytes;
+  }
+  if ((v = getenv("DMEM_HOST_PIN")) && *v) {
+    dmem_host_pin_t pin;
+    if (parse_pin(v, &pin) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
+                           "DMEM_HOST_PIN=\"%s\": expected auto, malloc_host or register", v));
+    else if (cfg) cfg->host_pin = pin;
   }
   if ((v = getenv("DMEM_HOST_CAPACITY")) && *v) {
     size_t bytes;

@@ -29,6 +29,14 @@
  * background thread does so itself after the pool has been idle (no
  * allocation) for DMEM__HOSTPOOL_IDLE_NS, keeping one chunk. Chunks still
  * held are returned at destroy.
+ *
+ * Reserve (dmem_config_t.host_reserve): pinning runs at 2-3 GB/s against
+ * the 55 GB/s of the copies it feeds, so a workload that spills gigabytes
+ * at once would wait for it however early the thread starts. `reserve`
+ * bytes are pinned at creation instead, in chunks of at most 1 GiB by up
+ * to DMEM__HOSTPOOL_PIN_THREADS threads at once (the page faults and the
+ * pinning of different chunks proceed in parallel), and no trim goes below
+ * them.
  */
 #include "internal.h"
 #include <stdlib.h>
@@ -65,6 +73,7 @@ typedef struct block_header {
 
 #define DMEM__HOSTPOOL_IDLE_NS (30ull * 1000 * 1000 * 1000)
 #define DMEM__HOSTPOOL_MAX_CHUNK ((size_t)1 << 30)
+#define DMEM__HOSTPOOL_PIN_THREADS 4
 
 struct dmem__hostpool {
   dmem__backend_t *be;
@@ -76,6 +85,7 @@ struct dmem__hostpool {
   size_t free_bytes;    /* bytes in free ranges */
   size_t min_chunk;
   size_t limit;         /* most bytes in chunks; 0: unlimited */
+  size_t reserve;       /* bytes no trim gives back (pinned at create) */
   bool growing;         /* a thread is in host_alloc for the pool */
   bool want_grow;       /* the free bytes ran low: the thread should add a chunk */
   bool stop;
@@ -98,13 +108,95 @@ static uint64_t mono_ns(void) {
 
 static void *pool_thread(void *arg);
 
+static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk_t *c);
+
+/* ---- the reserve: chunks pinned at create, several at a time ---------------- */
+
+typedef struct reserve_job {
+  dmem__backend_t *be;
+  size_t size;
+  void *base;          /* out */
+  dmem_status_t st;    /* out */
+  char why[160];       /* out: the backend's detail on failure */
+} reserve_job_t;
+
+static void *reserve_pin(void *arg) {
+  reserve_job_t *j = arg;
+  j->base = NULL;
+  j->st = j->be->host_alloc(j->be, j->size, &j->base);
+  if (j->st != DMEM_OK) snprintf(j->why, sizeof j->why, "%s", dmem_last_error_detail());
+  return NULL;
+}
+
+/* Pin `reserve` bytes into p (no other thread uses p yet). */
+static dmem_status_t pin_reserve(dmem__hostpool_t *p, size_t reserve) {
+  size_t left = round_up(reserve, (size_t)2 << 20);
+  if (p->limit && left > p->limit) left = p->limit;
+  while (left > 0) {
+    reserve_job_t jobs[DMEM__HOSTPOOL_PIN_THREADS];
+    pthread_t th[DMEM__HOSTPOOL_PIN_THREADS];
+    bool started[DMEM__HOSTPOOL_PIN_THREADS];
+    int n = 0;
+    for (; n < DMEM__HOSTPOOL_PIN_THREADS && left > 0; n++) {
+      size_t c = left < DMEM__HOSTPOOL_MAX_CHUNK ? left : DMEM__HOSTPOOL_MAX_CHUNK;
+      left -= c;
+      jobs[n] = (reserve_job_t){.be = p->be, .size = c, .st = DMEM_OK};
+      /* the first chunk on this thread; the others on threads of their own
+       * (one that cannot start pins here, after it) */
+      started[n] = n > 0 && pthread_create(&th[n], NULL, reserve_pin, &jobs[n]) == 0;
+    }
+    (void)reserve_pin(&jobs[0]);
+    for (int i = 1; i < n; i++) {
+      if (started[i]) pthread_join(th[i], NULL);
+      else (void)reserve_pin(&jobs[i]);
+    }
+    dmem_status_t st = DMEM_OK;
+    const char *why = "";
+    size_t failed = 0;
+    for (int i = 0; i < n; i++) {
+      if (jobs[i].st != DMEM_OK) {
+        if (st == DMEM_OK) {
+          st = jobs[i].st;
+          why = jobs[i].why;
+          failed = jobs[i].size;
+        }
+        continue;
+      }
+      pool_chunk_t *c = malloc(sizeof *c);
+      if (!c || !free_insert(p, jobs[i].base, jobs[i].size, c)) {
+        free(c);
+        (void)p->be->host_free(p->be, jobs[i].base);
+        if (st == DMEM_OK) {
+          st = DMEM_ERR_HOST_OUT_OF_MEMORY;
+          why = "chunk record";
+          failed = jobs[i].size;
+        }
+        continue;
+      }
+      c->base = jobs[i].base;
+      c->size = jobs[i].size;
+      c->next = p->chunks;
+      p->chunks = c;
+      p->reserved += c->size;
+      p->free_bytes += c->size;
+      p->grows++;
+    }
+    if (st != DMEM_OK)
+      return dmem__error(st == DMEM_ERR_DEVICE_FATAL ? st : DMEM_ERR_HOST_OUT_OF_MEMORY,
+                         "pinned host reserve of %zu bytes: a chunk of %zu bytes failed (%s)",
+                         reserve, failed, why);
+  }
+  return DMEM_OK;
+}
+
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
-                                    dmem__hostpool_t **pool_out) {
+                                    size_t reserve, dmem__hostpool_t **pool_out) {
   dmem__hostpool_t *p = calloc(1, sizeof *p);
   if (!p) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool allocation failed");
   p->be = be;
   p->min_chunk = be->host_chunk_min ? be->host_chunk_min : (size_t)4 << 20;
   p->limit = limit;
+  p->reserve = reserve;
   if (limit && p->min_chunk > limit) p->min_chunk = round_up(limit, 256);
   pthread_mutex_init(&p->mu, NULL);
   pthread_condattr_t ca;
@@ -113,6 +205,13 @@ dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool back
   pthread_cond_init(&p->cv, &ca);
   pthread_condattr_destroy(&ca);
   p->last_alloc_ns = mono_ns();
+  if (reserve) {
+    dmem_status_t st = pin_reserve(p, reserve);
+    if (st != DMEM_OK) {
+      dmem__hostpool_destroy(p); /* gives back the chunks that were pinned */
+      return st;
+    }
+  }
   if (background) {
     int rc = pthread_create(&p->thread, NULL, pool_thread, p);
     if (rc != 0) {
@@ -424,7 +523,7 @@ static void free_chunks(dmem__hostpool_t *p, pool_chunk_t *c) {
 dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *p, size_t keep, size_t *released_out) {
   pool_chunk_t *gone = NULL;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
-  size_t released = take_free_chunks(p, keep, &gone);
+  size_t released = take_free_chunks(p, keep > p->reserve ? keep : p->reserve, &gone);
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
   free_chunks(p, gone); /* cudaFreeHost outside the mutex */
   if (released_out) *released_out = released;
@@ -469,10 +568,11 @@ static void *pool_thread(void *arg) {
       continue;
     }
     uint64_t now = mono_ns();
-    if (!p->growing && now - p->last_alloc_ns > DMEM__HOSTPOOL_IDLE_NS &&
-        p->reserved > p->min_chunk && p->free_bytes > p->min_chunk) {
+    size_t keep = p->reserve > p->min_chunk ? p->reserve : p->min_chunk;
+    if (!p->growing && now - p->last_alloc_ns > DMEM__HOSTPOOL_IDLE_NS && p->reserved > keep &&
+        p->free_bytes > p->min_chunk) {
       pool_chunk_t *gone = NULL;
-      (void)take_free_chunks(p, p->min_chunk, &gone);
+      (void)take_free_chunks(p, keep, &gone);
       p->last_alloc_ns = now; /* once per idle period */
       if (gone) {
         dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);

@@ -111,9 +111,12 @@ void dmem__blocks_stats(dmem__blocks_t *blocks, dmem__blocks_stats_t *out);
 
 /* A pool over be's pinned allocator holding at most `limit` bytes (0:
  * unlimited); `background`: a thread grows it before it runs dry and trims
- * it when idle. DMEM_ERR_HOST_OUT_OF_MEMORY. */
+ * it when idle. `reserve` bytes (<= limit when limit is set) are pinned
+ * before it returns, several chunks at once, and kept until destroy: trims
+ * never go below them. DMEM_ERR_HOST_OUT_OF_MEMORY (nothing is left
+ * pinned). */
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
-                                    dmem__hostpool_t **pool_out);
+                                    size_t reserve, dmem__hostpool_t **pool_out);
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
 /* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up). Grows
  * the pool when nothing fits (one grower at a time, no mutex held across the
