@@ -115,13 +115,22 @@ void dmem__blocks_stats(dmem__blocks_t *blocks, dmem__blocks_stats_t *out);
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
                                     dmem__hostpool_t **pool_out);
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
-/* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up). Grows
+/* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up, and then
+ * taking whole pages, header included, so that such blocks pack). Grows
  * the pool when nothing fits (one grower at a time, no mutex held across the
  * backend call). With a background thread, a block that would have to wait
  * for another thread's growth is pageable memory instead (the pageable
  * fallback, hostpool.c). DMEM_ERR_HOST_OUT_OF_MEMORY: the limit, or the
  * backend refused. */
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **ptr_out);
+/* n blocks of sizes[i] bytes each (as dmem__hostpool_alloc), carved under
+ * one acquisition of the pool's mutex as far as the free ranges hold them;
+ * the rest, if any, one by one (growth, the pageable fallback). Each block
+ * is freed on its own with dmem__hostpool_free. All or nothing: on failure
+ * no block stays allocated and ptrs_out[0..n) is undefined.
+ * DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__hostpool_alloc_n(dmem__hostpool_t *pool, const size_t *sizes, size_t n,
+                                     void **ptrs_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
 /* Give wholly free chunks back until at most `keep` bytes stay held;
  * *released_out (may be NULL) = bytes given back. Always DMEM_OK. */
