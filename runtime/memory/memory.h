@@ -42,6 +42,11 @@ dmem_status_t dmem__device_trim(dmem_runtime_t *rt, size_t keep, size_t *release
  * last use has completed). No host synchronisation, no cudaFree. */
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream);
 void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void *event);
+/* The same for n blocks whose last uses are ordered before one `event`
+ * (NULL entries skipped): one pool call (memory/pool.h's
+ * dmem__pool_free_after_n). */
+void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const size_t *sizes,
+                                  size_t n, void *event);
 
 /* Set the shard refill size from the limit (at create). */
 void dmem__charge_init(dmem_runtime_t *rt);
