@@ -337,7 +337,7 @@ TEST_CASE(large_blocks_start_on_a_page) {
  * alloc_n carves the same way under one lock. */
 TEST_CASE(page_blocks_pack_without_fragments) {
   dmem__backend_t be = fake_backend();
-  be.host_chunk_min = (size_t)8 << 20;
+  be.host_chunk_min = (size_t)16 << 20; /* all 128 blocks in one chunk */
   dmem__hostpool_t *p = NULL;
   REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, &p), DMEM_OK);
   enum { N = 64 };
