@@ -123,6 +123,10 @@ struct dmem_runtime {
   pthread_mutex_t evpool_mu; /* core/event.c */
   void **evpool;
   size_t evpool_n, evpool_cap;
+  /* Events held by several owners (a spill batch's copy event, one
+   * reference per victim): the extra references, under evpool_mu. */
+  dmem__event_share_t *evshared;
+  size_t evshared_n, evshared_cap;
 
   /* Buffers with UNSPILL_COPY set, waiting for the poller to recycle their
    * staging (spill/staging.c). */
@@ -199,6 +203,18 @@ static inline void dmem__stats_spill(dmem_runtime_t *rt, dmem_tier_t tier, size_
   dmem_atomic_add_relaxed(&rt->ns_spilling, ns);
   if ((unsigned)tier < DMEM__NTIERS) {
     dmem_atomic_add_relaxed(&rt->xs.spill_count[tier], 1);
+    dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
+    dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
+  }
+}
+/* The same for n spills of `size` bytes in all (one spill batch). */
+static inline void dmem__stats_spill_n(dmem_runtime_t *rt, dmem_tier_t tier, size_t n,
+                                       size_t size, uint64_t ns) {
+  dmem_atomic_add_relaxed(&rt->spill_count, n);
+  dmem_atomic_add_relaxed(&rt->bytes_spilled, size);
+  dmem_atomic_add_relaxed(&rt->ns_spilling, ns);
+  if ((unsigned)tier < DMEM__NTIERS) {
+    dmem_atomic_add_relaxed(&rt->xs.spill_count[tier], n);
     dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
     dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
   }

@@ -79,6 +79,40 @@ static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
   return st;
 }
 
+/* Spill victims from cand[0..n) to the host tier as one batch
+ * (spill.c's dmem__spill_batch: one copy event, one pool release, one
+ * staging carve for all of them); when the host tier or the pinned pool
+ * cannot take the batch at once, the same candidates one by one.
+ * *used_out: candidates consumed. */
+static dmem_status_t spill_batch(dmem_runtime_t *rt, dmem__victim_t *cand, size_t n, size_t need,
+                                 pass_t *ps, size_t *used_out) {
+  dmem__spill_batch_result_t r;
+  dmem_status_t st = dmem__spill_batch(rt, cand, n, need - ps->freed, &r);
+  *used_out = r.used ? r.used : 1;
+  if (r.single) {
+    for (size_t j = 0; j < r.used && ps->freed < need; j++) {
+      if (!cand[j].b) continue;
+      st = spill_victim(rt, cand[j].b, cand[j].h, ps);
+      if (hopeless(st) || st == DMEM_ERR_HOST_OUT_OF_MEMORY || st == DMEM_ERR_IO) {
+        *used_out = j + 1;
+        return st;
+      }
+    }
+    return DMEM_OK;
+  }
+  if (r.victims > 0) {
+    ps->freed += r.freed;
+    ps->victims += r.victims;
+    if (ps->reason == DMEM__EVICT_ON_DEMAND) dmem_atomic_add_relaxed(&rt->oom_evictions, r.victims);
+    if (ps->reason == DMEM__EVICT_AHEAD) {
+      dmem_atomic_add_relaxed(&rt->xs.ahead_evictions, r.victims);
+      dmem_atomic_add_relaxed(&rt->xs.ahead_bytes, r.freed);
+    }
+  }
+  note(st, &ps->first);
+  return st;
+}
+
 static const char *reason_name(dmem__evict_reason_t r) {
   switch (r) {
     case DMEM__EVICT_ON_DEMAND: return "on-demand (an allocation needed room)";
@@ -170,9 +204,11 @@ static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, 
       }
       if (st == DMEM_OK && dmem__pool_fits(rt->pool, contig, NULL)) need = ps->freed;
     }
-    for (size_t i = 0; i < n && ps->freed < need; i++) {
-      if ((long)i == first_pick) continue;
-      dmem_status_t st = spill_victim(rt, cand[i].b, cand[i].h, ps);
+    if (first_pick >= 0) cand[first_pick].b = NULL; /* done: the batches skip it */
+    for (size_t i = 0; i < n && ps->freed < need;) {
+      size_t used = 0;
+      dmem_status_t st = spill_batch(rt, cand + i, n - i, need, ps, &used);
+      i += used;
       if (hopeless(st)) {
         free(cand);
         return st;

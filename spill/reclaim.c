@@ -51,6 +51,16 @@ void dmem__move_after(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t nw) {
   dmem__transit_broadcast(rt);
 }
 
+void dmem__moves_after(dmem_runtime_t *rt, dmem__buffer_t *const *bs, const uint64_t *nws,
+                       size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    DMEM_ASSERT(!(nws[i] & DMEM__F_TRANSIT));
+    if (dmem__tl_transit == bs[i]) dmem__tl_transit = NULL;
+    if ((nws[i] & DMEM__F_FREED) && dmem__w_count(nws[i]) == 0) dmem__reclaim(rt, bs[i], nws[i]);
+  }
+  if (n) dmem__transit_broadcast(rt);
+}
+
 uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exit_t exit) {
   uint64_t nw = dmem__transit_end(b, exit);
   dmem__move_after(rt, b, nw);

@@ -208,3 +208,251 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
                        (unsigned long long)h, s, (int)tier);
   }
 }
+
+/* ---- eviction batches ---------------------------------------------------------- */
+
+/* One victim of a batch while the batch owns its TRANSIT. */
+typedef struct batch_item {
+  dmem__buffer_t *b;
+  dmem_handle_t h;
+  void *dev;
+  void *stage;
+  size_t size;
+  uint64_t w;  /* the word after our CAS */
+  bool reused; /* stage is the staging of a finished unspill (b->host) */
+  bool cancelled; /* a lock cancelled its spill after SPILL_COPY was set */
+} batch_item_t;
+
+/* Take TRANSIT on the spillable candidates of v[0..n), in order, until
+ * DMEM__SPILL_BATCH_MAX are taken or their bytes reach need. Returns how
+ * many were taken; *used_out: candidates looked at. */
+static size_t batch_take(const dmem__victim_t *v, size_t n, size_t need, batch_item_t *it,
+                         size_t *bytes_out, size_t *used_out) {
+  size_t k = 0, bytes = 0, i = 0;
+  for (; i < n && k < DMEM__SPILL_BATCH_MAX && bytes < need; i++) {
+    dmem__buffer_t *b = v[i].b;
+    if (!b || (dmem__bflags(b) & DMEM_ALLOC_PINNED)) continue;
+    /* acquire: partner is the release of the last mover / dmem_alloc */
+    uint64_t w = dmem_atomic_load_acquire(&b->word);
+    for (;;) {
+      /* as dmem__spill_buffer by policy: another thread's move, a lock, a
+       * free, a spill done meanwhile: skipped */
+      if (!dmem__word_live(w, v[i].h) || dmem__w_state(w) != DMEM_STATE_RESIDENT ||
+          dmem__w_count(w) > 0 || (w & DMEM__F_TRANSIT))
+        break;
+      if (!dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) continue;
+      size_t size = dmem__bsize(b);
+      it[k++] = (batch_item_t){.b = b, .h = v[i].h, .dev = dmem__bdev(b), .size = size, .w = w};
+      bytes += size;
+      break;
+    }
+  }
+  *bytes_out = bytes;
+  *used_out = i;
+  return k;
+}
+
+/* Before any victim's SPILL_COPY is published: every victim back to
+ * resident, its staging given back (the copies, if any were enqueued, are
+ * complete: the caller synchronised the spill stream). */
+static void batch_undo(dmem_runtime_t *rt, batch_item_t *it, size_t k) {
+  for (size_t j = 0; j < k; j++) {
+    dmem__buffer_t *b = it[j].b;
+    b->host = it[j].reused ? it[j].stage : NULL;
+    if (!it[j].reused && it[j].stage) dmem__hostpool_free(rt->hostpool, it[j].stage);
+    dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT)});
+  }
+}
+
+/* Charge `bytes` to the host tier at once, as host_store does per buffer
+ * (tier_host.c): past host_limit it kicks the push-down; false when the
+ * tier cannot take them all (nothing charged). */
+static bool batch_charge_host(dmem_runtime_t *rt, size_t bytes) {
+  size_t limit = rt->host_limit;
+  if (!limit) {
+    dmem_atomic_add_relaxed(&rt->host_used, bytes);
+    return true;
+  }
+  if (bytes > limit) return false;
+  bool admitted = dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit), bytes, NULL);
+  if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
+  return admitted;
+}
+
+/* Pinned staging for every victim: the staging a finished unspill left
+ * (b->host), else one pinned-pool call for all the others. */
+static dmem_status_t batch_staging(dmem_runtime_t *rt, batch_item_t *it, size_t k) {
+  size_t sizes[DMEM__SPILL_BATCH_MAX];
+  void *ptrs[DMEM__SPILL_BATCH_MAX];
+  size_t m = 0;
+  for (size_t j = 0; j < k; j++) {
+    it[j].stage = it[j].b->host;
+    it[j].reused = it[j].stage != NULL;
+    it[j].b->host = NULL;
+    if (!it[j].reused) sizes[m++] = it[j].size;
+  }
+  dmem_status_t st = m ? dmem__hostpool_alloc_n(rt->hostpool, sizes, m, ptrs) : DMEM_OK;
+  if (st != DMEM_OK) {
+    for (size_t j = 0; j < k; j++) {
+      it[j].b->host = it[j].stage;
+      it[j].stage = NULL;
+      it[j].reused = false;
+    }
+    return st;
+  }
+  for (size_t j = 0, q = 0; j < k; j++)
+    if (!it[j].reused) it[j].stage = ptrs[q++];
+  return DMEM_OK;
+}
+
+/* Enqueue every victim's copy on the spill stream (after its unspill copy,
+ * if one may still read the staging) and record one event after them. */
+static dmem_status_t batch_copy(dmem_runtime_t *rt, batch_item_t *it, size_t k, void *ev) {
+  dmem_status_t st = DMEM_OK;
+  for (size_t j = 0; j < k && st == DMEM_OK; j++) {
+    if (it[j].w & DMEM__F_UNSPILL_COPY)
+      st = dmem__fatal_keep(
+          rt, rt->be->stream_wait_event(rt->be, rt->spill_stream, it[j].b->unspill_event));
+    if (st == DMEM_OK) st = dmem__copy_chunked(rt, it[j].stage, it[j].dev, it[j].size, rt->spill_stream);
+  }
+  if (st == DMEM_OK) st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, rt->spill_stream));
+  return st;
+}
+
+/* A victim whose spill a lock cancelled after its SPILL_COPY was published
+ * (we still own TRANSIT; the copy is complete: the caller waited for it):
+ * as spill_from_device's undo. */
+static void batch_cancelled(dmem_runtime_t *rt, batch_item_t *x, void *ev, bool copied) {
+  dmem__buffer_t *b = x->b;
+  dmem__tier_host.drop(rt, b, x->h);
+  dmem_atomic_add_relaxed(&rt->cancelled_spills, 1);
+  b->host = x->reused ? x->stage : NULL;
+  if (!x->reused) dmem__hostpool_free(rt->hostpool, x->stage);
+  /* b->spill_event keeps pointing at ev, as in spill_from_device */
+  dmem__move_end(rt, b,
+                 (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
+                                        .clear = DMEM__F_SPILL_COPY});
+  if (!copied) dmem__event_put(rt, ev); /* this victim's reference */
+}
+
+dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, size_t n,
+                                size_t need, dmem__spill_batch_result_t *res_out) {
+  *res_out = (dmem__spill_batch_result_t){0};
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  batch_item_t it[DMEM__SPILL_BATCH_MAX];
+  dmem__buffer_t *outer = dmem__tl_transit; /* a move of the caller's, if any */
+  size_t bytes = 0;
+  size_t k = batch_take(v, n, need, it, &bytes, &res_out->used);
+  if (k == 0) return DMEM_OK;
+  uint64_t t0 = dmem__now_ns();
+  dmem_atomic_add_relaxed(&rt->spills_in_flight, k);
+  DMEM_NVTX_PUSH("dmem spill batch");
+  void *ev = NULL;
+  bool copied = false; /* the copies are known complete */
+
+  if (!batch_charge_host(rt, bytes)) {
+    res_out->single = true; /* one by one: some go to disk */
+    batch_undo(rt, it, k);
+    goto out;
+  }
+  st = batch_staging(rt, it, k);
+  if (st == DMEM_ERR_HOST_OUT_OF_MEMORY) {
+    st = DMEM_OK;
+    res_out->single = true; /* one by one: they recycle staging, or go to disk */
+  }
+  if (st != DMEM_OK || res_out->single) {
+    dmem_atomic_sub_relaxed(&rt->host_used, bytes);
+    batch_undo(rt, it, k);
+    goto out;
+  }
+  st = dmem__event_get(rt, &ev);
+  if (st == DMEM_OK) {
+    st = batch_copy(rt, it, k, ev);
+    if (st != DMEM_OK) (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  }
+  if (st == DMEM_OK && dmem__event_share(rt, ev, k) != DMEM_OK) {
+    /* no reference per victim: wait for the copies, and share nothing */
+    st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+    copied = st == DMEM_OK;
+  }
+  if (st != DMEM_OK) {
+    dmem_atomic_sub_relaxed(&rt->host_used, bytes);
+    batch_undo(rt, it, k);
+    if (ev) dmem__event_put(rt, ev);
+    goto out;
+  }
+
+  /* Publish: each victim's spill_event, then SPILL_COPY (lockers cancel
+   * from now on); one wake-up for the lockers waiting for it. */
+  for (size_t j = 0; j < k; j++) {
+    dmem_atomic_store_relaxed(&it[j].b->spill_event, ev);
+    /* release: publishes spill_event; partner is the acquiring CAS of a
+     * locker that cancels the spill and then waits on the event */
+    dmem_atomic_or_acq_rel(&it[j].b->word, DMEM__F_SPILL_COPY);
+    it[j].b->host = it[j].stage; /* the host tier adopts the staging */
+  }
+  dmem__transit_broadcast(rt);
+
+  /* Commit each victim unless a lock cancelled its spill meanwhile. */
+  dmem__buffer_t *done_b[DMEM__SPILL_BATCH_MAX];
+  uint64_t done_w[DMEM__SPILL_BATCH_MAX];
+  void *devs[DMEM__SPILL_BATCH_MAX];
+  size_t sizes[DMEM__SPILL_BATCH_MAX];
+  dmem__reg_entry_t entries[DMEM__SPILL_BATCH_MAX];
+  size_t m = 0, freed = 0, ncancel = 0;
+  const uint64_t keep = copied ? 0 : DMEM__F_SPILL_COPY; /* the copies still run */
+  for (size_t j = 0; j < k; j++) {
+    dmem__buffer_t *b = it[j].b;
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: lockers' CAS */
+    for (;;) {
+      if (dmem__w_state(w) != DMEM_STATE_SPILLING) {
+        it[j].cancelled = true; /* the device copy is the live one */
+        ncancel++;
+        break;
+      }
+      DMEM_ASSERT((w & DMEM__F_TRANSIT) && dmem__w_count(w) == 0);
+      uint64_t nw = (dmem__w_with_state(w, DMEM_STATE_DEFERRED_HOST) &
+                     ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY | DMEM__F_UNSPILL_COPY)) |
+                    keep;
+      /* release: publishes b->host; partner is the next mover's acquire */
+      if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
+        dmem_atomic_add_relaxed(&b->spill_count, 1);
+        if (copied) dmem_atomic_store_relaxed(&b->spill_event, NULL);
+        done_b[m] = b;
+        done_w[m] = nw;
+        devs[m] = it[j].dev;
+        sizes[m] = it[j].size;
+        entries[m] = (dmem__reg_entry_t){.b = b, .h = it[j].h};
+        freed += it[j].size;
+        m++;
+        break;
+      }
+    }
+  }
+  if (ncancel) {
+    /* their copies may still write the staging they give back */
+    if (!copied) (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+    for (size_t j = 0; j < k; j++)
+      if (it[j].cancelled) batch_cancelled(rt, &it[j], ev, copied);
+  }
+  /* The ranges are reusable once the copies that read them are done: one
+   * pool call tagged with the batch's event. */
+  dmem__device_release_after_n(rt, devs, sizes, m, copied ? NULL : ev);
+  if (copied)
+    dmem__event_put(rt, ev); /* never shared */
+  else
+    dmem__staging_push_n(rt, entries, m); /* each gives its reference back once ev completes */
+  dmem__moves_after(rt, done_b, done_w, m);
+  if (m) dmem__stats_spill_n(rt, DMEM_TIER_HOST, m, freed, dmem__now_ns() - t0);
+  for (size_t j = 0; j < m; j++)
+    if (!(done_w[j] & DMEM__F_FREED))
+      dmem__emit(rt, DMEM_EVENT_SPILL, entries[j].h, sizes[j], DMEM_TIER_HOST, 0);
+  res_out->victims = m;
+  res_out->freed = freed;
+out:
+  DMEM_NVTX_POP();
+  dmem_atomic_sub_relaxed(&rt->spills_in_flight, k);
+  dmem__tl_transit = outer;
+  return st;
+}

@@ -159,6 +159,10 @@ void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w);
 /* After a CAS that cleared the caller's TRANSIT (new word nw): reclaim if
  * the buffer was freed meanwhile, wake waiters. */
 void dmem__move_after(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t nw);
+/* dmem__move_after for n buffers whose TRANSIT the caller's CASes cleared
+ * (new words nws[i]), with one wake-up of the waiters for all of them. */
+void dmem__moves_after(dmem_runtime_t *rt, dmem__buffer_t *const *bs, const uint64_t *nws,
+                       size_t n);
 /* End the caller's TRANSIT as `exit` says, then dmem__move_after. */
 uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exit_t exit);
 /* Drop one lock of h; the last unlock of a freed buffer reclaims it.
@@ -172,6 +176,8 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
  * DEFERRED_HOST buffer (b->spill_event goes back to the pool once the copy
  * into the host tier completes). */
 void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
+/* The same for v[0..n), under one acquisition of the staging mutex. */
+void dmem__staging_push_n(dmem_runtime_t *rt, const dmem__reg_entry_t *v, size_t n);
 /* Pinned staging of size bytes for a spill. When the pinned pool is at its
  * limit, the staging of finished (and finishing) unspill copies is
  * recycled first and the allocation tried once more (retrieve.c does the
@@ -256,6 +262,40 @@ typedef struct dmem__victim {
   dmem__buffer_t *b;
   dmem_handle_t h;
 } dmem__victim_t;
+
+/* The most victims one spill batch moves under one copy event. A lock that
+ * arrives at a victim of a batch before the batch's copies are all
+ * enqueued waits for them (then it cancels that victim's spill): this
+ * bounds that wait to about this many cudaMemcpyAsync submissions. */
+#define DMEM__SPILL_BATCH_MAX 64u
+
+/* What one spill batch did. */
+typedef struct dmem__spill_batch_result {
+  size_t used;    /* candidates looked at: v[0..used) */
+  size_t victims; /* buffers now in the host tier */
+  size_t freed;   /* their bytes */
+  bool single;    /* nothing was moved: the host tier or the pinned pool
+                     cannot take the batch at once; spill v[0..used) one by
+                     one (dmem__spill_buffer goes to disk, recycles staging) */
+} dmem__spill_batch_result_t;
+
+/* Spill eviction candidates to the host tier as one batch: from v[0..n)
+ * (in order; entries with b NULL skipped) the resident, unlocked, not
+ * pinned ones, until DMEM__SPILL_BATCH_MAX are taken or their bytes reach
+ * `need`. Per batch, not per buffer: one pinned-pool call for the staging,
+ * one host-tier charge, one copy event recorded after all the copies
+ * (shared by the victims: b->spill_event, one reference each), one pool
+ * call giving the device ranges back tagged with it, one staging-list
+ * insertion, one stats update, one wake-up of waiters. Each buffer is
+ * still its own move: it takes TRANSIT, a lock that arrives once its copy
+ * is enqueued cancels its spill alone, and it is DEFERRED_HOST with
+ * SPILL_COPY until the shared event is seen complete.
+ * Errors (backend failures of the waits, copies, the record): every victim
+ * stays resident with its data where it was, none is moved; the status is
+ * returned (*res_out still written). */
+dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, size_t n,
+                                size_t need, dmem__spill_batch_result_t *res_out);
+
 /* The live buffers whose state word w passes want(w, b), in victim order:
  * lowest priority first, then least recently unlocked. *out_v (malloc'd,
  * the caller frees) and *n_out written on success only.

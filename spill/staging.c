@@ -8,24 +8,31 @@
  * by dmem_runtime_poll and dmem_stats) until their event completes.
  */
 #include "runtime/internal.h"
+#include <string.h>
 
 void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
+  dmem__reg_entry_t e = {.b = b, .h = h};
+  dmem__staging_push_n(rt, &e, 1);
+}
+
+void dmem__staging_push_n(dmem_runtime_t *rt, const dmem__reg_entry_t *v, size_t n) {
+  if (n == 0) return;
   dmem__mutex_lock(&rt->staging_mu, DMEM__RANK_STAGING);
-  if (rt->nstaging == rt->capstaging) {
+  if (rt->nstaging + n > rt->capstaging) {
     size_t cap = rt->capstaging ? rt->capstaging * 2 : 64;
-    dmem__reg_entry_t *v = realloc(rt->staging, cap * sizeof *v);
-    if (!v) {
+    while (cap < rt->nstaging + n) cap *= 2;
+    dmem__reg_entry_t *nv = realloc(rt->staging, cap * sizeof *nv);
+    if (!nv) {
       /* Not tracked: the staging is recycled at the next spill or at
        * reclaim instead. */
       dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
       return;
     }
-    rt->staging = v;
+    rt->staging = nv;
     rt->capstaging = cap;
   }
-  rt->staging[rt->nstaging].b = b;
-  rt->staging[rt->nstaging].h = h;
-  rt->nstaging++;
+  memcpy(rt->staging + rt->nstaging, v, n * sizeof *v);
+  rt->nstaging += n;
   dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
 }
 

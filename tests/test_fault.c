@@ -650,6 +650,22 @@ static void evict_run(fx_t *f) {
   (void)DO(API_EVICT, dmem_evict(f->rt, 128 * U, &freed));
 }
 
+/* evict_batch: ten small buffers out in one dmem_evict (one spill batch:
+ * one staging carve, ten copies, one event, one pool release), back with
+ * one prefetch, and out again right away (their unspill copies may still
+ * run: staging reused after unspill_event). A failure anywhere in a batch
+ * leaves every victim resident with its bytes. */
+static void evict_batch_setup(fx_t *f) { setup_buffers(f, 10, U); }
+static void evict_batch_run(fx_t *f) {
+  size_t freed = 0;
+  (void)DO(API_EVICT, dmem_evict(f->rt, 10 * U, &freed));
+  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, f->h, 10, f->s));
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+  (void)DO(API_EVICT, dmem_evict(f->rt, 6 * U, &freed));
+  void *p;
+  if (t_lock(f, 9, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[9]));
+}
+
 /* launch_async / stream_release / sync_and_unlock / lock_and_launch, a
  * host function, and a spill of a buffer a release still holds. */
 static void launch_setup(fx_t *f) {
@@ -1194,6 +1210,12 @@ TEST_CASE(read) {
 
 TEST_CASE(evict) {
   scenario_t sc = {"evict", LIMIT, 0, false, false, true, evict_setup, evict_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(evict_batch) {
+  scenario_t sc = {"evict_batch", LIMIT, 0, false, false, true, evict_batch_setup,
+                   evict_batch_run};
   run_scenario(&sc);
 }
 

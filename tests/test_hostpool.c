@@ -268,7 +268,8 @@ TEST_CASE(limit_and_trim) {
   dmem__hostpool_stats(p, &s);
   CHECK_UEQ(s.reserved, (size_t)1 << 20);
   CHECK_UEQ(s.trims, 2);
-  CHECK_UEQ(s.free, (size_t)(1 << 20) - ((900 << 10) + 256));
+  /* a page-aligned block takes whole pages, its header included */
+  CHECK_UEQ(s.free, (size_t)(1 << 20) - (size_t)(904 << 10));
   dmem__hostpool_free(p, v[1]);
   dmem__hostpool_destroy(p);
 }
@@ -497,4 +498,60 @@ TEST_CASE(host_reserve_public) {
   cfg.host_pin = (dmem_host_pin_t)7;
   CHECK_STATUS(dmem_runtime_create(&cfg, &bad), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_TRUE(bad == (dmem_runtime_t *)0x1);
+}
+
+/* 64 KiB blocks pack: a run of them leaves no free fragment in front of
+ * each (each used to leave 3840 bytes, and a first-fit walked past all of
+ * them, O(n) per block). Every block is page-aligned, consecutive blocks
+ * are 17 pages apart, the pool holds one free range after them, and
+ * alloc_n carves the same way under one lock. */
+TEST_CASE(page_blocks_pack_without_fragments) {
+  dmem__backend_t be = fake_backend();
+  be.host_chunk_min = (size_t)16 << 20; /* all 128 blocks in one chunk */
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  enum { N = 64 };
+  void *v[N];
+  for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)64 << 10, &v[i]), DMEM_OK);
+  for (int i = 0; i < N; i++) CHECK_UEQ((uintptr_t)v[i] % 4096, 0);
+  for (int i = 1; i < N; i++) CHECK_UEQ((uintptr_t)v[i] - (uintptr_t)v[i - 1], (size_t)17 << 12);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  /* the only free bytes: one front fragment before the first block, and
+   * the tail of the chunk */
+  CHECK_UEQ(s.free, s.reserved - (size_t)N * (17 << 12));
+  size_t sizes[N];
+  void *w[N];
+  for (int i = 0; i < N; i++) sizes[i] = (size_t)64 << 10;
+  REQUIRE_EQ(dmem__hostpool_alloc_n(p, sizes, N, w), DMEM_OK);
+  CHECK_UEQ((uintptr_t)w[0] - (uintptr_t)v[N - 1], (size_t)17 << 12);
+  for (int i = 1; i < N; i++) CHECK_UEQ((uintptr_t)w[i] - (uintptr_t)w[i - 1], (size_t)17 << 12);
+  for (int i = 0; i < N; i++) {
+    memset(w[i], i, (size_t)64 << 10); /* writable, no overlap with the headers */
+    dmem__hostpool_free(p, v[i]);
+  }
+  for (int i = 0; i < N; i++) {
+    CHECK_UEQ(((unsigned char *)w[i])[0], (unsigned)i);
+    dmem__hostpool_free(p, w[i]);
+  }
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.free, s.reserved);
+  dmem__hostpool_destroy(p);
+}
+
+/* alloc_n is all or nothing: at the pool's limit, no block stays taken. */
+TEST_CASE(alloc_n_all_or_nothing) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)1 << 20, false, 0, &p), DMEM_OK);
+  size_t sizes[20];
+  void *w[20];
+  for (int i = 0; i < 20; i++) sizes[i] = (size_t)64 << 10; /* 20 x 68 KiB > 1 MiB */
+  CHECK_STATUS(dmem__hostpool_alloc_n(p, sizes, 20, w), DMEM_ERR_HOST_OUT_OF_MEMORY);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.free, s.reserved);
+  REQUIRE_EQ(dmem__hostpool_alloc_n(p, sizes, 14, w), DMEM_OK); /* 14 x 68 KiB fit */
+  for (int i = 0; i < 14; i++) dmem__hostpool_free(p, w[i]);
+  dmem__hostpool_destroy(p);
 }

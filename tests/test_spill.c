@@ -3,6 +3,8 @@
  * limit, and the controller. */
 #include <dirent.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -659,4 +661,226 @@ TEST_CASE(victims_already_spilled_are_skipped) {
   CHECK_OK(dmem_free(rt, x));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
+}
+
+/* ---- eviction batches (spill/spill.c, dmem__spill_batch) ------------------------- */
+
+#define KiB ((size_t)1 << 10)
+#define NB 200 /* more than three batches of DMEM__SPILL_BATCH_MAX (64) */
+
+/* One dmem_evict of 200 small buffers: every one is in the host tier
+ * afterwards with its own bytes (each is a 64 KiB copy into its own
+ * staging, ordered by the batch's one event); dmem_unspill and
+ * dmem_prefetch bring them back intact. A second eviction right after the
+ * prefetch, before any poll, spills buffers whose unspill copy may still
+ * be in flight (their staging is reused, ordered after unspill_event), and
+ * the data survive that too. */
+TEST_CASE(evict_batch_data_intact) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  static dmem_handle_t h[NB];
+  const size_t size = 64 * KiB;
+  for (int i = 0; i < NB; i++) {
+    REQUIRE_OK(dmem_alloc(rt, size, 0, &h[i]));
+    check_put(rt, h[i], size, 1000 + (uint64_t)i);
+  }
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, NB * size, &freed));
+  CHECK_UEQ(freed, NB * size);
+  int deferred = 0;
+  for (int i = 0; i < NB; i++) deferred += state_of(rt, h[i]) == DMEM_STATE_DEFERRED_HOST;
+  CHECK_EQ(deferred, NB);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_count, NB);
+  CHECK_UEQ(s.bytes_spilled, NB * size);
+  CHECK_UEQ(s.host_used, NB * size);
+  CHECK_UEQ(s.device_used, 0);
+  dmem_buffer_info_t info;
+  CHECK_OK(dmem_buffer_info(rt, h[NB - 1], &info));
+  CHECK_UEQ(info.spill_count, 1);
+  dmem_stream_t st;
+  REQUIRE_OK(dmem_stream_create(rt, &st));
+  for (int i = 0; i < NB / 2; i++) CHECK_OK(dmem_unspill(rt, h[i], st));
+  CHECK_OK(dmem_prefetch(rt, h + NB / 2, NB - NB / 2, st));
+  CHECK_OK(dmem_stream_synchronize(rt, st));
+  /* no poll: the unspill copies' flags and staging are still there */
+  CHECK_OK(dmem_evict(rt, NB * size, &freed));
+  CHECK_UEQ(freed, NB * size);
+  CHECK_OK(dmem_prefetch(rt, h, NB, st));
+  CHECK_OK(dmem_stream_synchronize(rt, st));
+  size_t bad = 0;
+  for (int i = 0; i < NB; i++) bad += check_bad_bytes(rt, h[i], size, 1000 + (uint64_t)i);
+  CHECK_UEQ(bad, 0);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.spill_count, 2 * NB);
+  CHECK_UEQ(s.host_used, 0);
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_OK(dmem_stream_destroy(rt, st));
+  dmem_runtime_destroy(rt);
+}
+
+/* Victims freed after they were chosen are skipped, and a batch that the
+ * host tier (limit 1 MiB) cannot take at once goes one by one, the excess
+ * straight to disk (as single spills do); every byte survives and nothing
+ * stays charged. */
+TEST_CASE(evict_batch_host_limit_goes_one_by_one) {
+  dmem_runtime_t *rt = runtime_with(64 * MiB, 1 * MiB, NULL);
+  static dmem_handle_t h[64];
+  const size_t size = 64 * KiB;
+  for (int i = 0; i < 64; i++) {
+    REQUIRE_OK(dmem_alloc(rt, size, 0, &h[i]));
+    check_put(rt, h[i], size, 7 + (uint64_t)i);
+  }
+  for (int i = 0; i < 64; i += 8) CHECK_OK(dmem_free(rt, h[i]));
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, 64 * size, &freed));
+  CHECK_UEQ(freed, 56 * size);
+  int on_disk = 0, on_host = 0;
+  for (int i = 0; i < 64; i++) {
+    if (i % 8 == 0) continue;
+    dmem_state_t sti = state_of(rt, h[i]);
+    on_disk += sti == DMEM_STATE_DEFERRED_DISK;
+    on_host += sti == DMEM_STATE_DEFERRED_HOST;
+  }
+  CHECK_EQ(on_disk + on_host, 56);
+  CHECK_TRUE(on_disk > 0);
+  size_t bad = 0;
+  for (int i = 0; i < 64; i++)
+    if (i % 8) bad += check_bad_bytes(rt, h[i], size, 7 + (uint64_t)i);
+  CHECK_UEQ(bad, 0);
+  for (int i = 0; i < 64; i++)
+    if (i % 8) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_stats_t s;
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.host_used, 0);
+  CHECK_UEQ(s.disk_used, 0);
+  CHECK_UEQ(s.device_used, 0);
+  dmem_runtime_destroy(rt);
+}
+
+/* Locks racing the batches' completion: lockers on two threads lock,
+ * check and rewrite random buffers while the main thread evicts them all
+ * over and over. A lock that lands on a victim between its copy and the
+ * batch's commit cancels that victim alone (it stays resident with the
+ * locker's bytes); one that lands after waits on the shared copy event.
+ * Every buffer holds its latest bytes at the end, and no byte stays
+ * charged to the host tier for a resident buffer. */
+#define RB 96
+typedef struct race {
+  dmem_runtime_t *rt;
+  dmem_handle_t h[RB];
+  _Atomic uint64_t seed[RB]; /* the buffer's current pattern; owner: the locker */
+  pthread_mutex_t mu[RB];    /* one writer per buffer at a time */
+  _Atomic int stop;
+} race_t;
+typedef struct racer {
+  race_t *r;
+  unsigned rng;
+  size_t bad;          /* read after the join */
+  _Atomic int locks;   /* read by the main thread while it runs */
+} racer_t;
+
+static void *race_locker(void *arg) {
+  racer_t *me = arg;
+  race_t *r = me->r;
+  const size_t size = 16 * KiB;
+  void *tmp = malloc(size);
+  while (!atomic_load_explicit(&r->stop, memory_order_relaxed)) {
+    me->rng = me->rng * 1103515245u + 12345u;
+    int i = (int)((me->rng >> 8) % RB);
+    pthread_mutex_lock(&r->mu[i]);
+    uint64_t seed = atomic_load_explicit(&r->seed[i], memory_order_relaxed);
+    void *p;
+    dmem_status_t st = dmem_lock(r->rt, r->h[i], NULL, &p);
+    if (st == DMEM_OK) {
+      dmem_copy(r->rt, tmp, p, size, NULL);
+      dmem_stream_synchronize(r->rt, NULL);
+      me->bad += check_verify(tmp, size, seed);
+      seed += RB; /* a new pattern, written while locked */
+      check_fill(tmp, size, seed);
+      dmem_copy(r->rt, p, tmp, size, NULL);
+      dmem_stream_synchronize(r->rt, NULL);
+      atomic_store_explicit(&r->seed[i], seed, memory_order_relaxed);
+      dmem_unlock(r->rt, r->h[i]);
+      atomic_fetch_add_explicit(&me->locks, 1, memory_order_relaxed);
+    } else {
+      fprintf(stderr, "race lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+      me->bad++;
+    }
+    pthread_mutex_unlock(&r->mu[i]);
+  }
+  free(tmp);
+  return NULL;
+}
+
+TEST_CASE(lock_races_evict_batch) {
+  static race_t r;
+  memset(&r, 0, sizeof r);
+  r.rt = check_runtime(64 * MiB);
+  const size_t size = 16 * KiB;
+  for (int i = 0; i < RB; i++) {
+    REQUIRE_OK(dmem_alloc(r.rt, size, 0, &r.h[i]));
+    atomic_store_explicit(&r.seed[i], (uint64_t)i, memory_order_relaxed);
+    check_put(r.rt, r.h[i], size, (uint64_t)i);
+    pthread_mutex_init(&r.mu[i], NULL);
+  }
+  racer_t a = {&r, 1, 0, 0}, b = {&r, 2, 0, 0};
+  dmem_stream_t st;
+  REQUIRE_OK(dmem_stream_create(r.rt, &st));
+  pthread_t ta, tb;
+  REQUIRE_EQ(pthread_create(&ta, NULL, race_locker, &a), 0);
+  REQUIRE_EQ(pthread_create(&tb, NULL, race_locker, &b), 0);
+  /* each pass: everything out in batches, then everything back; until both
+   * lockers did 300 locks (at most 20 s) */
+  size_t total = 0;
+  time_t t_end = time(NULL) + 20;
+  for (int pass = 0; time(NULL) < t_end; pass++) {
+    size_t freed = 0;
+    CHECK_OK(dmem_evict(r.rt, RB * size, &freed));
+    total += freed;
+    CHECK_OK(dmem_prefetch(r.rt, r.h, RB, st));
+    CHECK_OK(dmem_stream_synchronize(r.rt, st));
+    if (pass % 16 == 0) CHECK_OK(dmem_runtime_poll(r.rt));
+    if (atomic_load_explicit(&a.locks, memory_order_relaxed) >= 300 &&
+        atomic_load_explicit(&b.locks, memory_order_relaxed) >= 300)
+      break;
+  }
+  size_t last = 0;
+  CHECK_OK(dmem_evict(r.rt, RB * size, &last)); /* end with a batch racing them */
+  atomic_store_explicit(&r.stop, 1, memory_order_relaxed);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  CHECK_UEQ(a.bad + b.bad, 0);
+  int locks = atomic_load_explicit(&a.locks, memory_order_relaxed) +
+              atomic_load_explicit(&b.locks, memory_order_relaxed);
+  CHECK_TRUE(locks >= 600);
+  CHECK_TRUE(total > 0);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(r.rt, &s));
+  fprintf(stderr, "lock_races_evict_batch: %d locks, %zu bytes evicted, %llu cancelled spills\n",
+          locks, total, (unsigned long long)s.cancelled_spills);
+  size_t host = 0;
+  for (int i = 0; i < RB; i++) {
+    dmem_state_t sti = state_of(r.rt, r.h[i]);
+    CHECK_TRUE(sti == DMEM_STATE_RESIDENT || sti == DMEM_STATE_DEFERRED_HOST);
+    if (sti == DMEM_STATE_DEFERRED_HOST) host += size;
+    dmem_buffer_info_t info;
+    CHECK_OK(dmem_buffer_info(r.rt, r.h[i], &info));
+    CHECK_UEQ(info.lock_count, 0);
+  }
+  CHECK_UEQ(s.host_used, host);
+  size_t bad = 0;
+  for (int i = 0; i < RB; i++)
+    bad += check_bad_bytes(r.rt, r.h[i], size, atomic_load_explicit(&r.seed[i], memory_order_relaxed));
+  CHECK_UEQ(bad, 0);
+  for (int i = 0; i < RB; i++) {
+    CHECK_OK(dmem_free(r.rt, r.h[i]));
+    pthread_mutex_destroy(&r.mu[i]);
+  }
+  CHECK_OK(dmem_stream_destroy(r.rt, st));
+  dmem_runtime_destroy(r.rt);
 }

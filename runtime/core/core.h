@@ -298,11 +298,25 @@ void dmem__transit_wait_any(dmem_runtime_t *rt, uint64_t ns);
 
 /* ---- events (core/event.c) ----------------------------------------------------- */
 
+/* An event shared by several owners, each of which gives it back with
+ * dmem__event_put (core/event.c): `refs` puts are still to come. */
+typedef struct dmem__event_share {
+  void *ev;
+  size_t refs;
+} dmem__event_share_t;
+
 /* An event from the runtime's pool (created on demand). */
 dmem_status_t dmem__event_get(dmem_runtime_t *rt, void **ev_out);
 /* Give an event back. Events are never destroyed before the runtime is: a
  * locker that read b->spill_event may still wait on it. */
 void dmem__event_put(dmem_runtime_t *rt, void *ev);
+/* Make ev, which the caller holds, owned by `owners` parties (owners >= 1):
+ * it goes back to the pool at the owners-th dmem__event_put, not before
+ * (a spill batch's one copy event, referenced by each victim's
+ * b->spill_event until that buffer's copy is seen complete). Call it
+ * before ev is published to the other owners.
+ * DMEM_ERR_HOST_OUT_OF_MEMORY (nothing changes: ev still has one owner). */
+dmem_status_t dmem__event_share(dmem_runtime_t *rt, void *ev, size_t owners);
 /* At destroy: destroy every pooled event. */
 void dmem__event_pool_fini(dmem_runtime_t *rt);
 

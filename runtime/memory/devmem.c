@@ -136,6 +136,13 @@ void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void
   uncharge(rt, size);
 }
 
+void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const size_t *sizes,
+                                  size_t n, void *event) {
+  dmem__pool_free_after_n(rt->pool, devs, sizes, n, event);
+  for (size_t i = 0; i < n; i++)
+    if (devs[i]) uncharge(rt, sizes[i]); /* this thread's shard: no shared write */
+}
+
 dmem_status_t dmem__device_alloc_dedicated(dmem_runtime_t *rt, size_t size, void *stream,
                                            void **dev_out, size_t *short_by_out) {
   size_t short_by = 0;

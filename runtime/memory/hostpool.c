@@ -366,10 +366,86 @@ static bool pageable_alloc(dmem__hostpool_t *p, size_t size, size_t align, void 
   return true;
 }
 
+/* Bytes a block of size bytes takes, header included, and its alignment.
+ * A page-aligned block is rounded to whole pages: the next one carved
+ * after it is page-aligned too, so that a run of them leaves no fragment
+ * in front of each (a 64 KiB block used to leave 3840 free bytes that only
+ * tiny blocks could use, and every later first-fit walked past all of
+ * them: O(n) per allocation with n blocks live). */
+static size_t block_need(size_t size, size_t *align_out) {
+  size_t align = size >= POOL_PAGE_MIN ? POOL_PAGE : POOL_ALIGN;
+  size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
+  if (align == POOL_PAGE) need = round_up(need, POOL_PAGE);
+  *align_out = align;
+  return need;
+}
+
+/* First fit of a block of `need` bytes at `align` (the data after the
+ * header aligned); false when no range holds it. Under mu. */
+static bool carve_locked(dmem__hostpool_t *p, size_t need, size_t align, void **ptr_out) {
+  /* First fit at the block's alignment; failing that, a range that holds
+   * the block only unaligned (the disk tier bounces such a block) rather
+   * than growing the pool. */
+  free_range_t **fit = NULL, **fit_unaligned = NULL;
+  size_t front = 0;
+  for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
+    free_range_t *f = *pp;
+    /* the block starts `front` bytes into the range (0 unless aligned to
+     * a page); that front stays free */
+    size_t fr = round_up((size_t)(uintptr_t)f->addr + POOL_HEADER, align) - POOL_HEADER -
+                (size_t)(uintptr_t)f->addr;
+    if (f->size >= fr + need) {
+      fit = pp;
+      front = fr;
+      break;
+    }
+    if (!fit_unaligned && f->size >= need) fit_unaligned = pp;
+  }
+  if (!fit) fit = fit_unaligned;
+  if (!fit) return false;
+  /* a page-aligned block in the middle of a range splits it in two: one
+   * more range record (without it, the block goes unaligned) */
+  free_range_t *back_rec = NULL;
+  if (front > 0 && (*fit)->size > front + need) {
+    back_rec = malloc(sizeof *back_rec);
+    if (!back_rec) front = 0;
+  }
+  free_range_t **pp = fit, *f = *fit;
+  char *addr = f->addr + front;
+  pool_chunk_t *c = f->chunk;
+  if (front > 0) {
+    size_t back = f->size - front - need;
+    f->size = front;
+    if (back_rec) {
+      back_rec->addr = addr + need;
+      back_rec->size = back;
+      back_rec->chunk = c;
+      back_rec->next = f->next;
+      f->next = back_rec;
+    }
+  } else if (f->size == need) {
+    *pp = f->next;
+    free(f);
+  } else {
+    f->addr += need;
+    f->size -= need;
+  }
+  p->free_bytes -= need;
+  if (p->has_thread && running_low(p) && !p->want_grow) {
+    p->want_grow = true; /* off this path: the thread adds the next chunk */
+    pthread_cond_broadcast(&p->cv);
+  }
+  block_header_t *hd = (block_header_t *)addr;
+  hd->size = need;
+  hd->chunk = c;
+  *ptr_out = addr + POOL_HEADER;
+  return true;
+}
+
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_out) {
   if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
-  size_t need = round_up(size, POOL_ALIGN) + POOL_HEADER;
-  size_t align = size >= POOL_PAGE_MIN ? POOL_PAGE : POOL_ALIGN;
+  size_t align;
+  size_t need = block_need(size, &align);
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   p->last_alloc_ns = mono_ns();
   if (p->pageable_only) {
@@ -378,66 +454,10 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "no pageable memory for %zu bytes", size);
   }
   for (;;) {
-    /* First fit at the block's alignment; failing that, a range that holds
-     * the block only unaligned (the disk tier bounces such a block) rather
-     * than growing the pool. */
-    free_range_t **fit = NULL, **fit_unaligned = NULL;
-    size_t front = 0;
-    for (free_range_t **pp = &p->free; *pp; pp = &(*pp)->next) {
-      free_range_t *f = *pp;
-      /* the block starts `front` bytes into the range (0 unless aligned to
-       * a page); that front stays free */
-      size_t fr = round_up((size_t)(uintptr_t)f->addr + POOL_HEADER, align) - POOL_HEADER -
-                  (size_t)(uintptr_t)f->addr;
-      if (f->size >= fr + need) {
-        fit = pp;
-        front = fr;
-        break;
-      }
-      if (!fit_unaligned && f->size >= need) fit_unaligned = pp;
-    }
-    if (!fit) fit = fit_unaligned;
-    /* a page-aligned block in the middle of a range splits it in two: one
-     * more range record (without it, the block goes unaligned) */
-    free_range_t *back_rec = NULL;
-    if (fit && front > 0 && (*fit)->size > front + need) {
-      back_rec = malloc(sizeof *back_rec);
-      if (!back_rec) front = 0;
-    }
-    if (fit) {
-      free_range_t **pp = fit, *f = *fit;
-      char *addr = f->addr + front;
-      pool_chunk_t *c = f->chunk;
-      if (front > 0) {
-        size_t back = f->size - front - need;
-        f->size = front;
-        if (back_rec) {
-          back_rec->addr = addr + need;
-          back_rec->size = back;
-          back_rec->chunk = c;
-          back_rec->next = f->next;
-          f->next = back_rec;
-        }
-      } else if (f->size == need) {
-        *pp = f->next;
-        free(f);
-      } else {
-        f->addr += need;
-        f->size -= need;
-      }
-      p->free_bytes -= need;
-      if (p->has_thread && running_low(p) && !p->want_grow) {
-        p->want_grow = true; /* off this path: the thread adds the next chunk */
-        pthread_cond_broadcast(&p->cv);
-      }
+    if (carve_locked(p, need, align, ptr_out)) {
       dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
-      block_header_t *hd = (block_header_t *)addr;
-      hd->size = need;
-      hd->chunk = c;
-      *ptr_out = addr + POOL_HEADER;
       return DMEM_OK;
     }
-    free(back_rec);
     if (p->growing) {
       /* someone is adding a chunk: with a background thread, do not wait
        * for the pinning; else wait for it and look again */
@@ -461,6 +481,33 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
       return st;
     }
   }
+}
+
+dmem_status_t dmem__hostpool_alloc_n(dmem__hostpool_t *p, const size_t *sizes, size_t n,
+                                     void **ptrs_out) {
+  size_t i = 0;
+  for (size_t k = 0; k < n; k++)
+    if (sizes[k] > SIZE_MAX / 2)
+      return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  p->last_alloc_ns = mono_ns();
+  if (!p->pageable_only) {
+    for (; i < n; i++) {
+      size_t align;
+      size_t need = block_need(sizes[i], &align);
+      if (!carve_locked(p, need, align, &ptrs_out[i])) break;
+    }
+  }
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  /* The rest one by one: growth, the pageable fallback, the limit. */
+  for (size_t k = i; k < n; k++) {
+    dmem_status_t st = dmem__hostpool_alloc(p, sizes[k], &ptrs_out[k]);
+    if (st != DMEM_OK) {
+      for (size_t j = 0; j < k; j++) dmem__hostpool_free(p, ptrs_out[j]);
+      return st;
+    }
+  }
+  return DMEM_OK;
 }
 
 void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {

@@ -42,6 +42,11 @@ dmem_status_t dmem__device_trim(dmem_runtime_t *rt, size_t keep, size_t *release
  * last use has completed). No host synchronisation, no cudaFree. */
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream);
 void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void *event);
+/* The same for n blocks whose last uses are ordered before one `event`
+ * (NULL entries skipped): one pool call (memory/pool.h's
+ * dmem__pool_free_after_n). */
+void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const size_t *sizes,
+                                  size_t n, void *event);
 
 /* Set the shard refill size from the limit (at create). */
 void dmem__charge_init(dmem_runtime_t *rt);
@@ -118,13 +123,22 @@ void dmem__blocks_stats(dmem__blocks_t *blocks, dmem__blocks_stats_t *out);
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
                                     size_t reserve, dmem__hostpool_t **pool_out);
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
-/* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up). Grows
+/* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up, and then
+ * taking whole pages, header included, so that such blocks pack). Grows
  * the pool when nothing fits (one grower at a time, no mutex held across the
  * backend call). With a background thread, a block that would have to wait
  * for another thread's growth is pageable memory instead (the pageable
  * fallback, hostpool.c). DMEM_ERR_HOST_OUT_OF_MEMORY: the limit, or the
  * backend refused. */
 dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **ptr_out);
+/* n blocks of sizes[i] bytes each (as dmem__hostpool_alloc), carved under
+ * one acquisition of the pool's mutex as far as the free ranges hold them;
+ * the rest, if any, one by one (growth, the pageable fallback). Each block
+ * is freed on its own with dmem__hostpool_free. All or nothing: on failure
+ * no block stays allocated and ptrs_out[0..n) is undefined.
+ * DMEM_ERR_HOST_OUT_OF_MEMORY. */
+dmem_status_t dmem__hostpool_alloc_n(dmem__hostpool_t *pool, const size_t *sizes, size_t n,
+                                     void **ptrs_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
 /* Give wholly free chunks back until at most `keep` bytes stay held;
  * *released_out (may be NULL) = bytes given back. Always DMEM_OK. */

@@ -1616,9 +1616,16 @@ void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream) {
 }
 
 void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event) {
-  if (!p || !ptr) return;
+  dmem__pool_free_after_n(p, &ptr, &size, 1, event);
+}
+
+void dmem__pool_free_after_n(dmem__pool_t *p, void *const *ptrs, const size_t *sizes, size_t n,
+                             void *event) {
+  if (!p || n == 0) return;
   dmem__backend_t *be = p->be;
-  size_t rsize = dmem__pool_block_size(size);
+  size_t rsize = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ptrs[i]) rsize += dmem__pool_block_size(sizes[i]);
   pool_tag_t *tag = NULL;
   dmem_status_t st = event ? be->event_query(be, event) : DMEM_OK;
   bool settled = st == DMEM_OK;
@@ -1637,23 +1644,32 @@ void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event)
      * failure lost the block until destroy. */
     settled = be->event_synchronize(be, event) == DMEM_OK;
   }
+  size_t lost = 0;
+  void *lost_ptr = NULL;
   pthread_mutex_lock(&p->mu);
   p->global_locks++;
   p->in_use -= rsize;
   if (tag) pool_tag_link(p, tag);
-  pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptr);
-  if (!s)
-    DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored", ptr);
-  else if (settled || st == DMEM_OK)
-    pool_release(p, s, tag);
-  else
-    pool_quarantine(p, s);
+  for (size_t i = 0; i < n; i++) {
+    if (!ptrs[i]) continue;
+    pool_seg_t *s = pool_map_find(&p->map, (uintptr_t)ptrs[i]);
+    if (!s) {
+      DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored",
+                  ptrs[i]);
+    } else if (settled || st == DMEM_OK) {
+      pool_release(p, s, tag);
+    } else {
+      pool_quarantine(p, s);
+      if (!lost++) lost_ptr = ptrs[i];
+    }
+  }
   if (tag) pool_tag_unref(p, tag);
   pthread_mutex_unlock(&p->mu);
-  if (s && !settled && st != DMEM_OK)
+  if (lost)
     DMEM_LOG_AT(DMEM_LOG_WARN,
-                "pool: cannot order the reuse of %p after event %p (%s): quarantined", ptr,
-                event, dmem_last_error_detail());
+                "pool: cannot order the reuse of %zu block(s) (%p, ...) after event %p (%s): "
+                "quarantined",
+                lost, lost_ptr, event, dmem_last_error_detail());
 }
 
 /* ---- queries ---------------------------------------------------------------- */

@@ -207,6 +207,13 @@ void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream);
  * quarantined (as in dmem__pool_free).
  */
 void dmem__pool_free_after(dmem__pool_t *p, void *ptr, size_t size, void *event);
+/* The same for n blocks (ptrs[i] of sizes[i] bytes; NULL entries are
+ * skipped) whose last uses are all ordered before `event`: one query of
+ * `event`, at most one wait and one record on the internal stream, and one
+ * acquisition of the pool-wide mutex for all of them (a spill batch gives
+ * its victims' ranges back this way). */
+void dmem__pool_free_after_n(dmem__pool_t *p, void *const *ptrs, const size_t *sizes, size_t n,
+                             void *event);
 
 /*
  * Give back empty slabs with be->device_free until at most `keep` slab bytes
