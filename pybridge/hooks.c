@@ -7,7 +7,10 @@
  *    allocation of that device's default runtime on that stream (raw.c), and
  *    cupy.cuda.memory.MemoryPointer(UnownedMemory(ptr, size, owner, device),
  *    0) whose owner, a DeviceMemory, frees the block on the same stream when
- *    CuPy drops it. No Python frame runs on the way.
+ *    CuPy drops it. No Python frame runs on the way, and the two classes are
+ *    called as type.__call__ calls them (tp_new, tp_init) with argument
+ *    tuples kept between calls (pyd_construct): about a sixth of the call
+ *    was building and freeing those tuples.
  *  - dmem._dmem._library_path(): the file of the libdmem loaded in this
  *    process, for torch.cuda.memory.CUDAPluggableAllocator, so that PyTorch
  *    allocates from the very runtime that dmem.default_runtime() returns.
@@ -36,6 +39,8 @@ typedef struct {
   pyd_runtime_t *fixed;     /* strong: every allocation from it; NULL: default runtimes */
   pyd_runtime_t *rts[64];   /* strong: default runtime by device, made on first use */
   PyObject *capsules;       /* strong: keeps the capsules' modules' functions alive */
+  PyObject *unowned_args;   /* strong: a 4-tuple kept for the next UnownedMemory, or NULL */
+  PyObject *pointer_args;   /* strong: a 2-tuple kept for the next MemoryPointer, or NULL */
 } pyd_cupy_alloc_t;
 
 static int pyd_cupy_device(pyd_cupy_alloc_t *a, int *out) {
@@ -73,6 +78,50 @@ static int pyd_cupy_stream(pyd_cupy_alloc_t *a, intptr_t *out) {
   Py_DECREF(r);
   *out = (intptr_t)p;
   return rc;
+}
+
+/* cls(*argv) (n arguments). When cls is a class whose metaclass calls it
+ * the way `type` does and that has no vectorcall of its own (CuPy's Cython
+ * classes: the call would go through _PyObject_MakeTpCall), this is what
+ * type.__call__ does, tp_new then tp_init of the result's type when it is
+ * an instance of cls, but with an argument tuple kept in *cache between
+ * calls instead of one built and freed per call. The tuple leaves *cache
+ * while in use (a reentrant call, from an __init__ or a dealloc, makes its
+ * own) and goes back only if nothing else holds it, emptied (its items
+ * NULL: no other code can see it then). Otherwise PyObject_Vectorcall. */
+static PyObject *pyd_construct(PyObject *cls, PyObject **cache, PyObject *const *argv,
+                               Py_ssize_t n) {
+  PyTypeObject *t = (PyTypeObject *)cls;
+  if (!PyType_Check(cls) || Py_TYPE(cls)->tp_call != PyType_Type.tp_call || !t->tp_new ||
+      t->tp_vectorcall)
+    return PyObject_Vectorcall(cls, argv, (size_t)n, NULL);
+  PyObject *args = *cache;
+  *cache = NULL;
+  if (!args && !(args = PyTuple_New(n))) return NULL;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    Py_INCREF(argv[i]);
+    PyTuple_SET_ITEM(args, i, argv[i]);
+  }
+  PyObject *obj = t->tp_new(t, args, NULL);
+  if (obj && PyObject_TypeCheck(obj, t)) {
+    initproc init = Py_TYPE(obj)->tp_init;
+    if (init && init(obj, args, NULL) < 0) Py_CLEAR(obj);
+  }
+  if (!obj && !PyErr_Occurred())
+    PyErr_Format(PyExc_SystemError, "%.100s() returned NULL without an exception", t->tp_name);
+  if (Py_REFCNT(args) == 1) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject *x = PyTuple_GET_ITEM(args, i);
+      PyTuple_SET_ITEM(args, i, NULL);
+      Py_DECREF(x); /* may run code: args is out of *cache meanwhile */
+    }
+    if (!*cache) {
+      *cache = args;
+      args = NULL;
+    }
+  }
+  Py_XDECREF(args);
+  return obj;
 }
 
 static PyObject *pyd_cupy_alloc_call(pyd_cupy_alloc_t *a, PyObject *const *args, size_t nargsf,
@@ -131,7 +180,7 @@ static PyObject *pyd_cupy_alloc_call(pyd_cupy_alloc_t *a, PyObject *const *args,
   PyObject *mem = NULL, *mp = NULL;
   if (ptr_o && dev_o) {
     PyObject *margs[4] = {ptr_o, size_o, owner, dev_o};
-    mem = PyObject_Vectorcall(a->unowned, margs, 4, NULL);
+    mem = pyd_construct(a->unowned, &a->unowned_args, margs, 4);
   }
   Py_XDECREF(ptr_o);
   Py_XDECREF(dev_o);
@@ -140,7 +189,7 @@ static PyObject *pyd_cupy_alloc_call(pyd_cupy_alloc_t *a, PyObject *const *args,
   PyObject *zero = PyLong_FromLong(0);
   if (zero) {
     PyObject *pargs[2] = {mem, zero};
-    mp = PyObject_Vectorcall(a->pointer, pargs, 2, NULL);
+    mp = pyd_construct(a->pointer, &a->pointer_args, pargs, 2);
     Py_DECREF(zero);
   }
   Py_DECREF(mem);
@@ -220,6 +269,8 @@ static int pyd_cupy_alloc_traverse(pyd_cupy_alloc_t *a, visitproc visit, void *a
   Py_VISIT(a->stream_fn);
   Py_VISIT(a->stream_obj_fn);
   Py_VISIT(a->capsules);
+  Py_VISIT(a->unowned_args);
+  Py_VISIT(a->pointer_args);
   Py_VISIT(a->fixed);
   for (int i = 0; i < 64; i++) Py_VISIT(a->rts[i]);
   return 0;
@@ -232,6 +283,8 @@ static int pyd_cupy_alloc_clear(pyd_cupy_alloc_t *a) {
   Py_CLEAR(a->stream_fn);
   Py_CLEAR(a->stream_obj_fn);
   Py_CLEAR(a->capsules);
+  Py_CLEAR(a->unowned_args);
+  Py_CLEAR(a->pointer_args);
   a->device_c = NULL;
   a->stream_c = NULL;
   Py_CLEAR(a->fixed);

@@ -24,7 +24,6 @@ static dmem_status_t device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_
     else dmem__device_release(rt, p, size, stream);
     return st;
   }
-  dmem__raw_count_add(rt, size);
   *ptr_out = p;
   return DMEM_OK;
 }
@@ -48,7 +47,6 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
   bool dedicated;
   dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size, &dedicated);
   if (st != DMEM_OK) return st;
-  dmem__raw_count_sub(rt, size);
   if (dedicated) dmem__device_release_dedicated(rt, ptr, size, stream);
   else dmem__device_release(rt, ptr, size, stream);
   return DMEM_OK;
@@ -82,8 +80,8 @@ dmem_status_t dmem_device_adopt(dmem_runtime_t *rt, void *ptr, dmem_stream_t str
   }
   /* The block's charge against the limit stays: it moves from the raw
    * bytes to the buffers', and the buffer gives it back (same size, so the
-   * pool files the block as it was taken) when it is reclaimed or spilled. */
-  dmem__raw_count_sub(rt, size);
+   * pool files the block as it was taken) when it is reclaimed or spilled.
+   * Its bytes left raw_used with the entry. */
   *h_out = dmem__buffer_publish(rt, b, slot, size, 0, ptr, ready, 1);
   return DMEM_OK;
 }

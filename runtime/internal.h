@@ -57,9 +57,6 @@ typedef struct dmem__charge_shard {
   /* Budget charged to device_charged and not used yet. Written by the
    * shard's threads (CAS) and by drains (exchange); relaxed. */
   _Alignas(64) _Atomic size_t slack;
-  /* Raw bytes allocated minus freed through this shard (modulo 2^64: a
-   * block freed on another thread's shard; the sum over shards is exact). */
-  _Atomic size_t raw;
 } dmem__charge_shard_t;
 
 /* Copy-engine and spill-ahead counters (dmem_stats' second block). Indexed

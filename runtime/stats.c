@@ -28,7 +28,7 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.seconds_unspilling = (double)dmem_atomic_load_relaxed(&rt->ns_unspilling) * 1e-9;
   s.oom_evictions = dmem_atomic_load_relaxed(&rt->oom_evictions);
   s.cancelled_spills = dmem_atomic_load_relaxed(&rt->cancelled_spills);
-  s.raw_used = dmem__raw_used(rt);
+  s.raw_used = dmem__raw_bytes(rt->raw);
   dmem__pool_stats_t ps;
   dmem__pool_stats(rt->pool, &ps);
   dmem__blocks_stats_t bs;

@@ -88,20 +88,6 @@ size_t dmem__device_used(dmem_runtime_t *rt) {
   return charged > slack ? charged - slack : 0; /* a racing snapshot may cross */
 }
 
-void dmem__raw_count_add(dmem_runtime_t *rt, size_t size) {
-  dmem_atomic_add_relaxed(&my_shard(rt)->raw, size);
-}
-
-void dmem__raw_count_sub(dmem_runtime_t *rt, size_t size) {
-  dmem_atomic_sub_relaxed(&my_shard(rt)->raw, size);
-}
-
-size_t dmem__raw_used(dmem_runtime_t *rt) {
-  size_t n = 0; /* modulo 2^64, like the shards */
-  for (unsigned i = 0; i < DMEM__CHARGE_SHARDS; i++) n += dmem_atomic_load_relaxed(&rt->charge[i].raw);
-  return n;
-}
-
 /* ---- device memory ------------------------------------------------------------ */
 
 dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,

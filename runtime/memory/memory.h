@@ -52,10 +52,6 @@ void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const s
 void dmem__charge_init(dmem_runtime_t *rt);
 /* Bytes in live allocations (buffers and raw): a snapshot. */
 size_t dmem__device_used(dmem_runtime_t *rt);
-/* Raw bytes live, counted per thread shard. */
-void dmem__raw_count_add(dmem_runtime_t *rt, size_t size);
-void dmem__raw_count_sub(dmem_runtime_t *rt, size_t size);
-size_t dmem__raw_used(dmem_runtime_t *rt);
 
 /* ---- live raw allocations (memory/raw.c) ---------------------------------------- */
 
@@ -75,6 +71,9 @@ dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out,
  * allocation. */
 dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *raw, void *ptr, size_t *size_out);
 size_t dmem__raw_count(dmem__raw_t *raw);
+/* Bytes of the live raw allocations (the sizes asked; dmem_stats' raw_used):
+ * a snapshot, no lock taken. */
+size_t dmem__raw_bytes(dmem__raw_t *raw);
 
 /* ---- dedicated device blocks (memory/blocks.c) ----------------------------------- */
 

@@ -7,7 +7,10 @@
  *
  * 64 shards, each an open-addressed table (linear probing, deletion by
  * backward shift) under its own mutex, chosen by a hash of the pointer:
- * threads freeing different blocks rarely meet on one mutex.
+ * threads freeing different blocks rarely meet on one mutex. Each shard
+ * also counts the bytes of its entries (dmem_stats' raw_used), under the
+ * mutex it holds anyway: an allocation and its free cost no counter
+ * update of their own.
  */
 #include "internal.h"
 #include <string.h>
@@ -25,6 +28,9 @@ typedef struct raw_shard {
   raw_entry_t *v;
   size_t cap; /* power of two, or 0 */
   size_t n;
+  /* Bytes of the live entries. Written under mu (relaxed stores: no RMW),
+   * read without it by dmem__raw_bytes (relaxed: a snapshot). */
+  _Atomic size_t bytes;
 } raw_shard_t;
 
 struct dmem__raw {
@@ -94,6 +100,7 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedi
   s->v[j].size = size;
   s->v[j].dedicated = dedicated;
   s->n++;
+  dmem_atomic_store_relaxed(&s->bytes, dmem_atomic_load_relaxed(&s->bytes) + size);
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
   return DMEM_OK;
 }
@@ -142,6 +149,7 @@ static dmem_status_t raw_remove(dmem__raw_t *t, void *ptr, bool keep_dedicated,
   }
 done:
   s->n--;
+  dmem_atomic_store_relaxed(&s->bytes, dmem_atomic_load_relaxed(&s->bytes) - size);
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
   *size_out = size;
   *dedicated_out = dedicated;
@@ -165,5 +173,11 @@ size_t dmem__raw_count(dmem__raw_t *t) {
     n += t->shards[i].n;
     dmem__mutex_unlock(&t->shards[i].mu, DMEM__RANK_RAW);
   }
+  return n;
+}
+
+size_t dmem__raw_bytes(dmem__raw_t *t) {
+  size_t n = 0;
+  for (unsigned i = 0; i < RAW_SHARDS; i++) n += dmem_atomic_load_relaxed(&t->shards[i].bytes);
   return n;
 }

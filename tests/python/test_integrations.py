@@ -445,6 +445,78 @@ def test_cupy_allocator_error_in_cupy_class_frees_the_block(rt):
     assert rt.stats()["raw_used"] == 0
 
 
+def test_cupy_allocator_construction_keeps_type_call_semantics(rt):
+    # The classes are built by tp_new + tp_init with an argument tuple kept
+    # between calls: an __init__ that keeps its arguments, one that allocates
+    # again (reentrant), one that raises, a __new__ that returns another
+    # object, and a metaclass with its own __call__ must all behave as
+    # cls(*args) does.
+    class Keeps(Exception):  # BaseException.__new__ keeps the very tuple it is given
+        ptr, size, owner, device_id = (property(lambda s, i=i: s.args[i]) for i in range(4))
+
+    alloc = dmem._dmem.CupyAllocator(Keeps, FakePointer, lambda: 0, lambda: 0, lambda: None, rt)
+    ps = [alloc(256 * (i + 1)) for i in range(3)]
+    assert [p.mem.size for p in ps] == [256, 512, 768]  # each call's own tuple, intact
+    assert [p.mem.ptr for p in ps] == [p.ptr for p in ps] and ps[0].mem.owner.size == 256
+    del ps
+    assert rt.stats()["raw_used"] == 0
+
+    inner = []
+
+    class Reenters(FakeUnowned):
+        def __init__(self, ptr, size, owner, device_id):
+            super().__init__(ptr, size, owner, device_id)
+            if size == 1000:
+                inner.append(alloc2(2000))
+
+    alloc2 = dmem._dmem.CupyAllocator(Reenters, FakePointer, lambda: 0, lambda: 0, lambda: None,
+                                      rt)
+    p = alloc2(1000)
+    assert p.mem.size == 1000 and inner[0].mem.size == 2000 and inner[0].ptr != p.ptr
+    assert rt.stats()["raw_used"] == 3000
+    q = alloc2(3000)  # the kept tuples still work after the nesting
+    assert q.mem.size == 3000 and q.mem.owner.size == 3000
+    del p, q, inner[:]
+    assert rt.stats()["raw_used"] == 0
+
+    class Fails(FakeUnowned):
+        def __init__(self, ptr, size, owner, device_id):
+            if size == 512:
+                raise RuntimeError("refused")
+            super().__init__(ptr, size, owner, device_id)
+
+    alloc3 = dmem._dmem.CupyAllocator(Fails, FakePointer, lambda: 0, lambda: 0, lambda: None, rt)
+    with pytest.raises(RuntimeError, match="refused"):
+        alloc3(512)
+    assert rt.stats()["raw_used"] == 0
+    assert alloc3(256).mem.size == 256
+
+    other = object()
+
+    class NewElse(FakeUnowned):  # __init__ is skipped when __new__ gives another type
+        def __new__(cls, *args):
+            return other
+
+    ptr_new = dmem._dmem.CupyAllocator(FakeUnowned, NewElse, lambda: 0, lambda: 0, lambda: None,
+                                       rt)
+    assert ptr_new(256) is other
+    assert rt.stats()["raw_used"] == 0
+
+    class Meta(type):
+        def __call__(cls, *args):
+            return ("made", cls, args)
+
+    class ViaMeta(metaclass=Meta):
+        pass
+
+    made = dmem._dmem.CupyAllocator(FakeUnowned, ViaMeta, lambda: 0, lambda: 0, lambda: None,
+                                    rt)(256)
+    assert made[0] == "made" and made[1] is ViaMeta and made[2][1] == 0
+    assert made[2][0].size == 256
+    del made
+    assert rt.stats()["raw_used"] == 0
+
+
 def test_cupy_allocator_over_the_default_runtime():
     check("""
         import dmem
