@@ -36,13 +36,14 @@ static void pyd_live_unlink(pyd_runtime_t *r) {
 static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dmem_config_t *cfg,
                             PyObject **dir_bytes, int *device_given) {
   static char *kwlist[] = {"backend", "device", "device_limit", "host_limit",
-                           "spill_dir", "host_capacity", NULL};
+                           "spill_dir", "host_capacity", "host_reserve", NULL};
   PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
-           *spill_dir = Py_None, *host_capacity = Py_None;
+           *spill_dir = Py_None, *host_capacity = Py_None, *host_reserve = Py_None;
   *dir_bytes = NULL;
   if (device_given) *device_given = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &backend, &device,
-                                   &device_limit, &host_limit, &spill_dir, &host_capacity))
+                                   &device_limit, &host_limit, &spill_dir, &host_capacity,
+                                   &host_reserve))
     return -1;
   if (backend != Py_None) {
     if (!PyUnicode_Check(backend)) {
@@ -85,6 +86,9 @@ static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dme
   }
   if (host_limit != Py_None && pyd_size_arg(host_limit, "host_limit", &cfg->host_limit, NULL) < 0)
     return -1;
+  if (host_reserve != Py_None &&
+      pyd_size_arg(host_reserve, "host_reserve", &cfg->host_reserve, NULL) < 0)
+    return -1;
   if (host_capacity != Py_None) {
     size_t b = 0;
     if (pyd_size_arg(host_capacity, "host_capacity", &b, NULL) < 0) return -1;
@@ -105,7 +109,7 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
-  if (pyd_config_parse(args, kwds, "|OOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
+  if (pyd_config_parse(args, kwds, "|OOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
 
   pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
   if (!self) {
@@ -604,7 +608,7 @@ PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
   int device_given = 0;
-  if (pyd_config_parse(args, kwds, "|$OOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
+  if (pyd_config_parse(args, kwds, "|$OOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
     return NULL;
   for (int d = 0; d < PYD_MAX_DEVICES; d++) {
     if (pyd_defaults[d]) {
@@ -753,9 +757,10 @@ PyTypeObject pyd_runtime_type = {
     .tp_repr = (reprfunc)pyd_runtime_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
-              "        spill_dir=None, host_capacity=None)\n\n"
+              "        spill_dir=None, host_capacity=None, host_reserve=None)\n\n"
               "A dmem runtime. device_limit: bytes, '512M', '1.5G' or '80%'; host_limit: bytes\n"
-              "of spilled data kept in host memory (None: unlimited); host_capacity: simulated\n"
+              "of spilled data kept in host memory (None: unlimited); host_reserve: pinned host\n"
+              "memory taken at creation and kept (dmem_config_t.host_reserve); host_capacity: simulated\n"
               "device memory of the host backend. Strings are read as the DMEM_* variables\n"
               "are. Context manager; close() destroys it.",
     .tp_traverse = (traverseproc)pyd_runtime_traverse,

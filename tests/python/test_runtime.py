@@ -186,6 +186,7 @@ def test_malformed_size_string_names_the_parser_detail():
     {"device_limit": [1]},
     {"host_limit": object()},
     {"host_capacity": 2.0},
+    {"host_reserve": 1.5},
     {"spill_dir": 3},
 ])
 def test_create_type_errors(kwargs):
@@ -207,11 +208,31 @@ def test_create_type_errors(kwargs):
     {"host_limit": -1},
     {"host_capacity": 0},
     {"host_capacity": "-1M"},
+    {"host_reserve": "10%"},
+    {"host_reserve": -1},
 ])
 def test_create_value_errors(kwargs):
     kwargs.setdefault("backend", "host")
     with pytest.raises(ValueError):
         dmem.Runtime(**kwargs)
+
+
+def test_host_reserve_pinned_at_create_and_kept(spill_dir):
+    """host_reserve: the pinned pool holds it from creation on (the host
+    backend takes it from the heap), and host_trim never goes below it; a
+    reserve past the pool's bound under host_limit is refused."""
+    with dmem.Runtime(backend="host", host_capacity=CAPACITY, host_reserve="6M",
+                      spill_dir=spill_dir) as rt:
+        assert rt.stats()["host_pool_reserved"] >= 6 << 20
+        b = rt.alloc(1 << 20)
+        b.write(b"\x07" * (1 << 20))
+        b.spill("host")
+        assert b.read(4) == b"\x07" * 4
+        b.free()
+        rt.host_trim(0)
+        assert rt.stats()["host_pool_reserved"] >= 6 << 20
+    with pytest.raises(dmem.InvalidArgumentError, match="host_reserve"):
+        dmem.Runtime(backend="host", host_capacity=CAPACITY, host_limit="1M", host_reserve="1G")
 
 
 def test_create_unknown_keyword():
