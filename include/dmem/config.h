@@ -60,10 +60,12 @@ typedef enum dmem_log_level {
 /** How the CUDA backend gets pinned host memory for its pool (the memory
  *  that holds spilled bytes): dmem_config_t.host_pin, DMEM_HOST_PIN. */
 typedef enum dmem_host_pin {
-  DMEM_HOST_PIN_AUTO = 0,        /**< the backend's choice (docs/benchmarks.md, bench_pin) */
-  DMEM_HOST_PIN_MALLOC_HOST = 1, /**< cudaMallocHost */
-  /** mmap with transparent huge pages, first touched by several threads,
-   *  then cudaHostRegister */
+  DMEM_HOST_PIN_AUTO = 0,        /**< the backend's choice: DMEM_HOST_PIN_REGISTER */
+  /** cudaMallocHost: 2.5-3 GB/s on the lent H200 (bench/bench_pin.c) */
+  DMEM_HOST_PIN_MALLOC_HOST = 1,
+  /** mmap with transparent huge pages (madvise), first touched by up to 8
+   *  threads, then cudaHostRegister; not inherited by a forked child
+   *  (MADV_DONTFORK): 22-24 GB/s on the lent H200 */
   DMEM_HOST_PIN_REGISTER = 2
 } dmem_host_pin_t;
 
@@ -116,11 +118,12 @@ typedef struct dmem_config {
   double spill_ahead_low;
   /** Pinned host memory taken by dmem_runtime_create and kept until
    *  destroy, in bytes; 0 (the default): none, the pool grows as spills
-   *  need it. Getting pinned memory is slow (0.4-0.5 s a GiB through
-   *  cudaMallocHost on the lent H100 and H200: docs/benchmarks.md), far
-   *  slower than the copies it feeds (55 GB/s), so a workload that spills
-   *  gigabytes at once waits for the pinning, not the link. A reserve moves
-   *  that cost to creation, as Spark RAPIDS' and RMM's pinned pools do:
+   *  need it. Getting pinned memory is slower than the copies it feeds
+   *  (22-24 GB/s through DMEM_HOST_PIN_REGISTER, 2.5-3 GB/s through
+   *  cudaMallocHost, against 55 GB/s of spills on the lent H200:
+   *  docs/benchmarks.md), so a workload that spills gigabytes at once can
+   *  wait for the pinning rather than the link. A reserve moves that cost
+   *  to creation, as Spark RAPIDS' and RMM's pinned pools do:
    *  creation pins it (several threads at once, chunks of at most 1 GiB)
    *  and fails with DMEM_ERR_HOST_OUT_OF_MEMORY if it cannot. Trims
    *  (dmem_host_trim, the idle trim) never go below it. With host_limit
