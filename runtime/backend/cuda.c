@@ -337,6 +337,15 @@ static void touch_pages(char *p, size_t size) {
     if (started[i]) pthread_join(th[i], NULL);
 }
 
+/* A failed pinning call: its detail "call(size): error", and a device
+ * out-of-memory reported as the host's (it is host memory that ran out). */
+static dmem_status_t pin_fail(cuda_backend_t *cb, cudaError_t e, const char *what, size_t size) {
+  char call[64];
+  snprintf(call, sizeof call, "%s(%zu)", what, size);
+  dmem_status_t st = cuda_fail(cb, e, call);
+  return st == DMEM_ERR_OUT_OF_MEMORY ? DMEM_ERR_HOST_OUT_OF_MEMORY : st;
+}
+
 static dmem_status_t register_alloc(cuda_backend_t *cb, size_t size, void **ptr_out) {
   size_t len = (size + PIN_HUGE - 1) / PIN_HUGE * PIN_HUGE;
   pinned_region_t *r = malloc(sizeof *r);
@@ -357,12 +366,7 @@ static dmem_status_t register_alloc(cuda_backend_t *cb, size_t size, void **ptr_
   dmem_status_t st = cuda_enter(cb, "cudaHostRegister", &sc);
   if (st == DMEM_OK) {
     cudaError_t e = cudaHostRegister(p, len, cudaHostRegisterPortable);
-    if (e != cudaSuccess) {
-      char call[64];
-      snprintf(call, sizeof call, "cudaHostRegister(%zu)", len);
-      st = cuda_fail(cb, e, call);
-      if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_ERR_HOST_OUT_OF_MEMORY;
-    }
+    if (e != cudaSuccess) st = pin_fail(cb, e, "cudaHostRegister", len);
     cuda_leave(cb, &sc);
   }
   if (st != DMEM_OK) {
@@ -394,12 +398,7 @@ static dmem_status_t cuda_host_alloc(dmem__backend_t *be, size_t size, void **pt
   if (st != DMEM_OK) return st;
   void *p = NULL;
   cudaError_t e = cudaMallocHost(&p, size);
-  if (e != cudaSuccess) {
-    char call[64];
-    snprintf(call, sizeof call, "cudaMallocHost(%zu)", size);
-    st = cuda_fail(cb, e, call);
-    if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_ERR_HOST_OUT_OF_MEMORY;
-  }
+  if (e != cudaSuccess) st = pin_fail(cb, e, "cudaMallocHost", size);
   cuda_leave(cb, &sc);
   if (st == DMEM_OK) *ptr_out = p;
   return st;
