@@ -116,13 +116,13 @@ def warm_host(nbytes):
     return time.perf_counter() - t0
 
 
-def start(kind, n_workers, limit, threads, spill_dir):
+def start(kind, n_workers, limit, threads, spill_dir, host_limit=None):
     if kind == "dmem":
         from dmem.dask import LocalCluster
 
         return LocalCluster(n_workers=n_workers, device_memory_limit=limit,
-                            spill_dir=spill_dir, threads_per_worker=threads,
-                            dashboard_address=None, memory_limit=0)
+                            host_memory_limit=host_limit, spill_dir=spill_dir,
+                            threads_per_worker=threads, dashboard_address=None, memory_limit=0)
     from dask_cuda import LocalCUDACluster
 
     return LocalCUDACluster(n_workers=n_workers, device_memory_limit=limit,
@@ -136,7 +136,8 @@ def run(kind, args):
 
     out = {"cluster": kind}
     t_start = time.perf_counter()
-    with start(kind, args.workers, args.limit, args.threads, args.spill_dir) as cluster, \
+    with start(kind, args.workers, args.limit, args.threads, args.spill_dir,
+               args.host_limit) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(args.workers or 1)
         out["start_s"] = time.perf_counter() - t_start
@@ -177,6 +178,9 @@ def main(argv=None):
     p.add_argument("--limit", default="8GB", help="device memory limit per worker")
     p.add_argument("--workers", type=int, default=None, help="default: one per GPU")
     p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--host-limit", default=None,
+                   help="dmem's host tier per worker (host_memory_limit; past it, least "
+                        "recently used buffers go to disk in the background); default none")
     p.add_argument("--n", type=int, default=40000)
     p.add_argument("--c", type=int, default=5000)
     p.add_argument("--check-n", type=int, default=6000)
