@@ -1,7 +1,8 @@
 /*
  * spill/prefetch.c - dmem_prefetch's batch: buffers brought back on the
  * host->device copy stream without being locked, and the caller's stream
- * ordered after the whole batch by one event.
+ * ordered after the whole batch by one event. Each counts as just used (its
+ * LRU stamp is renewed), so that eviction does not take it back first.
  */
 #include "runtime/internal.h"
 
@@ -23,6 +24,10 @@ dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t
     }
     st = dmem__retrieve(rt, b, hs[i], stream, DMEM__RETRIEVE_PREFETCH, NULL);
     if (st != DMEM_OK) break;
+    /* about to be locked: the most recently used, as an unlock would make
+     * it (else its old stamp made it the next victim, evicted before the
+     * lock it was brought back for) */
+    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
   }
   /* One event after every copy enqueued so far on the host->device stream
    * (a FIFO): the caller's stream waits for the batch once. Buffers that

@@ -122,6 +122,30 @@ TEST_CASE(prefetch_brings_back_without_lock) {
   dmem_runtime_destroy(rt);
 }
 
+/* A prefetched buffer counts as just used: it is about to be locked, so the
+ * next eviction takes the least recently used of the others, not it (its
+ * last unlock is the oldest). Regression: cupy_loop's prefetches were
+ * evicted before their lock came, moving each buffer three times a pass. */
+TEST_CASE(prefetched_buffers_are_not_the_next_victims) {
+  dmem_runtime_t *rt = host_runtime(3 * MiB, 0, 0);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 3; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 20 + (uint64_t)i); /* unlocked in order 0, 1, 2 */
+  }
+  REQUIRE_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_prefetch(rt, h, 1, NULL)); /* h[0] back, its unlock the oldest */
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[3])); /* needs one buffer's room */
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST); /* the oldest of the others */
+  CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
+  for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 20 + (uint64_t)i), 0);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
 /* Work on the caller's stream after dmem_prefetch sees the bytes, even
  * though the copies run on the runtime's host->device stream, held back
  * here until the checker is queued. */
