@@ -74,8 +74,13 @@ def worker_dmem(client):
         if not hasattr(d, "runtime"):
             return None
         s = d.runtime.stats()
+        # where the workers' host memory goes: the host tier, the pinned
+        # pool holding it (and its growth), blocks that fell back to pageable
         return {k: s[k] for k in ("bytes_spilled", "bytes_unspilled", "spill_count",
-                                  "unspill_count", "device_used", "host_used", "disk_used")} | {
+                                  "unspill_count", "device_used", "host_used", "disk_used",
+                                  "host_pool_reserved", "host_pool_grows",
+                                  "host_pool_background_grows", "host_pageable_used",
+                                  "host_pageable_allocs")} | {
             "adopted": d.counts["adopted"], "copied": d.counts["copied"]}
 
     return client.run(get)
