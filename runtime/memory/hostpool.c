@@ -56,6 +56,7 @@ typedef struct pool_chunk {
   struct pool_chunk *next;
   char *base;
   size_t size;
+  bool reserve; /* pinned at create for the reserve: no trim gives it back */
 } pool_chunk_t;
 
 typedef struct free_range {
@@ -85,7 +86,6 @@ struct dmem__hostpool {
   size_t free_bytes;    /* bytes in free ranges */
   size_t min_chunk;
   size_t limit;         /* most bytes in chunks; 0: unlimited */
-  size_t reserve;       /* bytes no trim gives back (pinned at create) */
   bool growing;         /* a thread is in host_alloc for the pool */
   bool want_grow;       /* the free bytes ran low: the thread should add a chunk */
   bool stop;
@@ -175,6 +175,7 @@ static dmem_status_t pin_reserve(dmem__hostpool_t *p, size_t reserve) {
       }
       c->base = jobs[i].base;
       c->size = jobs[i].size;
+      c->reserve = true;
       c->next = p->chunks;
       p->chunks = c;
       p->reserved += c->size;
@@ -196,7 +197,6 @@ dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool back
   p->be = be;
   p->min_chunk = be->host_chunk_min ? be->host_chunk_min : (size_t)4 << 20;
   p->limit = limit;
-  p->reserve = reserve;
   if (limit && p->min_chunk > limit) p->min_chunk = round_up(limit, 256);
   pthread_mutex_init(&p->mu, NULL);
   pthread_condattr_t ca;
@@ -325,6 +325,7 @@ static dmem_status_t grow_locked(dmem__hostpool_t *p, size_t csize, bool backgro
                        "pinned host pool could not grow by %zu bytes (%s)", csize, cause);
   c->base = base;
   c->size = csize;
+  c->reserve = false;
   c->next = p->chunks;
   p->chunks = c;
   p->reserved += csize;
@@ -530,14 +531,14 @@ void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
 }
 
 /* Unlink wholly free chunks (largest reserved first is not needed: any)
- * until at most `keep` bytes stay held; the unlinked chunks go on *out.
- * Under mu. */
+ * but the reserve's until at most `keep` bytes stay held; the unlinked
+ * chunks go on *out. Under mu. */
 static size_t take_free_chunks(dmem__hostpool_t *p, size_t keep, pool_chunk_t **out) {
   size_t taken = 0;
   for (free_range_t **fp = &p->free; *fp && p->reserved > keep;) {
     free_range_t *f = *fp;
     pool_chunk_t *c = f->chunk;
-    if (f->addr != c->base || f->size != c->size) {
+    if (c->reserve || f->addr != c->base || f->size != c->size) {
       fp = &f->next;
       continue;
     }
@@ -570,7 +571,7 @@ static void free_chunks(dmem__hostpool_t *p, pool_chunk_t *c) {
 dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *p, size_t keep, size_t *released_out) {
   pool_chunk_t *gone = NULL;
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
-  size_t released = take_free_chunks(p, keep > p->reserve ? keep : p->reserve, &gone);
+  size_t released = take_free_chunks(p, keep, &gone);
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
   free_chunks(p, gone); /* cudaFreeHost outside the mutex */
   if (released_out) *released_out = released;
@@ -615,11 +616,10 @@ static void *pool_thread(void *arg) {
       continue;
     }
     uint64_t now = mono_ns();
-    size_t keep = p->reserve > p->min_chunk ? p->reserve : p->min_chunk;
-    if (!p->growing && now - p->last_alloc_ns > DMEM__HOSTPOOL_IDLE_NS && p->reserved > keep &&
-        p->free_bytes > p->min_chunk) {
+    if (!p->growing && now - p->last_alloc_ns > DMEM__HOSTPOOL_IDLE_NS &&
+        p->reserved > p->min_chunk && p->free_bytes > p->min_chunk) {
       pool_chunk_t *gone = NULL;
-      (void)take_free_chunks(p, keep, &gone);
+      (void)take_free_chunks(p, p->min_chunk, &gone); /* never a reserve chunk */
       p->last_alloc_ns = now; /* once per idle period */
       if (gone) {
         dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
