@@ -555,3 +555,95 @@ TEST_CASE(alloc_n_all_or_nothing) {
   for (int i = 0; i < 14; i++) dmem__hostpool_free(p, w[i]);
   dmem__hostpool_destroy(p);
 }
+
+/* The background thread keeps as many bytes free as the last 100-200 ms
+ * took (the headroom), chunk after chunk, not a fixed fraction of what the
+ * pool holds: after a burst of 32 blocks of 1 MiB it grows until about the
+ * next 32 MiB are free (a quarter-of-the-pool rule added one chunk of at
+ * most half the pool), and once the burst is over it adds nothing more. */
+TEST_CASE(headroom_paced_by_demand) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
+  enum { N = 32 };
+  void *v[N];
+  for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)1 << 20, &v[i]), DMEM_OK);
+  dmem__hostpool_stats_t s;
+  for (int i = 0; i < 2000; i++) { /* the thread catches up in a few ms */
+    dmem__hostpool_stats(p, &s);
+    if (s.free >= (size_t)24 << 20) break;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  CHECK_GE(s.free, (size_t)24 << 20);
+  CHECK_GE(s.background_grows, 1);
+  /* bounded: the headroom (at most the 33 MiB carved) and one chunk */
+  CHECK_LE(s.free, (size_t)96 << 20);
+  /* the burst is over: a small block later grows nothing */
+  struct timespec quiet = {0, 250 * 1000 * 1000};
+  nanosleep(&quiet, NULL);
+  dmem__hostpool_stats(p, &s);
+  uint64_t grows = s.grows;
+  void *x = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &x), DMEM_OK);
+  struct timespec settle = {0, 50 * 1000 * 1000};
+  nanosleep(&settle, NULL);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, grows);
+  dmem__hostpool_free(p, x);
+  for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[i]);
+  dmem__hostpool_destroy(p);
+}
+
+/* The pageable fallback is for blocks up to the backend's host_pageable_max:
+ * a larger one waits for the chunk being pinned (with fast pinning, cheaper
+ * than faulting in fresh pageable pages) and comes from the pool. */
+static _Atomic int big_done;
+static void *big_alloc_main(void *arg) {
+  grower_t *g = arg;
+  g->st = dmem__hostpool_alloc(g->p, (size_t)3 << 20, &g->ptr);
+  atomic_store(&big_done, 1);
+  return NULL;
+}
+
+TEST_CASE(large_blocks_wait_for_the_pinning) {
+  dmem__backend_t be = fake_backend();
+  be.host_alloc = slow_host_alloc;
+  be.host_pageable_max = (size_t)1 << 20;
+  atomic_store(&slow_release, 0);
+  atomic_store(&slow_in_alloc, 0);
+  atomic_store(&big_done, 0);
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
+  grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT}; /* pins the first chunk */
+  pthread_t th;
+  REQUIRE_EQ(pthread_create(&th, NULL, first_alloc_main, &g), 0);
+  for (int i = 0; i < 5000 && !atomic_load(&slow_in_alloc); i++) {
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  REQUIRE_EQ(atomic_load(&slow_in_alloc), 1);
+  void *small = NULL;
+  REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)512 << 10, &small), DMEM_OK); /* pageable */
+  grower_t big = {p, NULL, DMEM_ERR_INVALID_ARGUMENT};
+  pthread_t tb;
+  REQUIRE_EQ(pthread_create(&tb, NULL, big_alloc_main, &big), 0);
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  CHECK_EQ(atomic_load(&big_done), 0); /* waits for the pinning */
+  atomic_store(&slow_release, 1);
+  pthread_join(tb, NULL);
+  pthread_join(th, NULL);
+  REQUIRE_EQ(big.st, DMEM_OK);
+  REQUIRE_EQ(g.st, DMEM_OK);
+  memset(big.ptr, 5, (size_t)3 << 20);
+  dmem__hostpool_free(p, small);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.pageable_allocs, 1); /* the small block only */
+  CHECK_UEQ(s.pageable, 0);
+  CHECK_GE(s.reserved, (size_t)4 << 20);
+  dmem__hostpool_free(p, big.ptr);
+  dmem__hostpool_free(p, g.ptr);
+  dmem__hostpool_destroy(p);
+}

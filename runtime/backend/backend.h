@@ -31,6 +31,10 @@ struct dmem__backend {
    * pinned pool grows by at least this much (cudaMallocHost is slow, so the
    * CUDA backend asks for large chunks; the host backend for small ones). */
   size_t host_chunk_min;
+  /* Largest block the pinned pool hands out as pageable memory rather than
+   * wait for a chunk another thread is pinning (0: any size). Faulting in a
+   * large pageable block costs more than waiting for fast pinning. */
+  size_t host_pageable_max;
 
   /* Device memory. device_alloc returns DMEM_ERR_OUT_OF_MEMORY when the
    * device (or the simulated capacity) is exhausted; the runtime then spills

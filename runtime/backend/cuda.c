@@ -786,6 +786,10 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->kind = DMEM_BACKEND_CUDA;
   be->device_capacity = total_b;
   be->host_chunk_min = (size_t)64 << 20;
+  /* register pins at 22-24 GB/s: a large block waits for the chunk being
+   * pinned (tens of ms) rather than fault in fresh pageable pages from one
+   * thread at a few GB/s; cudaMallocHost pins at 2-3 GB/s, slower than that */
+  be->host_pageable_max = cb->pin == DMEM_HOST_PIN_REGISTER ? (size_t)4 << 20 : 0;
   be->device_alloc = cuda_device_alloc;
   be->device_free = cuda_device_free;
   be->host_alloc = cuda_host_alloc;

@@ -7,22 +7,33 @@
  * free. Each block carries a small header with its size.
  *
  * Growth happens off the spill path where it can: a background thread
- * (when the pool is created with one: the CUDA backend) adds a chunk as soon
- * as the free bytes drop under a quarter of what the pool holds (at least
- * one minimum chunk), chunks growing geometrically (half of what is held,
- * between the backend's minimum and 1 GiB). An allocation that finds no
- * room still grows the pool itself. Nobody holds the pool's mutex across
- * the backend's host_alloc / host_free: one thread grows at a time
- * (`growing`), others wait for it on `cv` and look again.
+ * (when the pool is created with one: the CUDA backend) keeps the free
+ * bytes at or above the headroom, the bytes carved in the last 100-200 ms
+ * (two buckets of DMEM__HOSTPOOL_BUCKET_NS), at least one minimum chunk and
+ * at most DMEM__HOSTPOOL_MAX_HEADROOM. Paced by demand, the pool stays ahead
+ * of a burst of spills (cuBLAS at 2x oversubscription spills 256 MiB every
+ * 20 ms; pinning runs at 22-24 GB/s) yet holds little more than it needs
+ * when spills come slowly: a fixed fraction of what it holds (a quarter,
+ * before) kept gigabytes pinned and unused in a Dask worker. Chunks grow
+ * geometrically (half of what is held, between the backend's minimum and
+ * 1 GiB) and are sized to a whole number of the last large block, so that
+ * 256 MiB blocks fill a 1 GiB chunk four times rather than three. An
+ * allocation that finds no room still grows the pool itself. Nobody holds
+ * the pool's mutex across the backend's host_alloc / host_free: one thread
+ * grows at a time (`growing`), others wait for it on `cv` and look again.
  *
  * Pageable fallback (pools with a background thread: the CUDA backend): an
  * allocation that finds no room while another thread is pinning a chunk
- * does not wait for it (pinning 1 GiB takes a few hundred ms, a spill's copy
- * of 256 MiB 5 ms). It takes ordinary (pageable) host memory instead, outside
- * the chunks: copies to and from it are slower and not asynchronous, but
- * nothing waits for cudaMallocHost. Such blocks are marked in their header
- * (no chunk) and go back to the C heap when freed; the pool's limit bounds
- * only the pinned chunks.
+ * does not wait for it when its block is at most the backend's
+ * host_pageable_max (0: any size). With cudaMallocHost (2-3 GB/s), pinning
+ * 1 GiB takes a few hundred ms, a spill's copy of 256 MiB 5 ms; with the
+ * register way (22-24 GB/s) waiting for the chunk is cheaper than faulting
+ * in a large pageable block from one thread, and only small blocks fall
+ * back. It takes ordinary (pageable) host memory, outside the chunks:
+ * copies to and from it are slower and not asynchronous, but nothing waits
+ * for the pinning. Such blocks are marked in their header (no chunk) and go
+ * back to the C heap when freed; the pool's limit bounds only the pinned
+ * chunks.
  *
  * Bounds and shrinking: the chunks never hold more than `limit` bytes (0:
  * unlimited); dmem__hostpool_trim gives wholly free chunks back, and the
@@ -74,6 +85,8 @@ typedef struct block_header {
 
 #define DMEM__HOSTPOOL_IDLE_NS (30ull * 1000 * 1000 * 1000)
 #define DMEM__HOSTPOOL_MAX_CHUNK ((size_t)1 << 30)
+#define DMEM__HOSTPOOL_BUCKET_NS (100ull * 1000 * 1000)
+#define DMEM__HOSTPOOL_MAX_HEADROOM ((size_t)4 << 30)
 #define DMEM__HOSTPOOL_PIN_THREADS 4
 
 struct dmem__hostpool {
@@ -92,6 +105,11 @@ struct dmem__hostpool {
   bool has_thread;     /* also: allocations fall back to pageable memory */
   pthread_t thread;
   uint64_t last_alloc_ns;
+  /* demand: bytes carved in the bucket that started at bucket_ns, and in
+   * the one before it (the headroom) */
+  uint64_t bucket_ns;
+  size_t bucket_cur, bucket_prev;
+  size_t last_need;     /* the last large block's bytes: chunks hold whole ones */
   uint64_t grows, bg_grows, trims;
   size_t pageable_bytes; /* in pageable blocks now */
   uint64_t pageable_allocs;
@@ -285,13 +303,17 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
 
 /* The size of the next chunk for a block of `need` bytes: geometric (half
  * of what is held), at least the backend's minimum, at most 1 GiB unless
- * the block needs more, never past the limit. 0 when the limit leaves no
- * room for `need`. Under mu. */
+ * the block needs more, rounded to hold a whole number (2 to 16) of the
+ * last large block (and the first one's page front), never past the limit. 0 when the
+ * limit leaves no room for `need`. Under mu. */
 static size_t next_chunk(const dmem__hostpool_t *p, size_t need) {
   size_t c = p->reserved / 2;
   if (c < p->min_chunk) c = p->min_chunk;
   if (c > DMEM__HOSTPOOL_MAX_CHUNK) c = DMEM__HOSTPOOL_MAX_CHUNK;
-  if (c < need) c = round_up(need, (size_t)2 << 20);
+  if (c < need) c = need;
+  size_t unit = p->last_need;
+  if (unit >= POOL_PAGE_MIN && unit <= c / 2 && unit > c / 16)
+    c = round_up((c + unit - 1) / unit * unit + POOL_PAGE, (size_t)2 << 20);
   if (p->limit) {
     if (p->reserved >= p->limit || need > p->limit - p->reserved) return 0;
     if (c > p->limit - p->reserved) c = p->limit - p->reserved;
@@ -337,11 +359,29 @@ static dmem_status_t grow_locked(dmem__hostpool_t *p, size_t csize, bool backgro
   return DMEM_OK;
 }
 
-/* Whether the free bytes ran low enough that the thread should grow. */
-static bool running_low(const dmem__hostpool_t *p) {
-  size_t low = p->reserved / 4;
-  if (low < p->min_chunk) low = p->min_chunk;
-  return p->free_bytes < low && (!p->limit || p->reserved < p->limit);
+/* Start a new demand bucket when the current one is DMEM__HOSTPOOL_BUCKET_NS
+ * old (the one before it is forgotten when older than two). Under mu. */
+static void demand_roll(dmem__hostpool_t *p, uint64_t now) {
+  if (now < p->bucket_ns || now - p->bucket_ns < DMEM__HOSTPOOL_BUCKET_NS) return;
+  p->bucket_prev = now - p->bucket_ns < 2 * DMEM__HOSTPOOL_BUCKET_NS ? p->bucket_cur : 0;
+  p->bucket_cur = 0;
+  p->bucket_ns = now;
+}
+
+/* The free bytes the background thread keeps: what was carved in the last
+ * 100-200 ms, at least one minimum chunk, at most
+ * DMEM__HOSTPOOL_MAX_HEADROOM. Under mu. */
+static size_t headroom(dmem__hostpool_t *p, uint64_t now) {
+  demand_roll(p, now);
+  size_t h = p->bucket_cur + p->bucket_prev;
+  if (h < p->min_chunk) h = p->min_chunk;
+  if (h > DMEM__HOSTPOOL_MAX_HEADROOM) h = DMEM__HOSTPOOL_MAX_HEADROOM;
+  return h;
+}
+
+/* Whether the free bytes are under the headroom, with room to grow. */
+static bool running_low(dmem__hostpool_t *p, uint64_t now) {
+  return p->free_bytes < headroom(p, now) && (!p->limit || p->reserved < p->limit);
 }
 
 /* A pageable block of size bytes at `align` (the fallback). Called with mu
@@ -432,7 +472,9 @@ static bool carve_locked(dmem__hostpool_t *p, size_t need, size_t align, void **
     f->size -= need;
   }
   p->free_bytes -= need;
-  if (p->has_thread && running_low(p) && !p->want_grow) {
+  demand_roll(p, p->last_alloc_ns);
+  p->bucket_cur += need;
+  if (p->has_thread && running_low(p, p->last_alloc_ns) && !p->want_grow) {
     p->want_grow = true; /* off this path: the thread adds the next chunk */
     pthread_cond_broadcast(&p->cv);
   }
@@ -454,6 +496,7 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
     dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "no pageable memory for %zu bytes", size);
   }
+  if (need >= POOL_PAGE_MIN) p->last_need = need;
   for (;;) {
     if (carve_locked(p, need, align, ptr_out)) {
       dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
@@ -462,7 +505,9 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *p, size_t size, void **ptr_
     if (p->growing) {
       /* someone is adding a chunk: with a background thread, do not wait
        * for the pinning; else wait for it and look again */
-      if (p->has_thread && pageable_alloc(p, size, align, ptr_out)) return DMEM_OK;
+      if (p->has_thread && (!p->be->host_pageable_max || size <= p->be->host_pageable_max) &&
+          pageable_alloc(p, size, align, ptr_out))
+        return DMEM_OK;
       if (p->growing) pthread_cond_wait(&p->cv, &p->mu); /* still: mu was dropped */
       continue;
     }
@@ -496,6 +541,7 @@ dmem_status_t dmem__hostpool_alloc_n(dmem__hostpool_t *p, const size_t *sizes, s
     for (; i < n; i++) {
       size_t align;
       size_t need = block_need(sizes[i], &align);
+      if (need >= POOL_PAGE_MIN) p->last_need = need;
       if (!carve_locked(p, need, align, &ptrs_out[i])) break;
     }
   }
@@ -605,14 +651,20 @@ static void *pool_thread(void *arg) {
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   while (!p->stop) {
     if (p->want_grow && !p->growing) {
-      p->want_grow = false;
-      if (running_low(p)) {
-        size_t csize = next_chunk(p, p->min_chunk);
+      /* grow chunk after chunk until the free bytes reach the headroom; a
+       * failure stops until the next allocation asks again (allocations
+       * then grow the pool themselves, and report) */
+      uint64_t now = mono_ns();
+      bool again = false;
+      if (running_low(p, now)) {
+        size_t want = headroom(p, now) - p->free_bytes;
+        size_t csize = next_chunk(p, want < DMEM__HOSTPOOL_MAX_CHUNK ? want : DMEM__HOSTPOOL_MAX_CHUNK);
         if (csize) {
           p->growing = true;
-          (void)grow_locked(p, csize, true); /* a failure: allocations grow (and report) */
+          again = grow_locked(p, csize, true) == DMEM_OK && running_low(p, mono_ns());
         }
       }
+      p->want_grow = again;
       continue;
     }
     uint64_t now = mono_ns();
