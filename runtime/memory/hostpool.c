@@ -658,7 +658,8 @@ static void *pool_thread(void *arg) {
       bool again = false;
       if (running_low(p, now)) {
         size_t want = headroom(p, now) - p->free_bytes;
-        size_t csize = next_chunk(p, want < DMEM__HOSTPOOL_MAX_CHUNK ? want : DMEM__HOSTPOOL_MAX_CHUNK);
+        if (want > DMEM__HOSTPOOL_MAX_CHUNK) want = DMEM__HOSTPOOL_MAX_CHUNK;
+        size_t csize = next_chunk(p, want + POOL_PAGE); /* a page-aligned block's front */
         if (csize) {
           p->growing = true;
           again = grow_locked(p, csize, true) == DMEM_OK && running_low(p, mono_ns());
