@@ -168,6 +168,65 @@ def test_keys_needed_by_ready_tasks_spill_last(d):
         np.testing.assert_array_equal(d[i], chunk(i))
 
 
+class _Task:
+    """A worker TaskState as far as the mapping looks at it."""
+
+    def __init__(self, key, state="memory"):
+        self.key, self.state = key, state
+        self.dependencies, self.dependents = [], []
+
+    def needs(self, *deps):
+        for dep in deps:
+            self.dependencies.append(dep)
+            dep.dependents.append(self)
+        return self
+
+
+class _GraphWorker:
+    def __init__(self, tasks):
+        self.state = type("State", (), {"ready": [], "executing": set(), "constrained": [],
+                                        "tasks": tasks})()
+
+
+def test_keys_no_task_still_needs_are_cold_and_spill_first(d):
+    x = [_Task(("x", i)) for i in range(6)]
+    y0 = _Task("y0", "executing").needs(x[0], x[1])
+    y1 = _Task("y1", "waiting").needs(x[1], x[2])
+    tasks = {t.key: t for t in x + [y0, y1]}
+    w = _GraphWorker(tasks)  # the mapping holds it weakly
+    d.attach(w)
+    for i in range(6):
+        d[("x", i)] = chunk(i)
+    a, b = d[("x", 0)], d[("x", 1)]  # y0 reads them: x0 and x1 are the most recently used
+    del a, b
+    gc.collect()
+    d["y0"] = chunk(10)  # y0 done: nothing here needs x0 any more; y1 still needs x1
+    y0.state = "memory"  # as the worker marks it once its result is stored
+    bufs = {i: d._dev[("x", i)].leaves[0].buf for i in range(6)}
+    assert bufs[0].priority == ddata.COLD
+    assert all(bufs[i].priority == 0 for i in range(1, 6))
+    d["z"] = chunk(11)
+    d["z2"] = chunk(12)  # 4.5 MiB under 4: something must go
+    gc.collect()
+    tiers = {i: d.tier_of(("x", i)) for i in range(6)}
+    assert tiers[0] != "device", tiers  # cold, though not least recently used
+    # evict() takes the cold key's host bytes first too
+    if tiers[0] == "host":
+        d.evict()
+        assert d.tier_of(("x", 0)) == "disk"
+    # a task reading a cold key makes it warm again
+    np.testing.assert_array_equal(d[("x", 0)], chunk(0))
+    gc.collect()
+    assert bufs[0].priority == 0 and ("x", 0) not in d._cold
+    y1.state = "memory"
+    tasks["y1"] = y1
+    d["y1"] = chunk(13)  # x1 and x2 are cold now
+    assert bufs[1].priority == ddata.COLD and bufs[2].priority == ddata.COLD
+    d.attach(None)
+    for i in range(6):
+        np.testing.assert_array_equal(d[("x", i)], chunk(i))
+
+
 def test_evict_moves_host_tier_keys_to_disk(d):
     for i in range(10):  # 5 MiB under a 4 MiB limit: some on the host tier
         d[i] = chunk(i)

@@ -35,6 +35,15 @@ for_transfer = contextvars.ContextVar("dmem_dask_for_transfer", default=False)
 # The mapping of this process (the last one made), for statistics and tests.
 _current = None
 
+# Buffer priority of a cold key: one that no task on this worker still needs
+# (every dependent here has run). dmem spills and pushes down to disk lowest
+# priority first, so cold keys leave the device and the host tier before keys
+# whose dependents are still to run, whatever their last use.
+COLD = -1
+
+# Task states of a dependent that has yet to run on this worker.
+_PENDING = frozenset(("waiting", "ready", "executing", "constrained", "long-running", "resumed"))
+
 
 def current():
     """The DmemWorkerData of this process, or None."""
@@ -164,6 +173,7 @@ class DmemWorkerData(MutableMapping):
         self.host = SpillBuffer(os.path.join(local, "storage"), target=host_target)
         self._dev = {}
         self._lru = collections.OrderedDict()  # device keys, least recently used first
+        self._cold = set()  # device keys whose buffers have priority COLD
         self._lock = threading.Lock()
         self._worker = None
         self.counts = collections.Counter()  # adopted, copied, fallbacks, evictions, sent, prefetched
@@ -214,6 +224,7 @@ class DmemWorkerData(MutableMapping):
         with self._lock:
             self._dev[key] = _Entry(tree, leaves)
             self._lru[key] = None
+        self._cool_dependencies(key)
 
     def __getitem__(self, key):
         with self._lock:
@@ -225,6 +236,8 @@ class DmemWorkerData(MutableMapping):
         if for_transfer.get():
             self.counts["sent"] += 1
             return DmemValue(entry.tree, self.runtime.backend == "cuda")
+        if key in self._cold:  # a task needs it after all (a new graph)
+            self._set_priority(key, entry, 0)
         return _arrays.unpack(entry.tree, self._stream())
 
     def __delitem__(self, key):
@@ -232,6 +245,7 @@ class DmemWorkerData(MutableMapping):
             entry = self._dev.pop(key, None)
             if entry is not None:
                 del self._lru[key]
+                self._cold.discard(key)
         if entry is None:
             del self.host[key]
             return
@@ -282,16 +296,53 @@ class DmemWorkerData(MutableMapping):
             return frozenset()
         return hot
 
+    def _cool_dependencies(self, key):
+        """key's task has run: each of its dependencies that no task on this
+        worker still needs becomes cold (priority COLD), the first to leave
+        the device and, under host_memory_limit, the host tier. A persisted
+        array read by a graph is cold once the graph's tasks here are done,
+        while arrays the next tasks read stay warm. Without a worker (the
+        mapping alone), or when the worker's state changes under us, nothing
+        is cooled."""
+        w = self._worker() if self._worker is not None else None
+        if w is None:
+            return
+        try:
+            ts = w.state.tasks.get(key)
+            deps = list(ts.dependencies) if ts is not None else ()
+            # ts itself is still "executing" while its result is stored
+            done = [d.key for d in deps if d.key not in self._cold and
+                    not any(x is not ts and x.state in _PENDING for x in d.dependents)]
+        except Exception:  # the worker changed it under us: no preference then
+            return
+        for k in done:
+            entry = self._dev.get(k)
+            if entry is not None:
+                self._set_priority(k, entry, COLD)
+
+    def _set_priority(self, key, entry, priority):
+        for leaf in entry.leaves:
+            try:
+                leaf.buf.priority = priority
+            except dmem.StaleHandleError:  # freed meanwhile
+                pass
+        with self._lock:
+            if key in self._dev:
+                (self._cold.add if priority == COLD else self._cold.discard)(key)
+
     def _victims(self, nbytes):
         """Buffers to spill for nbytes of room: resident, unlocked buffers of
-        cold keys, least recently used first, then of hot keys."""
+        cold keys (no task here needs them), then of keys no ready task
+        needs, then of those ready tasks need, least recently used first in
+        each group."""
         with self._lock:
             order = [(k, self._dev[k]) for k in self._lru]
+            cold = set(self._cold)
         hot = self._hot_keys()
         victims, freed = [], 0
-        for want_hot in (False, True):
+        for group in (0, 1, 2):
             for key, entry in order:
-                if (key in hot) != want_hot:
+                if (0 if key in cold else 2 if key in hot else 1) != group:
                     continue
                 for leaf in entry.leaves:
                     b = leaf.buf
@@ -346,12 +397,15 @@ class DmemWorkerData(MutableMapping):
         return movable + list(self.host.fast)
 
     def evict(self):
-        """Move the least recently used key's host-tier bytes to dmem's disk
-        tier (or, when there are none, the SpillBuffer's oldest value to
-        disk). Returns the bytes moved out of memory, or -1. Never raises."""
+        """Move the coldest key's host-tier bytes to dmem's disk tier: cold
+        keys (no task here needs them) first, then the least recently used
+        (or, when there are none, the SpillBuffer's oldest value to disk).
+        Returns the bytes moved out of memory, or -1. Never raises."""
         try:
             with self._lock:
                 order = [(k, self._dev[k]) for k in self._lru]
+                cold = set(self._cold)
+            order.sort(key=lambda kv: kv[0] not in cold)  # stable: LRU within each
             for key, entry in order:
                 moved = 0
                 for leaf in entry.leaves:
