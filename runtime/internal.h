@@ -98,6 +98,9 @@ struct dmem_runtime {
 
   pthread_mutex_t disk_mu;      /* creates the disk tier lazily */
   _Atomic(dmem__disk_t *) disk; /* release in spill/tier_disk.c, acquire by readers */
+  /* the disk tier's pinned staging slots for reads (spill/tier_disk.c):
+   * made with the file, published by the same release store */
+  struct dmem__disk_stage *disk_stage;
 
   void *spill_stream;   /* device->host copies of spills */
   void *unspill_stream; /* host->device copies of retrieves and prefetches */

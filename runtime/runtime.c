@@ -287,6 +287,8 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
    * chunk. Nothing reads or writes the disk after this. */
   dmem__io_destroy(rt->io);
   rt->io = NULL;
+  /* the holes of freed extents still queued for an I/O thread */
+  dmem__disk_io_gone(dmem_atomic_load_relaxed(&rt->disk));
   if (rt->cfg.print_stats) print_stats(rt);
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
@@ -294,6 +296,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   (void)rt->be->stream_synchronize(rt->be, rt->order_stream);
   dmem__registry_fini(rt);
   dmem__staging_fini(rt);
+  dmem__disk_stage_fini(rt); /* the disk tier's read staging (its copies are done) */
   /* Free every buffer still alive, locked ones too. */
   uint32_t hw = dmem_atomic_load_relaxed(&rt->table->high_water);
   for (uint32_t slot = 0; slot < hw; slot++) {

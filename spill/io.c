@@ -8,6 +8,8 @@
  *    (spill/disk.c). A helper is optional: the thread that submitted it
  *    works on the same chunks, withdraws the helpers no thread has started,
  *    and waits only for those that run.
+ *    Also the disk tier's hole punching of freed extents (spill/disk.c),
+ *    which nobody waits for.
  *  - the background job (the host tier's push-down to disk,
  *    spill/pushdown.c, given at create): run after a kick, on at most
  *    DMEM__IO_THREADS - 1 threads at once, so that one thread stays free for

@@ -34,7 +34,9 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
  * made to wait for it (not in DMEM__RETRIEVE_PREFETCH mode: dmem_prefetch
  * orders the caller's stream once after the whole batch). `from` is the
  * deferred state; the lock (if locking) was taken with TRANSIT and is
- * dropped again on failure. */
+ * dropped again on failure. A tier with load_device (the disk) enqueues
+ * the copies itself as its pieces arrive; the others load into pinned
+ * memory at b->host, copied in one go. */
 static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                unsigned from, void *stream, dmem__retrieve_mode_t mode) {
   const bool locking = mode == DMEM__RETRIEVE_LOCK;
@@ -50,16 +52,36 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
   dmem_status_t st = dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
-  if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
-  if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && !tier->adopts_staging) {
-    /* no pinned staging: recycle that of finished unspill copies, again */
-    dmem__staging_poll(rt, true);
-    st = tier->load(rt, b, h);
+  bool piped = false;
+  if (st == DMEM_OK && tier->load_device) {
+    /* pipelined: the tier enqueues the copies on cs itself, piece by piece
+     * (after the wait for the spill copy) */
+    if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
+    if (st == DMEM_OK && !b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
+    if (st == DMEM_OK) st = tier->load_device(rt, b, h, dev, cs);
+    if (st == DMEM_ERR_HOST_OUT_OF_MEMORY) {
+      /* no pinned staging slot: recycle that of finished unspill copies,
+       * again; then (the pool cannot give a slot's worth) the whole buffer
+       * through staging of its own size, below */
+      dmem__staging_poll(rt, true);
+      st = tier->load_device(rt, b, h, dev, cs);
+    }
+    piped = st != DMEM_ERR_HOST_OUT_OF_MEMORY;
+    if (!piped) st = DMEM_OK;
+    else if (st != DMEM_OK) goto rollback; /* dev goes back ordered after the copies */
   }
-  if (st != DMEM_OK) goto rollback;
-  if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
-  if (st == DMEM_OK && !b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
-  if (st == DMEM_OK) st = dmem__copy_chunked(rt, dev, b->host, size, cs);
+  if (!piped) {
+    if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
+    if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && !tier->adopts_staging) {
+      /* no pinned staging: recycle that of finished unspill copies, again */
+      dmem__staging_poll(rt, true);
+      st = tier->load(rt, b, h);
+    }
+    if (st != DMEM_OK) goto rollback;
+    if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
+    if (st == DMEM_OK && !b->unspill_event) st = dmem__event_get(rt, &b->unspill_event);
+    if (st == DMEM_OK) st = dmem__copy_chunked(rt, dev, b->host, size, cs);
+  }
   if (st == DMEM_OK)
     st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, b->unspill_event, cs));
   if (st == DMEM_OK && mode != DMEM__RETRIEVE_PREFETCH)
@@ -74,8 +96,8 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     dmem_atomic_store_relaxed(&b->spill_event, NULL);
     dmem__event_put(rt, spill_ev);
   }
-  /* The tier forgets the buffer; b->host is now staging, recycled once the
-   * copy is done (spill/staging.c). */
+  /* The tier forgets the buffer; b->host (if the tier used it) is now
+   * staging, recycled once the copy is done (spill/staging.c). */
   tier->drop(rt, b, h);
   dmem__stats_unspill(rt, tier->tier, size, dmem__now_ns() - t0);
   if (mode == DMEM__RETRIEVE_PREFETCH) {

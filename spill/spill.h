@@ -33,6 +33,16 @@ typedef struct dmem__tier_ops {
   /* Bring the bytes back into pinned memory at b->host (the host tier: they
    * are there already). On failure b->host is as it was. */
   dmem_status_t (*load)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
+  /* Or (NULL: load, then one copy from b->host): bring the bytes straight
+   * to device memory at dev, with copies enqueued on `stream` (the
+   * runtime's host->device stream) piece by piece as they arrive, and
+   * return once the last is enqueued; b->host is not used. On failure the
+   * tier's copy is as it was; copies of pieces already enqueued may still
+   * be running into dev (the caller gives dev back in stream order). The
+   * disk tier: its chunks are read into the tier's pinned staging slots
+   * (tier_disk.c). */
+  dmem_status_t (*load_device)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, void *dev,
+                               void *stream);
   /* Copy n bytes at offset off of the buffer into host memory at dst and
    * leave the tier's copy as it is (dmem_buffer_read; spill/read.c). NULL:
    * the tier cannot be read in place (the controller may drop its copy
@@ -62,6 +72,13 @@ dmem_tier_t dmem__tier_public(unsigned s);
 void dmem__host_copy_release(dmem_runtime_t *rt, dmem__buffer_t *b);
 /* The disk tier's file, created on first use. */
 dmem_status_t dmem__disk_get(dmem_runtime_t *rt, dmem__disk_t **disk_out);
+/* At destroy, once nothing reads the disk tier any more and its copies on
+ * rt->unspill_stream are complete: give the staging slots back. */
+void dmem__disk_stage_fini(dmem_runtime_t *rt);
+/* Give the disk tier's idle staging slots back to the pinned pool: those
+ * whose copy is complete, or (wait) all of them after their copies. Slots
+ * a read holds now stay. */
+void dmem__disk_stage_trim(dmem_runtime_t *rt, bool wait);
 
 /* ---- the disk tier's file (disk.c) ---------------------------------------------- */
 
@@ -78,9 +95,13 @@ bool dmem__disk_direct(const dmem__disk_t *disk);
 /* Reserve an extent for n bytes; *off_out is its file offset.
  * DMEM_ERR_IO when the filesystem has no room. */
 dmem_status_t dmem__disk_alloc(dmem__disk_t *disk, size_t n, uint64_t *off_out);
-/* Give back an extent of n bytes at off (its blocks go back to the
- * filesystem). disk NULL: nothing. */
+/* Give back an extent of n bytes at off. Its blocks go back to the
+ * filesystem (a hole punched) on an I/O thread, and the extent is reused
+ * only after that; without I/O threads, here. disk NULL: nothing. */
 void dmem__disk_free(dmem__disk_t *disk, uint64_t off, size_t n);
+/* The I/O threads are gone (dmem_runtime_destroy, after dmem__io_destroy):
+ * punch the holes still queued here, and every later one at once. */
+void dmem__disk_io_gone(dmem__disk_t *disk);
 /* Asked between chunks of a write: true stops it (DMEM_ERR_BUSY). Runs on
  * the writing thread or an I/O thread. */
 typedef bool (*dmem__disk_cancel_fn)(void *arg);
@@ -91,6 +112,31 @@ typedef bool (*dmem__disk_cancel_fn)(void *arg);
 dmem_status_t dmem__disk_write(dmem__disk_t *disk, uint64_t off, const void *data, size_t n,
                                dmem__disk_cancel_fn cancel, void *cancel_arg);
 dmem_status_t dmem__disk_read(dmem__disk_t *disk, uint64_t off, void *data, size_t n);
+
+/* The chunk size of the file's I/O: the most one sink buffer receives. */
+#define DMEM__DISK_CHUNK ((size_t)8 << 20)
+
+/* Where dmem__disk_read_chunks puts each chunk. Both functions run on the
+ * reading thread or an I/O thread, for several chunks at once, with no
+ * runtime mutex held; a failure is reported with dmem__error as usual
+ * (the read returns it, with its detail, on the calling thread). */
+typedef struct dmem__disk_sink {
+  /* A buffer for one chunk (DMEM__DISK_CHUNK bytes; page-aligned for
+   * O_DIRECT, else the read bounces), and a token for put. */
+  dmem_status_t (*get)(void *arg, void **buf_out, void **token_out);
+  /* The chunk at byte `at` of the read, len bytes, is in the buffer (ok) or
+   * its read failed (!ok: just give the buffer back). */
+  dmem_status_t (*put)(void *arg, void *token, size_t at, size_t len, bool ok);
+  void *arg;
+} dmem__disk_sink_t;
+/* Read n bytes at file offset off (block-aligned: an extent's start) chunk
+ * by chunk, shared with the I/O threads like dmem__disk_read, each chunk
+ * into a buffer from sink->get and handed to sink->put as soon as it is in,
+ * in no particular order. Returns once every chunk started has been put.
+ * DMEM_ERR_IO on a failed or short pread (chunks not yet started are not
+ * read); a sink's status as it gave it. */
+dmem_status_t dmem__disk_read_chunks(dmem__disk_t *disk, uint64_t off, size_t n,
+                                     const dmem__disk_sink_t *sink);
 
 /* Test hook (internal; tests only, never the public API): called before
  * each disk operation with its kind, file offset and length; a non-zero
@@ -126,7 +172,9 @@ typedef struct dmem__io_task {
 dmem_status_t dmem__io_create(dmem_runtime_t *rt, bool (*background)(dmem_runtime_t *rt),
                               dmem__io_t **io_out);
 /* Stop: a background run in progress ends early (dmem__io_stopping), the
- * threads are joined. Queued tasks must have been withdrawn. */
+ * threads are joined. Tasks still queued never run: a task someone waits
+ * for must have been withdrawn (the disk tier's hole punching is left
+ * queued and done by dmem__disk_io_gone). */
 void dmem__io_destroy(dmem__io_t *io);
 /* Queue t. False when the pool is stopping (t is not queued). */
 bool dmem__io_submit(dmem__io_t *io, dmem__io_task_t *t);
@@ -183,7 +231,8 @@ void dmem__staging_push_n(dmem_runtime_t *rt, const dmem__reg_entry_t *v, size_t
  * recycled first and the allocation tried once more (retrieve.c does the
  * same around a tier's load). DMEM_ERR_HOST_OUT_OF_MEMORY. */
 dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_out);
-/* Finish the copies that completed (wait_all: wait for all of them). */
+/* Finish the copies that completed (wait_all: wait for all of them), and
+ * give the disk tier's idle read staging back (dmem__disk_stage_trim). */
 void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all);
 void dmem__staging_fini(dmem_runtime_t *rt);
 

@@ -88,6 +88,7 @@ void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all) {
   }
   rt->nstaging = keep;
   dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
+  dmem__disk_stage_trim(rt, wait_all);
 }
 
 void dmem__staging_fini(dmem_runtime_t *rt) {

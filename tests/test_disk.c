@@ -265,6 +265,9 @@ TEST_CASE(on_demand_spills_feed_the_pushdown) {
   CHECK_GE(s.host_to_disk_pushdowns, 1);
   for (int i = 0; i < N; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 200 + (uint64_t)i), 0);
   for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, h[i]));
+  /* a buffer freed while a push-down writes it is reclaimed when that
+   * write ends, on its I/O thread */
+  dmem__io_quiesce(rt->io);
   s = stats_of(rt);
   CHECK_UEQ(s.host_used + s.disk_used, 0);
   dmem_runtime_destroy(rt);
@@ -574,6 +577,128 @@ TEST_CASE(failed_read_keeps_disk_copy) {
   CHECK_UEQ(s.disk_used, 3 * MiB);
   CHECK_UEQ(s.disk_to_device_count, 0);
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 12), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* ---- the pipelined retrieve (tier_disk.c: chunks into staging slots, each
+ * copied to the device as soon as it is in) ---------------------------------- */
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  dmem_stream_t s;
+  dmem_status_t st;
+} unspiller_t;
+
+static void *unspiller(void *arg) {
+  unspiller_t *u = arg;
+  u->st = dmem_unspill(u->rt, u->h, u->s);
+  if (u->st == DMEM_OK) u->st = dmem_stream_synchronize(u->rt, u->s);
+  return NULL;
+}
+
+/* Multi-chunk buffers read back in several threads at once, and one after
+ * the other on one stream with no wait in between (the next buffer's reads
+ * overlap the previous one's copies, the slots are reused): every byte
+ * where it was, in order; then, once the I/O threads have punched the
+ * holes of the freed extents, the file is empty again. */
+TEST_CASE(pipelined_reads_keep_every_byte_in_place) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  enum { NB = 6 };
+  /* 2 chunks and an odd tail; 3 chunks exactly; under one chunk */
+  const size_t sizes[NB] = {2 * DMEM__DISK_CHUNK + 4097, 3 * DMEM__DISK_CHUNK,
+                            DMEM__DISK_CHUNK - 5,        2 * DMEM__DISK_CHUNK + 1,
+                            5 * MiB + 3,                 DMEM__DISK_CHUNK + 4096};
+  size_t total = 0;
+  for (int i = 0; i < NB; i++) total += sizes[i];
+  dmem_runtime_t *rt = runtime_with(total + 16 * MiB, 0, parent);
+  dmem_handle_t h[NB];
+  for (int i = 0; i < NB; i++) {
+    REQUIRE_OK(dmem_alloc(rt, sizes[i], 0, &h[i]));
+    check_put(rt, h[i], sizes[i], 700 + (uint64_t)i);
+  }
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < NB; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+    if (round == 0) {
+      /* one stream, back to back */
+      dmem_stream_t s;
+      REQUIRE_OK(dmem_stream_create(rt, &s));
+      for (int i = 0; i < NB; i++) CHECK_OK(dmem_unspill(rt, h[i], s));
+      CHECK_OK(dmem_stream_synchronize(rt, s));
+      CHECK_OK(dmem_stream_destroy(rt, s));
+    } else if (round == 1) {
+      /* every buffer from its own thread: more readers than slots */
+      pthread_t t[NB];
+      unspiller_t u[NB];
+      for (int i = 0; i < NB; i++) {
+        u[i] = (unspiller_t){rt, h[i], NULL, DMEM_OK};
+        REQUIRE_OK(dmem_stream_create(rt, &u[i].s));
+        REQUIRE_TRUE(pthread_create(&t[i], NULL, unspiller, &u[i]) == 0);
+      }
+      for (int i = 0; i < NB; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_OK(u[i].st);
+        CHECK_OK(dmem_stream_destroy(rt, u[i].s));
+      }
+    } /* round 2: each by its lock (check_bad_bytes) */
+    for (int i = 0; i < NB; i++) {
+      if (round < 2) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_RESIDENT);
+      CHECK_UEQ(check_bad_bytes(rt, h[i], sizes[i], 700 + (uint64_t)i), 0);
+    }
+  }
+  dmem_stats_t s = stats_of(rt);
+  CHECK_UEQ(s.disk_to_device_count, 3 * NB);
+  CHECK_UEQ(s.disk_to_device_bytes, 3 * total);
+  CHECK_UEQ(s.disk_used, 0);
+  /* the holes are punched off the retrieves, on the I/O threads: once they
+   * are idle, every extent is free and the file cut back to nothing */
+  dmem__io_quiesce(rt->io);
+  long long bytes = 0;
+  CHECK_EQ(count_files(parent, &bytes), 0); /* the file has no name */
+  dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
+  REQUIRE_TRUE(disk != NULL);
+  uint64_t off = 1;
+  REQUIRE_OK(dmem__disk_alloc(disk, 4096, &off)); /* a new extent starts at 0 */
+  CHECK_UEQ(off, 0);
+  dmem__disk_free(disk, off, 4096);
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* A read that fails after some chunks were read and their copies to the
+ * device enqueued: DMEM_ERR_IO, the buffer still on disk with all its
+ * bytes, nothing left on the device; the slots stay usable. Every chunk
+ * position in turn. */
+TEST_CASE(failed_read_mid_buffer_keeps_disk_copy) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  const size_t n = 4 * DMEM__DISK_CHUNK + 4099; /* 5 chunks */
+  dmem_runtime_t *rt = runtime_with(n + 16 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, n, 0, &h));
+  check_put(rt, h, n, 31);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  for (long skip = 0; skip < 5; skip++) {
+    hook_t *k = hook_on(DMEM__DISK_OP_READ, skip, 1, EIO);
+    CHECK_STATUS(dmem_unspill(rt, h, NULL), DMEM_ERR_IO);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "pread") != NULL);
+    CHECK_EQ(k->failed, 1);
+    hook_off();
+    CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
+    dmem_stats_t s = stats_of(rt);
+    CHECK_UEQ(s.device_used, 0);
+    CHECK_UEQ(s.disk_used, n);
+    CHECK_UEQ(s.disk_to_device_count, 0);
+  }
+  /* then read back whole, through the same slots */
+  CHECK_UEQ(check_bad_bytes(rt, h, n, 31), 0);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_UEQ(check_bad_bytes(rt, h, n, 31), 0);
   CHECK_OK(dmem_free(rt, h));
   dmem_runtime_destroy(rt);
   rm_tree(parent);

@@ -576,6 +576,11 @@ void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
 }
 
+bool dmem__hostpool_pageable(const void *ptr) {
+  const block_header_t *hd = (const block_header_t *)((const char *)ptr - POOL_HEADER);
+  return hd->chunk == NULL;
+}
+
 /* Unlink wholly free chunks (largest reserved first is not needed: any)
  * but the reserve's until at most `keep` bytes stay held; the unlinked
  * chunks go on *out. Under mu. */

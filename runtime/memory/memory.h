@@ -139,6 +139,10 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **p
 dmem_status_t dmem__hostpool_alloc_n(dmem__hostpool_t *pool, const size_t *sizes, size_t n,
                                      void **ptrs_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
+/* Whether a block from the pool is pageable memory (the fallback taken
+ * while the pool grows) rather than pinned. Thread-safe (reads the block's
+ * header). */
+bool dmem__hostpool_pageable(const void *ptr);
 /* Give wholly free chunks back until at most `keep` bytes stay held;
  * *released_out (may be NULL) = bytes given back. Always DMEM_OK. */
 dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *pool, size_t keep, size_t *released_out);
