@@ -88,6 +88,10 @@ struct dmem_runtime {
   size_t capacity;
   size_t limit;
   size_t host_limit; /* 0: unlimited */
+  /* with host_limit: the pinned bytes past the host tier's cap kept for
+   * staging (copies in flight, disk reads), which bounds the disk tier's
+   * read slots */
+  size_t host_staging;
 
   dmem__table_t *table;        /* core */
   dmem__registry_t reg;        /* API */

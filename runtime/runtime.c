@@ -183,6 +183,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     size_t extra = rt->host_limit / 4;
     if (extra < ((size_t)64 << 20)) extra = (size_t)64 << 20;
     if (extra > ((size_t)1 << 30)) extra = (size_t)1 << 30;
+    rt->host_staging = extra;
     pin_limit = cap > SIZE_MAX - extra ? SIZE_MAX : cap + extra;
   }
   if (pin_limit && cfg.host_reserve > pin_limit) {

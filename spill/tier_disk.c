@@ -19,7 +19,8 @@
  * once its last copy is enqueued (the next buffer's reads overlap its
  * copies), no host memcpy is made, and the slots are reused rather than
  * fresh staging of the whole buffer faulted in per retrieve: the slots in
- * existence are at most DISK_SLOTS_MAX (the readers at once plus a few),
+ * existence are at most DISK_SLOTS_MAX (the readers at once plus a few;
+ * fewer under host_limit, stage_create),
  * kept until dmem__staging_poll gives the idle ones back to the pinned pool
  * (when it runs dry, and on dmem_stats / dmem_runtime_poll) or the runtime
  * is destroyed. A failed read stops the others at their next chunk and is
@@ -56,11 +57,23 @@ struct dmem__disk_stage {
   pthread_cond_t cv;  /* a slot came back */
   disk_slot_t *head, *tail; /* free slots, oldest copy first (under mu) */
   unsigned nslots;          /* slots in existence, free or taken (under mu) */
+  unsigned max;             /* most slots in existence (set at creation) */
 };
 
-static dmem_status_t stage_create(struct dmem__disk_stage **out) {
+/* At most DISK_SLOTS_MAX slots; under host_limit, at most half the pinned
+ * bytes the pool keeps for staging past the host tier's cap (at least
+ * one): the slots must not take the room that spills' staging needs (with
+ * a 64 MiB host limit, 10 slots of 8 MiB beside a full host tier left no
+ * 4 MiB block for a spill, and locks failed). */
+static dmem_status_t stage_create(dmem_runtime_t *rt, struct dmem__disk_stage **out) {
   struct dmem__disk_stage *g = calloc(1, sizeof *g);
   if (!g) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "disk tier staging record");
+  g->max = DISK_SLOTS_MAX;
+  if (rt->host_limit) {
+    size_t m = rt->host_staging / (2 * DMEM__DISK_CHUNK);
+    if (m < 1) m = 1;
+    if (m < g->max) g->max = (unsigned)m;
+  }
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
   *out = g;
@@ -143,7 +156,7 @@ typedef struct load_ctx {
 } load_ctx_t;
 
 /* The sink's get: a free slot whose last copy is complete, a new one while
- * there are fewer than DISK_SLOTS_MAX (or the pool has no room for one and
+ * there are fewer than the stage's max (or the pool has no room for one and
  * another exists), else wait for one to come back. */
 static dmem_status_t slot_get(void *arg, void **buf_out, void **token_out) {
   load_ctx_t *c = arg;
@@ -153,7 +166,7 @@ static dmem_status_t slot_get(void *arg, void **buf_out, void **token_out) {
   bool full = false; /* the pool could not give one more */
   for (;;) {
     pthread_mutex_lock(&g->mu);
-    while (!g->head && (g->nslots >= DISK_SLOTS_MAX || (full && g->nslots > 0)))
+    while (!g->head && (g->nslots >= g->max || (full && g->nslots > 0)))
       pthread_cond_wait(&g->cv, &g->mu);
     s = g->head;
     if (s) {
@@ -163,7 +176,7 @@ static dmem_status_t slot_get(void *arg, void **buf_out, void **token_out) {
     } else {
       g->nslots++;
     }
-    bool may_grow = !full && g->nslots < DISK_SLOTS_MAX;
+    bool may_grow = !full && g->nslots < g->max;
     pthread_mutex_unlock(&g->mu);
     /* The oldest free slot's copy still running: rather than wait for it
      * (the copy would be serialised with this read), make another slot
@@ -253,7 +266,7 @@ dmem_status_t dmem__disk_get(dmem_runtime_t *rt, dmem__disk_t **disk_out) {
   dmem_status_t st = DMEM_OK;
   if (!d) {
     struct dmem__disk_stage *g = NULL;
-    st = stage_create(&g);
+    st = stage_create(rt, &g);
     if (st == DMEM_OK) st = dmem__disk_create(rt->spill_dir_copy, rt->io, &d);
     if (st == DMEM_OK) {
       rt->disk_stage = g;

@@ -1004,3 +1004,102 @@ TEST_CASE(locks_race_pushdowns_and_retrieves) {
   free(r);
   rm_tree(parent);
 }
+
+/* The GPU suite's spill cycles on the host backend: 64 buffers of 4 MiB
+ * under a 96 MiB device limit and a 64 MiB host limit (a pinned pool of
+ * 160 MiB: the host tier's cap of 96 MiB and 64 MiB for staging), four
+ * threads locking buffers in turn (disk-tier ones read back through the
+ * read slots) while a fifth moves buffers to the host tier and to disk at
+ * random. Every lock and every move succeeds or is refused as documented
+ * (BUSY, INVALID_ARGUMENT, OUT_OF_MEMORY): the read slots must leave the
+ * spills their staging (ten slots of 8 MiB beside a full host tier left no
+ * 4 MiB block, and locks failed with DMEM_ERR_HOST_OUT_OF_MEMORY). */
+enum { TIGHT_NB = 64, TIGHT_THREADS = 4 };
+
+typedef struct tight {
+  dmem_runtime_t *rt;
+  dmem_handle_t h[TIGHT_NB];
+  _Atomic int stop;
+  _Atomic long errors, locks, moves;
+} tight_t;
+
+typedef struct tight_arg {
+  tight_t *w;
+  int t;
+} tight_arg_t;
+
+static void *tight_worker(void *arg) {
+  tight_arg_t *a = arg;
+  tight_t *w = a->w;
+  for (int round = 0; round < 3; round++) {
+    for (int k = 0; k < TIGHT_NB / TIGHT_THREADS; k++) {
+      int i = a->t + TIGHT_THREADS * ((k + round) % (TIGHT_NB / TIGHT_THREADS));
+      void *p;
+      dmem_status_t st = dmem_lock(w->rt, w->h[i], NULL, &p);
+      if (st != DMEM_OK) {
+        fprintf(stderr, "lock %d: %s (%s)\n", i, dmem_status_name(st), dmem_last_error_detail());
+        atomic_fetch_add(&w->errors, 1);
+        continue;
+      }
+      atomic_fetch_add(&w->locks, 1);
+      if (dmem_unlock(w->rt, w->h[i]) != DMEM_OK) atomic_fetch_add(&w->errors, 1);
+    }
+  }
+  return NULL;
+}
+
+static void *tight_mover(void *arg) {
+  tight_t *w = ((tight_arg_t *)arg)->w;
+  uint64_t x = 88172645463325252ull;
+  while (!atomic_load(&w->stop)) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    dmem_handle_t h = w->h[x % TIGHT_NB];
+    dmem_status_t st = (x >> 8) % 3 == 0   ? dmem_spill(w->rt, h, DMEM_TIER_HOST)
+                       : (x >> 8) % 3 == 1 ? dmem_spill(w->rt, h, DMEM_TIER_DISK)
+                                           : dmem_unspill(w->rt, h, NULL);
+    if (st == DMEM_OK) atomic_fetch_add(&w->moves, 1);
+    else if (st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT &&
+             st != DMEM_ERR_OUT_OF_MEMORY) {
+      fprintf(stderr, "move: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+      atomic_fetch_add(&w->errors, 1);
+    }
+  }
+  return NULL;
+}
+
+TEST_CASE(disk_reads_leave_staging_room_under_a_tight_host_limit) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  const size_t B = 4 * MiB;
+  static tight_t w;
+  memset(&w, 0, sizeof w);
+  w.rt = runtime_with(24 * B, 16 * B, parent);
+  for (int i = 0; i < TIGHT_NB; i++) {
+    REQUIRE_OK(dmem_alloc(w.rt, B, 0, &w.h[i]));
+    check_put(w.rt, w.h[i], B, 900 + (uint64_t)i);
+  }
+  pthread_t t[TIGHT_THREADS + 1];
+  tight_arg_t a[TIGHT_THREADS + 1];
+  for (int i = 0; i <= TIGHT_THREADS; i++) {
+    a[i] = (tight_arg_t){&w, i};
+    REQUIRE_TRUE(pthread_create(&t[i], NULL, i < TIGHT_THREADS ? tight_worker : tight_mover,
+                                &a[i]) == 0);
+  }
+  for (int i = 0; i < TIGHT_THREADS; i++) pthread_join(t[i], NULL);
+  atomic_store(&w.stop, 1);
+  pthread_join(t[TIGHT_THREADS], NULL);
+  CHECK_EQ(atomic_load(&w.errors), 0);
+  CHECK_EQ(atomic_load(&w.locks), 3 * TIGHT_NB);
+  for (int i = 0; i < TIGHT_NB; i++) CHECK_UEQ(check_bad_bytes(w.rt, w.h[i], B, 900 + (uint64_t)i), 0);
+  dmem_stats_t s = stats_of(w.rt); /* polls: finished copies give their staging back */
+  CHECK_GT(s.disk_to_device_count, 0);
+  dmem__hostpool_stats_t ps;
+  dmem__hostpool_stats(w.rt->hostpool, &ps);
+  fprintf(stderr, "pool %zu held, %zu free, host tier %zu\n", ps.reserved, ps.free, (size_t)s.host_used);
+  fprintf(stderr, "locks %ld, moves %ld, disk->device %llu\n", atomic_load(&w.locks),
+          atomic_load(&w.moves), (unsigned long long)s.disk_to_device_count);
+  dmem_runtime_destroy(w.rt);
+  rm_tree(parent);
+}
