@@ -34,9 +34,10 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
  * made to wait for it (not in DMEM__RETRIEVE_PREFETCH mode: dmem_prefetch
  * orders the caller's stream once after the whole batch). `from` is the
  * deferred state; the lock (if locking) was taken with TRANSIT and is
- * dropped again on failure. A tier with load_device (the disk) enqueues
- * the copies itself as its pieces arrive; the others load into pinned
- * memory at b->host, copied in one go. */
+ * dropped again on failure. A tier with load_device (the disk, unless its
+ * pool is too tight to pipeline: dmem__disk_pipelined) enqueues the copies
+ * itself as its pieces arrive; the others load into pinned memory at
+ * b->host, copied in one go. */
 static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                unsigned from, void *stream, dmem__retrieve_mode_t mode) {
   const bool locking = mode == DMEM__RETRIEVE_LOCK;
@@ -53,7 +54,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                        : NULL;
   dmem_status_t st = dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
   bool piped = false;
-  if (st == DMEM_OK && tier->load_device) {
+  if (st == DMEM_OK && tier->load_device && dmem__disk_pipelined(rt)) {
     /* pipelined: the tier enqueues the copies on cs itself, piece by piece
      * (after the wait for the spill copy) */
     if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));

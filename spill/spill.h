@@ -79,6 +79,15 @@ void dmem__disk_stage_fini(dmem_runtime_t *rt);
  * whose copy is complete, or (wait) all of them after their copies. Slots
  * a read holds now stay. */
 void dmem__disk_stage_trim(dmem_runtime_t *rt, bool wait);
+/* Whether retrieves from disk read through the staging slots, pipelined
+ * (tier_disk.c): always without host_limit; with it, only when the pool's
+ * staging allowance holds DMEM__DISK_PIPE_MIN_SLOTS slots twice over. A
+ * tighter pool reads each buffer into staging of its own size, freed once
+ * its copy is done: slots held between retrieves took the room that spills
+ * needed (gpu.kernels.kernels_through_spill_cycles_4_streams, a 64 MiB host
+ * limit, failed with DMEM_ERR_HOST_OUT_OF_MEMORY on the H200). */
+#define DMEM__DISK_PIPE_MIN_SLOTS 8u
+bool dmem__disk_pipelined(const dmem_runtime_t *rt);
 
 /* ---- the disk tier's file (disk.c) ---------------------------------------------- */
 

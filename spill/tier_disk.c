@@ -60,11 +60,17 @@ struct dmem__disk_stage {
   unsigned max;             /* most slots in existence (set at creation) */
 };
 
+bool dmem__disk_pipelined(const dmem_runtime_t *rt) {
+  return !rt->host_limit ||
+         rt->host_staging >= 2 * (size_t)DMEM__DISK_PIPE_MIN_SLOTS * DMEM__DISK_CHUNK;
+}
+
 /* At most DISK_SLOTS_MAX slots; under host_limit, at most half the pinned
- * bytes the pool keeps for staging past the host tier's cap (at least
- * one): the slots must not take the room that spills' staging needs (with
- * a 64 MiB host limit, 10 slots of 8 MiB beside a full host tier left no
- * 4 MiB block for a spill, and locks failed). */
+ * bytes the pool keeps for staging past the host tier's cap: the slots
+ * must not take the room that spills' staging needs (with a 64 MiB host
+ * limit, 10 slots of 8 MiB beside a full host tier left no 4 MiB block for
+ * a spill, and locks failed; such a pool does not pipeline at all,
+ * dmem__disk_pipelined). */
 static dmem_status_t stage_create(dmem_runtime_t *rt, struct dmem__disk_stage **out) {
   struct dmem__disk_stage *g = calloc(1, sizeof *g);
   if (!g) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "disk tier staging record");
