@@ -235,10 +235,13 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
 void dmem__staging_push(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
 /* The same for v[0..n), under one acquisition of the staging mutex. */
 void dmem__staging_push_n(dmem_runtime_t *rt, const dmem__reg_entry_t *v, size_t n);
-/* Pinned staging of size bytes for a spill. When the pinned pool is at its
- * limit, the staging of finished (and finishing) unspill copies is
+/* Staging of size bytes for a spill or a disk load. When the pinned pool
+ * has no room, the staging of finished (and finishing) unspill copies is
  * recycled first and the allocation tried once more (retrieve.c does the
- * same around a tier's load). DMEM_ERR_HOST_OUT_OF_MEMORY. */
+ * same around a tier's load); if the pool holds its limit even then, the
+ * staging is pageable memory (slower, synchronous copies) rather than a
+ * failed move. DMEM_ERR_HOST_OUT_OF_MEMORY: the backend could not pin (or
+ * no pageable memory either). */
 dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_out);
 /* Finish the copies that completed (wait_all: wait for all of them), and
  * give the disk tier's idle read staging back (dmem__disk_stage_trim). */

@@ -353,6 +353,10 @@ static dmem_status_t disk_load(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   void *stage = NULL;
   dmem_status_t st = dmem__disk_get(rt, &disk);
   if (st == DMEM_OK) st = dmem__hostpool_alloc(rt->hostpool, size, &stage);
+  /* the pool holds its limit (host_limit): pageable staging rather than a
+   * failed retrieve (as dmem__staging_alloc does for spills) */
+  if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && dmem__hostpool_at_limit(rt->hostpool))
+    st = dmem__hostpool_alloc_pageable(rt->hostpool, size, &stage);
   if (st == DMEM_OK) st = dmem__disk_read(disk, b->disk_off, stage, size);
   if (st != DMEM_OK) {
     dmem__hostpool_free(rt->hostpool, stage);

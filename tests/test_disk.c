@@ -1103,3 +1103,38 @@ TEST_CASE(disk_reads_leave_staging_room_under_a_tight_host_limit) {
   dmem_runtime_destroy(w.rt);
   rm_tree(parent);
 }
+
+/* A pinned pool that holds its limit with nothing to recycle (here: every
+ * free byte taken from outside) does not fail moves: spills and disk loads
+ * stage in pageable memory, and every byte comes back. */
+TEST_CASE(moves_stage_in_pageable_memory_when_the_pool_holds_its_limit) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  const size_t B = 1 * MiB;
+  dmem_runtime_t *rt = runtime_with(8 * B, 4 * B, parent); /* pool: 6 + 64 MiB */
+  dmem_handle_t h[3];
+  for (int i = 0; i < 3; i++) {
+    REQUIRE_OK(dmem_alloc(rt, B, 0, &h[i]));
+    check_put(rt, h[i], B, 300 + (uint64_t)i);
+  }
+  /* take every pinned byte the pool may hold */
+  enum { MAXB = 256 };
+  static void *taken[MAXB];
+  int nt = 0;
+  while (nt < MAXB && dmem__hostpool_alloc(rt->hostpool, 512 * KiB, &taken[nt]) == DMEM_OK) nt++;
+  REQUIRE_TRUE(nt < MAXB);
+  REQUIRE_TRUE(dmem__hostpool_at_limit(rt->hostpool));
+  dmem_stats_t s0 = stats_of(rt);
+  CHECK_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_DISK));
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_DISK);
+  for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], B, 300 + (uint64_t)i), 0);
+  dmem_stats_t s1 = stats_of(rt);
+  CHECK_GE(s1.host_pageable_allocs - s0.host_pageable_allocs, 3); /* 2 spills, 1 disk load */
+  for (int i = 0; i < nt; i++) dmem__hostpool_free(rt->hostpool, taken[i]);
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_UEQ(stats_of(rt).host_pageable_used, 0);
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}

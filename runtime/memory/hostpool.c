@@ -629,6 +629,23 @@ dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *p, size_t keep, size_t *rele
   return DMEM_OK;
 }
 
+dmem_status_t dmem__hostpool_alloc_pageable(dmem__hostpool_t *p, size_t size, void **ptr_out) {
+  if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
+  size_t align;
+  (void)block_need(size, &align);
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  if (pageable_alloc(p, size, align, ptr_out)) return DMEM_OK; /* mu dropped */
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "no pageable memory for %zu bytes", size);
+}
+
+bool dmem__hostpool_at_limit(dmem__hostpool_t *p) {
+  dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  bool at = p->limit && p->reserved >= p->limit;
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+  return at;
+}
+
 void dmem__hostpool_set_pageable_only(dmem__hostpool_t *p, bool on) {
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   p->pageable_only = on;
