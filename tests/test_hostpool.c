@@ -179,6 +179,15 @@ static void *first_alloc_main(void *arg) {
   return NULL;
 }
 
+/* Wait (at most 5 s) until a thread is inside slow_host_alloc; 1 if so. */
+static int wait_in_slow_alloc(void) {
+  for (int i = 0; i < 5000 && !atomic_load(&slow_in_alloc); i++) {
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return atomic_load(&slow_in_alloc);
+}
+
 TEST_CASE(pageable_fallback_while_the_pool_pins) {
   dmem__backend_t be = fake_backend();
   be.host_alloc = slow_host_alloc;
@@ -190,11 +199,7 @@ TEST_CASE(pageable_fallback_while_the_pool_pins) {
   grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT};
   pthread_t th;
   REQUIRE_EQ(pthread_create(&th, NULL, first_alloc_main, &g), 0);
-  for (int i = 0; i < 5000 && !atomic_load(&slow_in_alloc); i++) {
-    struct timespec ts = {0, 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  REQUIRE_EQ(atomic_load(&slow_in_alloc), 1);
+  REQUIRE_EQ(wait_in_slow_alloc(), 1);
   void *c = NULL, *d = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)2 << 20, &c), DMEM_OK); /* no room: pageable */
   REQUIRE_EQ(dmem__hostpool_alloc(p, 1000, &d), DMEM_OK);
@@ -618,11 +623,7 @@ TEST_CASE(large_blocks_wait_for_the_pinning) {
   grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT}; /* pins the first chunk */
   pthread_t th;
   REQUIRE_EQ(pthread_create(&th, NULL, first_alloc_main, &g), 0);
-  for (int i = 0; i < 5000 && !atomic_load(&slow_in_alloc); i++) {
-    struct timespec ts = {0, 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  REQUIRE_EQ(atomic_load(&slow_in_alloc), 1);
+  REQUIRE_EQ(wait_in_slow_alloc(), 1);
   void *small = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)512 << 10, &small), DMEM_OK); /* pageable */
   grower_t big = {p, NULL, DMEM_ERR_INVALID_ARGUMENT};
