@@ -304,13 +304,13 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
 /* The size of the next chunk for a block of `need` bytes: geometric (half
  * of what is held), at least the backend's minimum, at most 1 GiB unless
  * the block needs more, rounded to hold a whole number (2 to 16) of the
- * last large block (and the first one's page front), never past the limit. 0 when the
- * limit leaves no room for `need`. Under mu. */
+ * last large block (and the first one's page front), never past the
+ * limit. 0 when the limit leaves no room for `need`. Under mu. */
 static size_t next_chunk(const dmem__hostpool_t *p, size_t need) {
   size_t c = p->reserved / 2;
   if (c < p->min_chunk) c = p->min_chunk;
   if (c > DMEM__HOSTPOOL_MAX_CHUNK) c = DMEM__HOSTPOOL_MAX_CHUNK;
-  if (c < need) c = need;
+  if (c < need) c = round_up(need, (size_t)2 << 20);
   size_t unit = p->last_need;
   if (unit >= POOL_PAGE_MIN && unit <= c / 2 && unit > c / 16)
     c = round_up((c + unit - 1) / unit * unit + POOL_PAGE, (size_t)2 << 20);
