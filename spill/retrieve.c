@@ -72,7 +72,8 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     else if (st != DMEM_OK) goto rollback; /* dev goes back ordered after the copies */
   }
   if (!piped) {
-    if (st == DMEM_OK) st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
+    if (st != DMEM_OK) goto rollback; /* no device range: nothing to load into */
+    st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
     if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && !tier->adopts_staging) {
       /* no pinned staging: recycle that of finished unspill copies, again */
       dmem__staging_poll(rt, true);
