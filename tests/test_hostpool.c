@@ -12,7 +12,8 @@ static dmem_status_t fake_host_alloc(dmem__backend_t *be, size_t size, void **pt
   if (fake_fail)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
                        "fake pinned allocator: no pages left for %zu bytes", size);
-  *ptr_out = aligned_alloc(256, (size + 255) / 256 * 256); /* as pinned memory is */
+  /* page-aligned, as pinned memory is (cudaMallocHost, mmap) */
+  *ptr_out = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   return *ptr_out ? DMEM_OK : DMEM_ERR_HOST_OUT_OF_MEMORY;
 }
 static dmem_status_t fake_host_free(dmem__backend_t *be, void *ptr) {
