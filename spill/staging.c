@@ -44,14 +44,12 @@ dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_
    * another mover (this caller included) holds are skipped, so this waits
    * only for copies already enqueued. */
   dmem__staging_poll(rt, true);
-  st = dmem__hostpool_alloc(rt->hostpool, size, stage_out);
-  if (st != DMEM_ERR_HOST_OUT_OF_MEMORY || !dmem__hostpool_at_limit(rt->hostpool)) return st;
   /* Still none, and the pool holds its limit (host_limit): the host tier at
    * its cap and the other moves' staging in flight. Rather than fail the
    * move (and the lock waiting for it), stage it in pageable memory: the
    * copy is slower and synchronous, and the block is freed with the others
-   * (the pool's pageable fallback; host_pageable_used counts it). */
-  return dmem__hostpool_alloc_pageable(rt->hostpool, size, stage_out);
+   * (host_pageable_used counts it). */
+  return dmem__hostpool_alloc_staging(rt->hostpool, size, stage_out);
 }
 
 void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all) {

@@ -77,7 +77,7 @@ static dmem_status_t stage_create(dmem_runtime_t *rt, struct dmem__disk_stage **
   g->max = DISK_SLOTS_MAX;
   if (rt->host_limit) {
     size_t m = rt->host_staging / (2 * DMEM__DISK_CHUNK);
-    if (m < 1) m = 1;
+    if (m < 1) m = 1; /* never 0, though a pool this tight does not pipeline */
     if (m < g->max) g->max = (unsigned)m;
   }
   pthread_mutex_init(&g->mu, NULL);
@@ -352,11 +352,8 @@ static dmem_status_t disk_load(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   dmem__disk_t *disk;
   void *stage = NULL;
   dmem_status_t st = dmem__disk_get(rt, &disk);
-  if (st == DMEM_OK) st = dmem__hostpool_alloc(rt->hostpool, size, &stage);
-  /* the pool holds its limit (host_limit): pageable staging rather than a
-   * failed retrieve (as dmem__staging_alloc does for spills) */
-  if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && dmem__hostpool_at_limit(rt->hostpool))
-    st = dmem__hostpool_alloc_pageable(rt->hostpool, size, &stage);
+  /* at the pool's limit: pageable staging rather than a failed retrieve */
+  if (st == DMEM_OK) st = dmem__hostpool_alloc_staging(rt->hostpool, size, &stage);
   if (st == DMEM_OK) st = dmem__disk_read(disk, b->disk_off, stage, size);
   if (st != DMEM_OK) {
     dmem__hostpool_free(rt->hostpool, stage);

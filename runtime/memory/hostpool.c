@@ -629,11 +629,16 @@ dmem_status_t dmem__hostpool_trim(dmem__hostpool_t *p, size_t keep, size_t *rele
   return DMEM_OK;
 }
 
-dmem_status_t dmem__hostpool_alloc_pageable(dmem__hostpool_t *p, size_t size, void **ptr_out) {
-  if (size > SIZE_MAX / 2) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host block too large");
+dmem_status_t dmem__hostpool_alloc_staging(dmem__hostpool_t *p, size_t size, void **ptr_out) {
+  dmem_status_t st = dmem__hostpool_alloc(p, size, ptr_out);
+  if (st != DMEM_ERR_HOST_OUT_OF_MEMORY || size > SIZE_MAX / 2) return st;
   size_t align;
   (void)block_need(size, &align);
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
+  if (!p->limit || p->reserved < p->limit) { /* the backend refused: that error stands */
+    dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
+    return st;
+  }
   if (pageable_alloc(p, size, align, ptr_out)) return DMEM_OK; /* mu dropped */
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
   return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "no pageable memory for %zu bytes", size);

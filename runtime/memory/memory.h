@@ -139,11 +139,13 @@ dmem_status_t dmem__hostpool_alloc(dmem__hostpool_t *pool, size_t size, void **p
 dmem_status_t dmem__hostpool_alloc_n(dmem__hostpool_t *pool, const size_t *sizes, size_t n,
                                      void **ptrs_out);
 void dmem__hostpool_free(dmem__hostpool_t *pool, void *ptr);
-/* A pageable block (as the fallback's: marked in its header, freed with
- * dmem__hostpool_free, counted in the pageable stats, outside the limit),
- * whatever the pool holds: transient staging when the pool is at its limit.
- * DMEM_ERR_HOST_OUT_OF_MEMORY. */
-dmem_status_t dmem__hostpool_alloc_pageable(dmem__hostpool_t *pool, size_t size, void **ptr_out);
+/* Staging: a block as dmem__hostpool_alloc gives it, or, when no chunk
+ * holds it and the pool holds its limit, a pageable block (as the
+ * fallback's: marked in its header, freed with dmem__hostpool_free,
+ * counted in the pageable stats, outside the limit) rather than a failed
+ * move. DMEM_ERR_HOST_OUT_OF_MEMORY: the backend could not pin (not at the
+ * limit), or no pageable memory either. */
+dmem_status_t dmem__hostpool_alloc_staging(dmem__hostpool_t *pool, size_t size, void **ptr_out);
 /* Whether the pool's chunks hold its limit (a limit is set and reached). */
 bool dmem__hostpool_at_limit(dmem__hostpool_t *pool);
 /* Whether a block from the pool is pageable memory (the fallback taken
