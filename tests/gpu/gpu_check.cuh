@@ -293,6 +293,28 @@ static inline void gpu_poison_free_memory(size_t bytes) {
   CUDA_DIE(cudaFree(p));
 }
 
+/* A buffer freed while a background move holds it (the I/O threads' push-down
+ * to disk, the spill-ahead thread) is reclaimed when that move ends
+ * (include/dmem/buffer.h, dmem_free). After the last free, wait up to
+ * `seconds` for the runtime to hold no buffer, and give the stats then: a
+ * buffer that is never reclaimed still fails the caller's checks. */
+static inline dmem_stats_t gpu_stats_once_reclaimed(dmem_runtime_t *rt, double seconds) {
+  dmem_stats_t st;
+  double t0 = gpu_now();
+  for (;;) {
+    DMEM_DIE(dmem_runtime_poll(rt));
+    DMEM_DIE(dmem_stats(rt, &st));
+    if (st.buffer_count == 0 || gpu_now() - t0 > seconds) break;
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  double waited = gpu_now() - t0;
+  if (waited > 0.001)
+    fprintf(stderr, "%llu buffers left %.3f s after the last free\n",
+            (unsigned long long)st.buffer_count, waited);
+  return st;
+}
+
 /* ---- host-side verification -------------------------------------------------- */
 
 /* Lock h on s (retrieving it if deferred), copy it to the pinned host
