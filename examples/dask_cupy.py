@@ -171,8 +171,12 @@ def run(kind, args):
         out["peak_worker_rss"] = max(worker_peak_rss(client).values())
         out["dmem"] = worker_dmem(client)
         if pcie0 and pcie1:
-            out["pcie_tx_bytes"] = pcie1[0] - pcie0[0]
-            out["pcie_rx_bytes"] = pcie1[1] - pcie0[1]
+            # NVML's counters are narrower than the bytes a run moves and
+            # wrap (seen on the lent H200s): a negative difference says so,
+            # and no difference says how often they wrapped
+            tx, rx = pcie1[0] - pcie0[0], pcie1[1] - pcie0[1]
+            out["pcie_tx_bytes"] = tx if tx >= 0 and rx >= 0 else None
+            out["pcie_rx_bytes"] = rx if tx >= 0 and rx >= 0 else None
         del x, y
     return out
 
