@@ -81,9 +81,39 @@ def worker_dmem(client):
                                   "host_pool_reserved", "host_pool_grows",
                                   "host_pool_background_grows", "host_pageable_used",
                                   "host_pageable_allocs")} | {
-            "adopted": d.counts["adopted"], "copied": d.counts["copied"]}
+            "adopted": d.counts["adopted"], "copied": d.counts["copied"],
+            "sent_shared": _shared()["sent"], "received_shared": _shared()["received"]}
 
     return client.run(get)
+
+
+def _shared():
+    from dmem.dask import serialize
+
+    return serialize.shared
+
+
+def worker_transfers(client):
+    """Bytes each worker fetched from the others, and the seconds during
+    which at least one such fetch was in flight (distributed's
+    transfer_incoming_log, summed over the workers)."""
+    def get(dask_worker):
+        log = list(dask_worker.transfer_incoming_log)
+        spans = sorted((e["start"], e["stop"]) for e in log)
+        busy, end = 0.0, None
+        for a, b in spans:
+            if end is None or a > end:
+                busy += b - a
+                end = b
+            elif b > end:
+                busy += b - end
+                end = b
+        return {"bytes": sum(e["total"] for e in log), "count": len(log), "busy_s": busy}
+
+    per = client.run(get)
+    return {"bytes": sum(v["bytes"] for v in per.values()),
+            "count": sum(v["count"] for v in per.values()),
+            "busy_s": max((v["busy_s"] for v in per.values()), default=0.0)}
 
 
 def pcie_bytes():
@@ -170,6 +200,7 @@ def run(kind, args):
         out["sum"] = total
         out["peak_worker_rss"] = max(worker_peak_rss(client).values())
         out["dmem"] = worker_dmem(client)
+        out["transfers"] = worker_transfers(client)
         if pcie0 and pcie1:
             # NVML's counters are narrower than the bytes a run moves and
             # wrap (seen on the lent H200s): a negative difference says so,
@@ -233,6 +264,12 @@ def main(argv=None):
               f"peak worker RSS dmem {d['peak_worker_rss'] / 2**30:.2f} GiB, "
               f"dask-cuda {c['peak_worker_rss'] / 2**30:.2f} GiB; cluster start dmem "
               f"{d['start_s']:.1f} s, dask-cuda {c['start_s']:.1f} s")
+        for r in (d, c):
+            t = r.get("transfers") or {}
+            if t.get("count"):
+                print(f"{r['cluster']}: {t['count']} fetches between workers, "
+                      f"{t['bytes'] / 1e9:.2f} GB, in flight {t['busy_s']:.2f} s "
+                      f"(busiest worker)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
