@@ -82,7 +82,6 @@ def worker_dmem(client):
                                   "host_pool_background_grows", "host_pageable_used",
                                   "host_pageable_allocs")} | {
             "adopted": d.counts["adopted"], "copied": d.counts["copied"],
-            "sent_shared": _ser().shared["sent"], "received_shared": _ser().shared["received"],
             **{k: round(v, 3) for k, v in _ser().timing.items()}}
 
     return client.run(get)

@@ -29,9 +29,7 @@ __all__ = ["DmemWorkerData", "DmemValue"]
 logger = logging.getLogger("dmem.dask")
 
 # Set while the worker answers get_data (dmem.dask.plugin): __getitem__ then
-# gives a DmemValue, whose serializers read the bytes where they are. The
-# value is the asking worker's address (get_data's `who`), or True for a
-# client or the scheduler (which may forward the message unread).
+# gives a DmemValue, whose serializers read the bytes where they are.
 for_transfer = contextvars.ContextVar("dmem_dask_for_transfer", default=False)
 
 # The mapping of this process (the last one made), for statistics and tests.
@@ -54,16 +52,13 @@ def current():
 
 class DmemValue:
     """A stored device value on its way to another process: serializing it
-    reads each array's bytes from the tier it is in, without unspilling.
-    ``to_worker`` is the address of the worker that asked for it, if a
-    worker did (it reads the message at once: see dmem.dask.serialize)."""
+    reads each array's bytes from the tier it is in, without unspilling."""
 
-    __slots__ = ("tree", "device", "to_worker", "__weakref__")
+    __slots__ = ("tree", "device", "__weakref__")
 
-    def __init__(self, tree, device, to_worker=None):
+    def __init__(self, tree, device):
         self.tree = tree
         self.device = device  # rebuild as device arrays on the receiver
-        self.to_worker = to_worker
 
     def __reduce__(self):
         frames = [_arrays.peek(leaf) for leaf in _arrays.leaves_of(self.tree)]
@@ -238,11 +233,9 @@ class DmemWorkerData(MutableMapping):
                 self._lru.move_to_end(key)
         if entry is None:
             return self.host[key]
-        to = for_transfer.get()
-        if to:
+        if for_transfer.get():
             self.counts["sent"] += 1
-            return DmemValue(entry.tree, self.runtime.backend == "cuda",
-                             to if isinstance(to, str) else None)
+            return DmemValue(entry.tree, self.runtime.backend == "cuda")
         if key in self._cold:  # a task needs it after all (a new graph)
             self._set_priority(key, entry, 0)
         return _arrays.unpack(entry.tree, self._stream())

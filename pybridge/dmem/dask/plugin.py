@@ -64,10 +64,7 @@ class DmemWorkerPlugin(WorkerPlugin):
 
             @functools.wraps(handler)  # the same signature: the server reads it
             async def get_data(*args, **kwargs):
-                # a worker's request names it (`who`): it reads the
-                # message before it acknowledges it
-                who = kwargs.get("who")
-                token = for_transfer.set(who if isinstance(who, str) and who else True)
+                token = for_transfer.set(True)
                 try:
                     return await handler(*args, **kwargs)
                 finally:
