@@ -63,8 +63,7 @@ def _dask_deserialize(header, frames):
 
 def _count_tiers(leaves):
     for leaf in leaves:
-        if leaf.kind != "numpy":
-            timing["from_" + leaf.buf.state] += 1
+        timing["from_" + leaf.buf.state] += 1
 
 
 @cuda_serialize.register(DmemValue)
