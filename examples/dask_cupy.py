@@ -94,9 +94,9 @@ def _ser():
 
 
 def worker_transfers(client):
-    """Bytes each worker fetched from the others, and the seconds during
-    which at least one such fetch was in flight (distributed's
-    transfer_incoming_log, summed over the workers)."""
+    """What the workers fetched from each other (distributed's
+    transfer_incoming_log): fetches and bytes summed over the workers, and
+    the busiest worker's seconds with at least one fetch in flight."""
     def get(dask_worker):
         log = list(dask_worker.transfer_incoming_log)
         spans = sorted((e["start"], e["stop"]) for e in log)
