@@ -903,6 +903,24 @@ static uint64_t next_rand(uint64_t *x) {
   return *x;
 }
 
+/* One explicit move of h picked at random: to host, to disk or back (no
+ * lock). BUSY (locked or moving), INVALID_ARGUMENT (disk -> host is no move)
+ * and `also_ok` are expected; any other failure is printed and counted. */
+static void random_move(dmem_runtime_t *rt, dmem_handle_t h, uint64_t *x, dmem_status_t also_ok,
+                        atomic_long *moves, atomic_long *errors) {
+  dmem_status_t st;
+  switch (next_rand(x) % 3) {
+    case 0: st = dmem_spill(rt, h, DMEM_TIER_HOST); break;
+    case 1: st = dmem_spill(rt, h, DMEM_TIER_DISK); break;
+    default: st = dmem_unspill(rt, h, NULL); break;
+  }
+  if (st == DMEM_OK) atomic_fetch_add(moves, 1);
+  else if (st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT && st != also_ok) {
+    fprintf(stderr, "move: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+    atomic_fetch_add(errors, 1);
+  }
+}
+
 /* lock a random buffer (from any tier), check it, write a new pattern */
 static void *race_worker(void *arg) {
   race_arg_t *a = arg;
@@ -941,18 +959,7 @@ static void *race_mover(void *arg) {
   uint64_t x = 0xD1B54A32D192ED03ull;
   while (!atomic_load(&r->stop)) {
     unsigned i = (unsigned)(next_rand(&x) % RACE_N);
-    dmem_status_t st;
-    switch (next_rand(&x) % 3) {
-      case 0: st = dmem_spill(r->rt, r->h[i], DMEM_TIER_HOST); break;
-      case 1: st = dmem_spill(r->rt, r->h[i], DMEM_TIER_DISK); break;
-      default: st = dmem_unspill(r->rt, r->h[i], NULL); break;
-    }
-    /* BUSY: locked or moving; INVALID_ARGUMENT: disk -> host is no move */
-    if (st == DMEM_OK) atomic_fetch_add(&r->moves, 1);
-    else if (st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT) {
-      fprintf(stderr, "move: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
-      atomic_fetch_add(&r->errors, 1);
-    }
+    random_move(r->rt, r->h[i], &x, DMEM_ERR_BUSY, &r->moves, &r->errors);
   }
   return NULL;
 }
@@ -1020,7 +1027,7 @@ typedef struct tight {
   dmem_runtime_t *rt;
   dmem_handle_t h[TIGHT_NB];
   _Atomic int stop;
-  _Atomic long errors, locks, moves;
+  atomic_long errors, locks, moves;
 } tight_t;
 
 typedef struct tight_arg {
@@ -1052,19 +1059,9 @@ static void *tight_mover(void *arg) {
   tight_t *w = ((tight_arg_t *)arg)->w;
   uint64_t x = 88172645463325252ull;
   while (!atomic_load(&w->stop)) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    dmem_handle_t h = w->h[x % TIGHT_NB];
-    dmem_status_t st = (x >> 8) % 3 == 0   ? dmem_spill(w->rt, h, DMEM_TIER_HOST)
-                       : (x >> 8) % 3 == 1 ? dmem_spill(w->rt, h, DMEM_TIER_DISK)
-                                           : dmem_unspill(w->rt, h, NULL);
-    if (st == DMEM_OK) atomic_fetch_add(&w->moves, 1);
-    else if (st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT &&
-             st != DMEM_ERR_OUT_OF_MEMORY) {
-      fprintf(stderr, "move: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
-      atomic_fetch_add(&w->errors, 1);
-    }
+    dmem_handle_t h = w->h[next_rand(&x) % TIGHT_NB];
+    /* an unspill may find no device room: every buffer locked or moving */
+    random_move(w->rt, h, &x, DMEM_ERR_OUT_OF_MEMORY, &w->moves, &w->errors);
   }
   return NULL;
 }
