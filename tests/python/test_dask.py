@@ -297,6 +297,72 @@ def test_serialize_sends_spilled_bytes_without_unspilling(d):
     np.testing.assert_array_equal(d["copy"][1]["y"], chunk(2))
 
 
+class _Comm:
+    def __init__(self, local, peer):
+        self.local_address = local
+        self.peer_address = peer
+
+
+def test_ipc_only_between_workers_of_one_host():
+    from dmem.dask.ipc import same_host
+
+    w = "tcp://127.0.0.1:40001"
+    assert same_host(_Comm("tcp://127.0.0.1:40000", "tcp://127.0.0.1:51234"), w)
+    assert same_host(_Comm("tls://10.0.0.5:1", "tls://10.0.0.5:2"), "tls://10.0.0.5:3")
+    assert not same_host(_Comm("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"), None)  # a client
+    assert not same_host(None, w)
+    assert not same_host(_Comm("tcp://10.0.0.5:1", "tcp://10.0.0.6:2"), "tcp://10.0.0.6:3")
+    assert not same_host(_Comm("tcp://10.0.0.5:1", "tcp://10.0.0.5:2"), "tcp://10.0.0.6:3")
+    assert not same_host(_Comm("inproc://a/1/2", "inproc://a/1/3"), "inproc://a/1/4")
+    assert not same_host(_Comm("ucx://10.0.0.5:1", "ucx://10.0.0.5:2"), "ucx://10.0.0.5:3")
+    assert not same_host(_Comm("garbage", "tcp://127.0.0.1:2"), w)
+
+
+def test_ipc_option_and_transfer(d, monkeypatch):
+    from dmem.dask.ipc import Transfer, enabled_by_default
+    from dmem.dask.plugin import DmemWorkerPlugin
+
+    monkeypatch.delenv("DMEM_DASK_IPC", raising=False)
+    assert enabled_by_default() is True
+    for v, want in (("0", False), ("off", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("DMEM_DASK_IPC", v)
+        assert enabled_by_default() is want
+    monkeypatch.setenv("DMEM_DASK_IPC", "maybe")
+    with pytest.raises(ValueError, match="DMEM_DASK_IPC"):
+        enabled_by_default()
+    with pytest.raises(TypeError, match="ipc"):
+        DmemWorkerPlugin(ipc="yes")
+    p = pickle.loads(pickle.dumps(DmemWorkerPlugin(ipc=False)))
+    assert p.ipc is False
+    # the host backend has no CUDA IPC, whatever the connection
+    comm = _Comm("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+    assert not Transfer.for_call(d.runtime, True, comm, "tcp://127.0.0.1:3").ipc
+    # a Transfer that allows IPC still sends host arrays as bytes
+    d["k"] = (chunk(4), "meta")
+    t = Transfer(ipc=True)
+    token = ddata.for_transfer.set(t)
+    try:
+        v = d["k"]
+    finally:
+        ddata.for_transfer.reset(token)
+    assert v.transfer is t
+    sent = dser.timing["ipc_sent"]
+    header, frames = serialize(v, serializers=("dask",))
+    assert "ipc" not in header and dser.timing["ipc_sent"] == sent and t.held == 0
+    got = deserialize(header, frames)
+    np.testing.assert_array_equal(got[0], chunk(4))
+    # held arrays are dropped by release, and only then
+    a = d["k"][0]
+    t.hold(a)
+    buf = d._dev["k"].leaves[0].buf
+    del a
+    gc.collect()
+    assert buf.exposed and t.held == 1
+    t.release()
+    gc.collect()
+    assert not buf.exposed and t.held == 0
+
+
 def test_leaves_never_pickle(d):
     d["k"] = chunk(1)
     with pytest.raises(TypeError):

@@ -160,3 +160,104 @@ def test_local_cluster_3x_the_device_limit_example():
         env=env(), capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "dask_cupy: OK" in r.stdout
+
+
+def test_ipc_handle_is_opened_by_another_process_and_held_until_release(tmp_path):
+    """A resident array goes as a CUDA IPC handle, locked until the Transfer
+    is released; a spilled one in the same value as bytes. Another process
+    opens the handle and gets the exact bytes; this one may not."""
+    path = str(tmp_path / "msg.pkl")
+    child = COMMON + f"""
+import pickle, dmem.dask
+from dmem.dask import serialize as dser
+h, f = pickle.load(open({path!r}, "rb"))
+got = deserialize(h, f)
+assert isinstance(got[0], cupy.ndarray) and isinstance(got[1], cupy.ndarray)
+print("equal", bool((got[0] == chunk(1)).all()), bool((got[1] == chunk(2)).all()), got[2])
+print("received", dser.timing["ipc_received"], dser.timing["ipc_received_bytes"])
+"""
+    out = run(COMMON + f"""
+import pickle, subprocess, sys
+from dmem.dask import serialize as dser
+from dmem.dask.ipc import Transfer
+rt = dmem.Runtime(backend="cuda", device_limit=64 * MiB, spill_dir={str(tmp_path)!r})
+d = DmemWorkerData(runtime=rt, worker_local_directory={str(tmp_path)!r})
+d["k"] = (chunk(1), chunk(2), "meta")
+b1, b2 = (leaf.buf for leaf in d._dev["k"].leaves)
+b2.spill("host")
+t = Transfer(ipc=True)
+tok = ddata.for_transfer.set(t); v = d["k"]; ddata.for_transfer.reset(tok)
+h, f = serialize(v, serializers=("dask",))
+assert h["ipc"][0] is not None and h["ipc"][1] is None, h["ipc"]
+assert len(f[0]) == 0 and len(f[1]) == 8 * MiB
+assert dser.timing["ipc_sent"] == 1 and b1.exposed and t.held == 1
+assert b2.state == "deferred_host"           # sent from the host tier
+try:
+    deserialize(h, f)
+    raise AssertionError("opened its own handle")
+except RuntimeError as e:
+    assert "came back" in str(e), e
+pickle.dump((h, [bytes(x) for x in f]), open({path!r}, "wb"))
+r = subprocess.run([sys.executable, "-c", {child!r}], capture_output=True, text=True,
+                   timeout=120)
+print(r.stdout, r.stderr[-3000:])
+assert r.returncode == 0
+del v, h, f
+gc.collect()
+assert b1.exposed                            # until the receiver said OK
+t.release(); gc.collect()
+assert not b1.exposed
+b1.spill("host")                             # spillable again, bytes intact
+check_pair = d["k"]
+assert bool((check_pair[0] == chunk(1)).all()) and bool((check_pair[1] == chunk(2)).all())
+del check_pair
+d.close(); gc.collect(); rt.close()
+print("ok")
+""")
+    assert "equal True True meta" in out, out
+    assert f"received 1 {8 << 20}" in out, out
+    assert "ok" in out
+
+
+def test_two_workers_on_one_gpu_send_resident_arrays_by_ipc():
+    """dmem.dask.LocalCluster with two worker processes on GPU 0: a task on
+    one worker reads arrays made on the other, resident ones by IPC and
+    spilled ones as bytes, with exact results; the client gets bytes."""
+    out = run("""
+import numpy as np, dmem.dask
+from distributed import Client, wait
+from dmem.dask import LocalCluster
+
+def make(i):
+    import cupy
+    n = 1024
+    a = cupy.arange(n * n, dtype=cupy.float64).reshape(n, n)
+    return a * 0 + i + a % 97
+
+def total(*xs):
+    return float(sum(float(x.sum()) for x in xs))
+
+def counters():
+    from dmem.dask import serialize
+    return dict(serialize.timing)
+
+with LocalCluster(n_workers=2, devices=[0], device_memory_limit="96MB",
+                  threads_per_worker=1, dashboard_address=None) as cl, Client(cl) as c:
+    wa, wb = sorted(c.scheduler_info()["workers"])
+    parts = [c.submit(make, i, workers=[wa], pure=False) for i in range(20)]  # 160 MiB on A
+    wait(parts)
+    s = c.submit(total, *parts, workers=[wb]).result()
+    a = np.arange(1024 * 1024, dtype=np.float64).reshape(1024, 1024)
+    want = sum(float((a * 0 + i + a % 97).sum()) for i in range(20))
+    assert s == want, (s, want)
+    got = c.gather(parts[3])                 # the client: bytes
+    assert bool((got == make(3)).all())
+    k = c.run(counters)
+    print("A", {n: v for n, v in k[wa].items() if n.startswith(("ipc", "from"))})
+    print("B", {n: v for n, v in k[wb].items() if n.startswith(("ipc", "from"))})
+    assert k[wa]["ipc_sent"] >= 1 and k[wb]["ipc_received"] == k[wa]["ipc_sent"], k
+    assert k[wa]["from_deferred_host"] + k[wa].get("from_deferred_disk", 0) >= 1, k[wa]
+    assert k[wb]["ipc_received_bytes"] == k[wb]["ipc_received"] * 8 * (1 << 20)
+print("ok")
+""", timeout=300)
+    assert "ok" in out

@@ -59,7 +59,7 @@ def visible_devices(i, devices):
 
 
 def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
-                   host_target=None):
+                   host_target=None, ipc=None):
     """The Worker/Nanny keyword arguments that make a dmem worker."""
     data = {"backend": backend}
     if device_memory_limit is not None:
@@ -70,7 +70,7 @@ def worker_options(backend, device_memory_limit=None, host_memory_limit=None, sp
         data["spill_dir"] = os.fspath(spill_dir)
     if host_target is not None:
         data["host_target"] = host_target
-    return {"data": (DmemWorkerData, data), "plugins": {DmemWorkerPlugin()}}
+    return {"data": (DmemWorkerData, data), "plugins": {DmemWorkerPlugin(ipc=ipc)}}
 
 
 class LocalCluster(distributed.LocalCluster):
@@ -91,6 +91,9 @@ class LocalCluster(distributed.LocalCluster):
         ``"cuda"``, ``"host"`` or None (CUDA when a GPU is found).
     devices:
         GPU ordinals to use (default: every visible GPU).
+    ipc:
+        Send resident device arrays between the workers by CUDA IPC
+        (dmem.dask.ipc; None: the workers' ``DMEM_DASK_IPC``, default on).
     **kwargs:
         distributed.LocalCluster's (``threads_per_worker``, ``memory_limit``,
         ``dashboard_address``, ...). ``processes`` must stay True and
@@ -98,7 +101,8 @@ class LocalCluster(distributed.LocalCluster):
     """
 
     def __init__(self, n_workers=None, device_memory_limit=None, host_memory_limit=None,
-                 spill_dir=None, *, backend=None, devices=None, host_target=None, **kwargs):
+                 spill_dir=None, *, backend=None, devices=None, host_target=None, ipc=None,
+                 **kwargs):
         if kwargs.get("processes") is False:
             raise ValueError("dmem.dask.LocalCluster runs one worker process per GPU: "
                              "processes=False is not supported")
@@ -126,7 +130,7 @@ class LocalCluster(distributed.LocalCluster):
         self._devices = devices
         self._n_requested = n_workers
         options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,
-                                 host_target)
+                                 host_target, ipc)
         plugins = set(kwargs.pop("plugins", ())) | options["plugins"]
         super().__init__(n_workers=0, processes=True, worker_class=Nanny, data=options["data"],
                          plugins=plugins, **kwargs)

@@ -23,13 +23,15 @@ from collections.abc import MutableMapping
 import dmem
 
 from . import _arrays
+from .ipc import Transfer
 
 __all__ = ["DmemWorkerData", "DmemValue"]
 
 logger = logging.getLogger("dmem.dask")
 
 # Set while the worker answers get_data (dmem.dask.plugin): __getitem__ then
-# gives a DmemValue, whose serializers read the bytes where they are.
+# gives a DmemValue, whose serializers read the bytes where they are. The
+# value is that answer's dmem.dask.ipc.Transfer (or True: bytes only).
 for_transfer = contextvars.ContextVar("dmem_dask_for_transfer", default=False)
 
 # The mapping of this process (the last one made), for statistics and tests.
@@ -54,11 +56,13 @@ class DmemValue:
     """A stored device value on its way to another process: serializing it
     reads each array's bytes from the tier it is in, without unspilling."""
 
-    __slots__ = ("tree", "device", "__weakref__")
+    __slots__ = ("tree", "device", "transfer", "__weakref__")
 
-    def __init__(self, tree, device):
+    def __init__(self, tree, device, transfer=None):
         self.tree = tree
         self.device = device  # rebuild as device arrays on the receiver
+        # the get_data answer it belongs to (dmem.dask.ipc.Transfer), or None
+        self.transfer = transfer
 
     def __reduce__(self):
         frames = [_arrays.peek(leaf) for leaf in _arrays.leaves_of(self.tree)]
@@ -233,9 +237,11 @@ class DmemWorkerData(MutableMapping):
                 self._lru.move_to_end(key)
         if entry is None:
             return self.host[key]
-        if for_transfer.get():
+        transfer = for_transfer.get()
+        if transfer:
             self.counts["sent"] += 1
-            return DmemValue(entry.tree, self.runtime.backend == "cuda")
+            return DmemValue(entry.tree, self.runtime.backend == "cuda",
+                             transfer if isinstance(transfer, Transfer) else None)
         if key in self._cold:  # a task needs it after all (a new graph)
             self._set_priority(key, entry, 0)
         return _arrays.unpack(entry.tree, self._stream())

@@ -6,7 +6,9 @@
   ready queue (as many as the worker has threads), so that their copies
   back to the device overlap the running tasks.
 - Makes ``get_data`` (values asked for by other workers and clients) hand
-  out DmemValue objects, sent from where their bytes are.
+  out DmemValue objects, sent from where their bytes are; resident device
+  arrays asked for by another worker of the same machine go by CUDA IPC
+  (dmem.dask.ipc), locked until that worker has acknowledged them.
 - Reports dmem's device, host and disk bytes with every heartbeat
   (``Worker.metrics``: the scheduler's WorkerState.metrics and the
   dashboard's worker table).
@@ -20,6 +22,7 @@ import functools
 
 from distributed import WorkerPlugin
 
+from . import ipc as _ipc
 from .data import DmemWorkerData, for_transfer
 
 __all__ = ["DmemWorkerPlugin"]
@@ -41,13 +44,19 @@ METRICS = (
 class DmemWorkerPlugin(WorkerPlugin):
     name = "dmem"
 
-    def __init__(self, use_dmem_for_cupy=True, prefetch=True):
+    def __init__(self, use_dmem_for_cupy=True, prefetch=True, ipc=None):
+        """ipc: send resident device arrays to workers of the same machine by
+        CUDA IPC (True/False; None: the worker's DMEM_DASK_IPC, default 1)."""
+        if ipc not in (None, True, False):
+            raise TypeError(f"ipc must be True, False or None, not {ipc!r}")
         self.use_dmem_for_cupy = use_dmem_for_cupy
         self.prefetch = prefetch
+        self.ipc = ipc
         self._worker = None
 
     def __getstate__(self):  # sent to worker processes: without the worker
-        return {"use_dmem_for_cupy": self.use_dmem_for_cupy, "prefetch": self.prefetch}
+        return {"use_dmem_for_cupy": self.use_dmem_for_cupy, "prefetch": self.prefetch,
+                "ipc": self.ipc}
 
     def __setstate__(self, d):
         self.__init__(**d)
@@ -57,6 +66,7 @@ class DmemWorkerPlugin(WorkerPlugin):
         if not isinstance(data, DmemWorkerData):
             raise TypeError("DmemWorkerPlugin needs a worker whose data is a DmemWorkerData, "
                             f"not {type(data).__name__}")
+        ipc = _ipc.enabled_by_default() if self.ipc is None else self.ipc
         data.attach(worker)
         self._worker = worker
         handler = worker.handlers["get_data"]
@@ -64,11 +74,16 @@ class DmemWorkerPlugin(WorkerPlugin):
 
             @functools.wraps(handler)  # the same signature: the server reads it
             async def get_data(*args, **kwargs):
-                token = for_transfer.set(True)
+                comm = args[0] if args else kwargs.get("comm")
+                transfer = _ipc.Transfer.for_call(data.runtime, ipc, comm, kwargs.get("who"))
+                token = for_transfer.set(transfer)
                 try:
+                    # returns once the asking worker has read (and, for IPC,
+                    # copied) the values and answered "OK"
                     return await handler(*args, **kwargs)
                 finally:
                     for_transfer.reset(token)
+                    transfer.release()
 
             get_data._dmem = True
             worker.handlers["get_data"] = get_data

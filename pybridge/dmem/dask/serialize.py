@@ -10,7 +10,10 @@ copy when they were allocated through ``dmem.cupy``).
 
 Families: "dask" (host frames: TCP) and "cuda" (UCX: a resident array goes
 as a device frame that keeps its buffer locked until it is sent; a spilled
-one as a host frame). Pickle works too (DmemValue.__reduce__).
+one as a host frame). Pickle works too (DmemValue.__reduce__). In the "dask"
+family, a resident array sent to another worker of the same machine goes as
+a CUDA IPC handle instead of bytes (dmem.dask.ipc), when the value's
+Transfer allows it; the header's "ipc" list then says which leaves.
 """
 
 import collections
@@ -20,7 +23,7 @@ from distributed.protocol import pickle
 from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from . import _arrays
+from . import _arrays, ipc
 from .data import DmemValue
 
 __all__ = ["calls", "timing"]
@@ -29,7 +32,8 @@ __all__ = ["calls", "timing"]
 calls = collections.Counter()
 # Per process: seconds spent serializing ("serialize_s") and deserializing
 # ("deserialize_s") values, and the tier each sent leaf was read from
-# ("from_resident", "from_deferred_host", "from_deferred_disk", ...).
+# ("from_resident", "from_deferred_host", "from_deferred_disk", ...), and
+# the CUDA IPC counters of dmem.dask.ipc ("ipc_sent", "ipc_received", ...).
 timing = collections.Counter()
 
 
@@ -48,7 +52,13 @@ def _dask_serialize(value):
     calls["dask"] += 1
     leaves, header = _header(value)
     _count_tiers(leaves)
-    frames = [memoryview(_arrays.peek(leaf)) for leaf in leaves]
+    transfer = value.transfer
+    use_ipc = transfer is not None and transfer.ipc and value.device
+    entries = [ipc.export(leaf, transfer, timing) if use_ipc else None for leaf in leaves]
+    frames = [memoryview(b"") if e is not None else memoryview(_arrays.peek(leaf))
+              for leaf, e in zip(leaves, entries)]
+    if any(e is not None for e in entries):
+        header["ipc"] = entries
     timing["serialize_s"] += time.perf_counter() - t0
     return header, frames
 
@@ -87,8 +97,14 @@ def _cuda_deserialize(header, frames):
 
 
 def _rebuild(header, frames):
-    device = header["device"] and _have_gpu()
-    return _arrays.rebuild(pickle.loads(header["skeleton"]), list(frames), device)
+    frames = list(frames)
+    entries = header.get("ipc")
+    if entries:  # device to device from the sender's GPU (needs one here)
+        frames = [ipc.fetch(e, timing) if e is not None else f for e, f in zip(entries, frames)]
+        device = True
+    else:
+        device = header["device"] and _have_gpu()
+    return _arrays.rebuild(pickle.loads(header["skeleton"]), frames, device)
 
 
 def _have_gpu():

@@ -36,6 +36,9 @@ def _parser():
     p.add_argument("--name", default=None, help="worker name prefix (default: the host name)")
     p.add_argument("--local-directory", default=None, help="workers' local directory")
     p.add_argument("--host", default=None, help="interface address the workers listen on")
+    p.add_argument("--no-ipc", dest="ipc", action="store_false", default=None,
+                   help="send device arrays between this node's workers as bytes, not by "
+                        "CUDA IPC (default: the DMEM_DASK_IPC environment variable, else IPC)")
     p.add_argument("--dashboard-address", default=None,
                    help="worker dashboard address (default: none)")
     return p
@@ -78,7 +81,7 @@ async def _run(args):
 
     backend, plan = _plan(args)
     opts = worker_options(backend, args.device_memory_limit, args.host_memory_limit,
-                          args.spill_dir)
+                          args.spill_dir, ipc=args.ipc)
     extra = {}
     if args.local_directory is not None:
         extra["local_directory"] = args.local_directory
