@@ -3,7 +3,7 @@
 Over TCP, distributed sends a device array as host frames: a device-to-host
 copy into fresh pageable memory on the sender, the socket (about 1 GB/s per
 worker on the lent H200s), a host-to-device copy on the receiver. Between two
-dmem workers of the same machine, a resident array can go device to device
+dmem workers of the same machine, a device array can go device to device
 instead:
 
 - The sender (``export``) locks the array's buffer, so that it can be
@@ -20,13 +20,19 @@ instead:
   sender's locks only then (``Transfer.release``), so the bytes stay where
   the handle says for as long as the receiver reads them.
 
+A spilled array is locked too, which brings its bytes back to the sender's
+device first: a pinned host-to-device copy plus a device-to-device one beat
+the socket by an order of magnitude, and the transposes of a dask.array
+graph send mostly arrays that the sender itself no longer needs (spilled
+first, as cold keys).
+
 IPC is used only when all of these hold (``Transfer.for_call``): the
 runtime is on CUDA, the request comes from another worker (``who``: clients
 and the scheduler always get bytes), over TCP or TLS between two addresses
 of the same host, the plugin's ``ipc`` option is on (the
 ``DMEM_DASK_IPC`` environment variable, default 1), and the sender's GPU can
-reach every GPU it sees peer to peer (``peers_reachable``). Arrays whose bytes are
-on host or disk are still sent from there, without unspilling them. The
+reach every GPU it sees peer to peer (``peers_reachable``). Otherwise arrays are sent
+as bytes, from the tier they are in, without unspilling them. The
 receiving process must see the sender's GPU (``dmem.dask.LocalCluster``
 rotates ``CUDA_VISIBLE_DEVICES`` so that every worker sees all of them);
 where it cannot open the handle, ``fetch`` raises RuntimeError naming the
@@ -41,7 +47,8 @@ __all__ = ["Transfer", "enabled_by_default", "export", "fetch", "peers_reachable
 
 # Counters of this process, kept in dmem.dask.serialize.timing:
 # "ipc_sent" / "ipc_sent_bytes" (leaves exported), "ipc_received" /
-# "ipc_received_bytes" / "ipc_s" (leaves fetched and the seconds it took).
+# "ipc_received_bytes" / "ipc_s" (leaves fetched and the seconds it took),
+# "ipc_unexported" (device leaves sent as bytes after all).
 
 
 def enabled_by_default():
@@ -131,21 +138,31 @@ class Transfer:
         del holds
 
 
+# The last reason a leaf could not be exported (sent as bytes instead).
+last_error = None
+
+
 def export(leaf, transfer, timing):
-    """[handle, offset, pid, nbytes] of a resident device leaf, locked (held
-    by transfer) until transfer.release(); None when the leaf is not
-    resident or its memory has no IPC handle (it is then sent as bytes)."""
-    if leaf.kind == "numpy" or leaf.buf.state != "resident":
+    """[handle, offset, pid, nbytes] of a device leaf, locked (held by
+    transfer) until transfer.release(); a spilled leaf is brought back to
+    the device first (from pinned host memory at PCIe speed: far faster than
+    its bytes over a socket). None when the leaf is a host array, or it
+    cannot be locked or has no IPC handle (it is then sent as bytes, from
+    where it is; ``last_error`` says why)."""
+    global last_error
+    if leaf.kind == "numpy":
         return None
     import dmem
 
     from . import _arrays
 
-    array = _arrays.expose(leaf)  # locked; the lock's stream is synchronised
-    ptr = array.__cuda_array_interface__["data"][0]
     try:
+        array = _arrays.expose(leaf)  # locked; the lock's stream is synchronised
+        ptr = array.__cuda_array_interface__["data"][0]
         handle, offset = leaf.buf.runtime.ipc_handle(ptr)
-    except dmem.DmemError:  # not in a slab of the pool, or the driver refused
+    except (dmem.DmemError, MemoryError) as e:  # no room, no slab, or the driver refused
+        last_error = e
+        timing["ipc_unexported"] += 1
         return None
     transfer.hold(array)
     timing["ipc_sent"] += 1

@@ -11,7 +11,7 @@ copy when they were allocated through ``dmem.cupy``).
 Families: "dask" (host frames: TCP) and "cuda" (UCX: a resident array goes
 as a device frame that keeps its buffer locked until it is sent; a spilled
 one as a host frame). Pickle works too (DmemValue.__reduce__). In the "dask"
-family, a resident array sent to another worker of the same machine goes as
+family, a device array sent to another worker of the same machine goes as
 a CUDA IPC handle instead of bytes (dmem.dask.ipc), when the value's
 Transfer allows it; the header's "ipc" list then says which leaves.
 """
