@@ -190,8 +190,9 @@ b2.spill("host")
 t = Transfer(ipc=True)
 tok = ddata.for_transfer.set(t); v = d["k"]; ddata.for_transfer.reset(tok)
 h, f = serialize(v, serializers=("dask",), on_error="raise")
-print("ipc", h.get("ipc"), "last error", ipc.last_error)
-assert h["ipc"][0] is not None and h["ipc"][1] is not None, h.get("ipc")
+sub = h["sub-header"]                        # what dmem.dask.serialize wrote
+print("ipc", sub.get("ipc"), "last error", ipc.last_error)
+assert sub["ipc"][0] is not None and sub["ipc"][1] is not None, sub.get("ipc")
 assert len(f[0]) == 0 and len(f[1]) == 0
 assert dser.timing["ipc_sent"] == 2 and dser.timing["from_deferred_host"] == 1
 assert b1.exposed and b2.exposed and b2.state == "resident" and t.held == 2
