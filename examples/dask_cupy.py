@@ -80,7 +80,11 @@ def worker_dmem(client):
                                   "unspill_count", "device_used", "host_used", "disk_used",
                                   "host_pool_reserved", "host_pool_grows",
                                   "host_pool_background_grows", "host_pageable_used",
-                                  "host_pageable_allocs")} | {
+                                  "host_pageable_allocs", "room_waits",
+                                  "seconds_waiting_for_room", "seconds_spilling",
+                                  "seconds_unspilling", "host_to_disk_bytes",
+                                  "seconds_host_to_disk", "disk_to_device_bytes",
+                                  "seconds_disk_to_device")} | {
             "adopted": d.counts["adopted"], "copied": d.counts["copied"],
             **{k: round(v, 3) for k, v in _ser().timing.items()}}
 

@@ -47,7 +47,8 @@ __all__ = ["Transfer", "enabled_by_default", "export", "fetch", "peers_reachable
 
 # Counters of this process, kept in dmem.dask.serialize.timing:
 # "ipc_sent" / "ipc_sent_bytes" (leaves exported), "ipc_received" /
-# "ipc_received_bytes" / "ipc_s" (leaves fetched and the seconds it took),
+# "ipc_received_bytes" / "ipc_s" (leaves fetched and the seconds it took,
+# of which "ipc_alloc_s" allocating their device memory),
 # "ipc_unexported" (device leaves sent as bytes after all).
 
 
@@ -182,6 +183,8 @@ def fetch(entry, timing):
     rt = cupy.cuda.runtime
     dst = cupy.empty(nbytes, dtype=cupy.uint8)  # dmem.cupy's allocator on a dmem worker
     stream = cupy.cuda.get_current_stream()  # the one dst was allocated on
+    t1 = time.perf_counter()
+    timing["ipc_alloc_s"] += t1 - t0  # making room for it, when the device is full
     try:
         base = rt.ipcOpenMemHandle(bytes(handle), rt.cudaIpcMemLazyEnablePeerAccess)
     except Exception as e:
