@@ -89,7 +89,7 @@ static PyMethodDef pyd_mod_methods[] = {
      "given to configure(device=...), else DMEM_DEVICE, else 0. Never closed."},
     {"configure", (PyCFunction)(void (*)(void))pyd_mod_configure, METH_VARARGS | METH_KEYWORDS,
      "configure(*, device_limit=None, host_limit=None, spill_dir=None, backend=None,\n"
-     "          device=None, host_capacity=None, host_reserve=None)\n\n"
+     "          device=None, host_capacity=None, host_reserve=None, host_burst=None)\n\n"
      "Configuration of the default runtimes, before their first use (BusyError after it).\n"
      "Arguments as for Runtime(...); those left None come from the DMEM_* environment."},
     {"_library_path", pyd_mod_library_path, METH_NOARGS,

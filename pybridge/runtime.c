@@ -36,14 +36,15 @@ static void pyd_live_unlink(pyd_runtime_t *r) {
 static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dmem_config_t *cfg,
                             PyObject **dir_bytes, int *device_given) {
   static char *kwlist[] = {"backend", "device", "device_limit", "host_limit",
-                           "spill_dir", "host_capacity", "host_reserve", NULL};
+                           "spill_dir", "host_capacity", "host_reserve", "host_burst", NULL};
   PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
-           *spill_dir = Py_None, *host_capacity = Py_None, *host_reserve = Py_None;
+           *spill_dir = Py_None, *host_capacity = Py_None, *host_reserve = Py_None,
+           *host_burst = Py_None;
   *dir_bytes = NULL;
   if (device_given) *device_given = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &backend, &device,
                                    &device_limit, &host_limit, &spill_dir, &host_capacity,
-                                   &host_reserve))
+                                   &host_reserve, &host_burst))
     return -1;
   if (backend != Py_None) {
     if (!PyUnicode_Check(backend)) {
@@ -89,6 +90,20 @@ static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dme
   if (host_reserve != Py_None &&
       pyd_size_arg(host_reserve, "host_reserve", &cfg->host_reserve, NULL) < 0)
     return -1;
+  if (host_burst != Py_None) {
+    if (!(PyFloat_Check(host_burst) || PyLong_Check(host_burst)) || PyBool_Check(host_burst)) {
+      PyErr_Format(PyExc_TypeError, "host_burst must be a float, not %.100s",
+                   Py_TYPE(host_burst)->tp_name);
+      return -1;
+    }
+    double f = PyFloat_AsDouble(host_burst);
+    if (f == -1.0 && PyErr_Occurred()) return -1;
+    if (!(f >= 0.0 && f <= 1.0)) {
+      PyErr_Format(PyExc_ValueError, "host_burst must be in [0, 1], not %R", host_burst);
+      return -1;
+    }
+    cfg->host_burst = f;
+  }
   if (host_capacity != Py_None) {
     size_t b = 0;
     if (pyd_size_arg(host_capacity, "host_capacity", &b, NULL) < 0) return -1;
@@ -109,7 +124,7 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
-  if (pyd_config_parse(args, kwds, "|OOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
+  if (pyd_config_parse(args, kwds, "|OOOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
 
   pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
   if (!self) {
@@ -608,7 +623,7 @@ PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
   int device_given = 0;
-  if (pyd_config_parse(args, kwds, "|$OOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
+  if (pyd_config_parse(args, kwds, "|$OOOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
     return NULL;
   for (int d = 0; d < PYD_MAX_DEVICES; d++) {
     if (pyd_defaults[d]) {
@@ -757,9 +772,11 @@ PyTypeObject pyd_runtime_type = {
     .tp_repr = (reprfunc)pyd_runtime_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
-              "        spill_dir=None, host_capacity=None, host_reserve=None)\n\n"
+              "        spill_dir=None, host_capacity=None, host_reserve=None, host_burst=None)\n\n"
               "A dmem runtime. device_limit: bytes, '512M', '1.5G' or '80%'; host_limit: bytes\n"
-              "of spilled data kept in host memory (None: unlimited); host_reserve: pinned host\n"
+              "of spilled data kept in host memory (None: unlimited); host_burst: how far past\n"
+              "host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow while\n"
+              "it is pushed down to disk (dmem_config_t.host_burst); host_reserve: pinned host\n"
               "memory taken at creation and kept (dmem_config_t.host_reserve); host_capacity: simulated\n"
               "device memory of the host backend. Strings are read as the DMEM_* variables\n"
               "are. Context manager; close() destroys it.",

@@ -36,6 +36,8 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "spill_ahead_low %g not in [0, spill_ahead %g)", cfg->spill_ahead_low,
                        cfg->spill_ahead);
+  if (!(cfg->host_burst >= 0 && cfg->host_burst <= 1))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_burst %g not in [0, 1]", cfg->host_burst);
   if ((int)cfg->host_pin < DMEM_HOST_PIN_AUTO || (int)cfg->host_pin > DMEM_HOST_PIN_REGISTER)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_pin %d not in 0..2", (int)cfg->host_pin);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
@@ -171,7 +173,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);
-  /* The pinned pool holds the host tier (up to its cap past host_limit
+  /* The pinned pool holds the host tier (up to its cap, host_burst past host_limit,
    * while the push-down to disk catches up) plus staging for copies in
    * flight and moves to disk and the controller: a quarter of the limit
    * more, at least 64 MiB and at most 1 GiB (a few eviction batches' worth;
@@ -179,7 +181,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
    * memory that host_limit was set to bound). */
   size_t pin_limit = 0;
   if (rt->host_limit) {
-    size_t cap = dmem__host_tier_cap(rt->host_limit);
+    size_t cap = dmem__host_tier_cap(rt->host_limit, cfg.host_burst);
     size_t extra = rt->host_limit / 4;
     if (extra < ((size_t)64 << 20)) extra = (size_t)64 << 20;
     if (extra > ((size_t)1 << 30)) extra = (size_t)1 << 30;

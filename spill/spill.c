@@ -274,7 +274,8 @@ static bool batch_charge_host(dmem_runtime_t *rt, size_t bytes) {
     return true;
   }
   if (bytes > limit) return false;
-  bool admitted = dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit), bytes, NULL);
+  bool admitted =
+      dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit, rt->cfg.host_burst), bytes, NULL);
   if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
   return admitted;
 }

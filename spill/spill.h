@@ -59,8 +59,9 @@ typedef struct dmem__tier_ops {
 extern const dmem__tier_ops_t dmem__tier_host, dmem__tier_disk, dmem__tier_controller;
 
 /* How far past host_limit the host tier may go while the push-down to disk
- * catches up (tier_host.c): the most pinned memory it holds. */
-size_t dmem__host_tier_cap(size_t limit);
+ * catches up (tier_host.c): limit * (1 + burst), burst being
+ * dmem_config_t.host_burst; the most pinned memory it holds. */
+size_t dmem__host_tier_cap(size_t limit, double burst);
 /* The tier of DMEM_TIER_HOST/DISK/CONTROLLER, or NULL (DEVICE, unknown). */
 const dmem__tier_ops_t *dmem__tier_of(dmem_tier_t tier);
 /* The tier holding a buffer in state s, or NULL (not deferred). */

@@ -7,8 +7,8 @@
  * the tier past it is admitted and kicks the push-down (spill/pushdown.c),
  * which moves the least recently used host-tier buffers to disk on the I/O
  * threads, so that neither the spiller nor anyone else waits for a disk
- * write. While the push-down catches up the tier may hold up to half the
- * limit more; past that (the disk is slower than the spills, or failing),
+ * write. While the push-down catches up the tier may hold up to host_burst
+ * (dmem_config_t; half, by default) of the limit more; past that (the disk is slower than the spills, or failing),
  * and for a buffer larger than the limit, the store refuses
  * (DMEM_ERR_HOST_OUT_OF_MEMORY) and the spill goes straight to disk, as a
  * brake that keeps pinned memory bounded.
@@ -16,8 +16,9 @@
 #include "runtime/internal.h"
 #include <string.h>
 
-size_t dmem__host_tier_cap(size_t limit) {
-  return limit > SIZE_MAX / 3 * 2 ? SIZE_MAX : limit + limit / 2;
+size_t dmem__host_tier_cap(size_t limit, double burst) {
+  double extra = (double)limit * burst; /* burst in [0, 1] (checked at create) */
+  return extra >= (double)(SIZE_MAX - limit) ? SIZE_MAX : limit + (size_t)extra;
 }
 
 static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
@@ -32,7 +33,8 @@ static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,
                        "0x%016llx (%zu bytes) is larger than the host limit of %zu",
                        (unsigned long long)h, size, limit);
-  bool admitted = dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit), size, NULL);
+  bool admitted =
+      dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit, rt->cfg.host_burst), size, NULL);
   if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
   if (!admitted)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,

@@ -7,7 +7,8 @@
 static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIMIT",
                              "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
                              "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
-                             "DMEM_SPILL_AHEAD", "DMEM_HOST_RESERVE", "DMEM_HOST_PIN"};
+                             "DMEM_SPILL_AHEAD", "DMEM_HOST_RESERVE", "DMEM_HOST_PIN",
+                             "DMEM_HOST_BURST"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -89,7 +90,8 @@ TEST_CASE(env_malformed_is_config_error) {
       {"DMEM_HOST_LIMIT", "lots"},    {"DMEM_LOG", "loud"},        {"DMEM_LOG", "7"},
       {"DMEM_STATS", "yes"},          {"DMEM_HOST_CAPACITY", "0"}, {"DMEM_DEVICE_LIMIT", "1e400"},
       {"DMEM_SPILL_AHEAD", "maybe"},  {"DMEM_SPILL_AHEAD", "90%,95%"}, {"DMEM_SPILL_AHEAD", "8G"},
-      {"DMEM_SPILL_AHEAD", "150%"},
+      {"DMEM_SPILL_AHEAD", "150%"},   {"DMEM_HOST_BURST", "0.2"},  {"DMEM_HOST_BURST", "150%"},
+      {"DMEM_HOST_BURST", "-5%"},     {"DMEM_HOST_BURST", "lots"}, {"DMEM_HOST_BURST", "20%x"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
@@ -115,7 +117,8 @@ TEST_CASE(env_good_forms) {
       {"DMEM_DEVICE_LIMIT", "1.5G"}, {"DMEM_DEVICE_LIMIT", "50 %"}, {"DMEM_HOST_LIMIT", "0"},
       {"DMEM_LOG", "3"}, {"DMEM_LOG", "off"}, {"DMEM_STATS", "1"}, {"DMEM_DEVICE", "0"},
       {"DMEM_SPILL_AHEAD", "off"}, {"DMEM_SPILL_AHEAD", "on"}, {"DMEM_SPILL_AHEAD", "80%"},
-      {"DMEM_SPILL_AHEAD", "95%,85%"},
+      {"DMEM_SPILL_AHEAD", "95%,85%"}, {"DMEM_HOST_BURST", "0%"}, {"DMEM_HOST_BURST", "12.5%"},
+      {"DMEM_HOST_BURST", "100%"},
   };
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     dmem_runtime_t *rt = NULL;
@@ -124,6 +127,24 @@ TEST_CASE(env_good_forms) {
     CHECK_EQ(st, DMEM_OK);
     dmem_runtime_destroy(rt);
   }
+  clear_env();
+}
+
+/* DMEM_HOST_BURST: default half the limit, N% as a fraction. */
+TEST_CASE(host_burst_from_env) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.host_burst == DMEM_HOST_BURST_DEFAULT && cfg.host_burst == 0.5);
+  setenv("DMEM_HOST_BURST", "20%", 1);
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.host_burst > 0.1999 && cfg.host_burst < 0.2001);
+  setenv("DMEM_HOST_BURST", "0%", 1);
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.host_burst == 0);
+  setenv("DMEM_HOST_BURST", "250%", 1); /* malformed: left at the default here */
+  dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.host_burst == 0.5);
   clear_env();
 }
 

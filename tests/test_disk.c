@@ -557,6 +557,56 @@ TEST_CASE(failed_pushdown_keeps_host_copy) {
   rm_tree(parent);
 }
 
+/* host_burst sets how far past host_limit the tier may grow while the
+ * push-down is behind (here: failing): 0 is the limit itself, a quarter is
+ * one more 1 MiB buffer on a 4 MiB limit; past it a spill goes straight to
+ * disk (which fails here, leaving the buffer resident). */
+TEST_CASE(host_burst_bounds_the_host_tier) {
+  static const struct { double burst; int admitted; } rows[] = {{0, 4}, {0.25, 5}, {0.5, 6}};
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    char parent[64];
+    make_parent(parent, sizeof parent);
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+    cfg.device_limit = 16 * MiB;
+    cfg.host_limit = 4 * MiB;
+    cfg.host_burst = rows[r].burst;
+    cfg.spill_dir = parent;
+    dmem_runtime_t *rt = NULL;
+    dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+    if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
+    REQUIRE_OK(st);
+    dmem_handle_t h[8];
+    for (int i = 0; i < 8; i++) {
+      REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+      check_put(rt, h[i], MiB, 700 + (uint64_t)i);
+    }
+    hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
+    int admitted = 0;
+    for (int i = 0; i < 8; i++) {
+      st = dmem_spill(rt, h[i], DMEM_TIER_HOST);
+      if (st == DMEM_OK) {
+        CHECK_EQ(admitted, i); /* all admitted spills come first */
+        admitted++;
+        dmem__io_quiesce(rt->io);
+      } else {
+        CHECK_STATUS(st, DMEM_ERR_IO);
+        CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_RESIDENT);
+      }
+    }
+    hook_off();
+    if (admitted != rows[r].admitted) fprintf(stderr, "burst %g: %d admitted\n", rows[r].burst, admitted);
+    CHECK_EQ(admitted, rows[r].admitted);
+    dmem_stats_t s = stats_of(rt);
+    CHECK_UEQ(s.host_used, (size_t)rows[r].admitted * MiB);
+    for (int i = 0; i < 8; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 700 + (uint64_t)i), 0);
+    for (int i = 0; i < 8; i++) CHECK_OK(dmem_free(rt, h[i]));
+    dmem_runtime_destroy(rt);
+    rm_tree(parent);
+  }
+}
+
 TEST_CASE(failed_read_keeps_disk_copy) {
   char parent[64];
   make_parent(parent, sizeof parent);

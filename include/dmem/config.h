@@ -11,6 +11,9 @@
  *                      the host tier's size, beyond which the least recently
  *                      used host-tier buffers are pushed down to disk
  *                      (see dmem_config_t.host_limit)
+ *   DMEM_HOST_BURST    N% (0 <= N <= 100): how far past host_limit the host
+ *                      tier may grow while the push-down to disk catches up
+ *                      (see dmem_config_t.host_burst; default 50%)
  *   DMEM_HOST_RESERVE  bytes, with optional K/M/G/T suffix; 0 = none: pinned
  *                      host memory taken at creation and kept until destroy
  *                      (see dmem_config_t.host_reserve)
@@ -87,9 +90,9 @@ typedef struct dmem_config {
    *  runtime's I/O threads move its least recently used buffers (lowest
    *  priority first) to disk in the background, so that no spill or lock
    *  waits for that write. While they catch up the host tier may hold up to
-   *  host_limit / 2 more; past that (the disk slower than the spills, or
-   *  failing), and for a buffer larger than host_limit, a spill goes
-   *  straight to disk and the spilling thread writes it. */
+   *  host_limit * host_burst more; past that (the disk slower than the
+   *  spills, or failing), and for a buffer larger than host_limit, a spill
+   *  goes straight to disk and the spilling thread writes it. */
   size_t host_limit;
   /** Parent of the private spill directory (mode 0700, made on first use
    *  of the disk tier; NULL: $TMPDIR or /tmp). The disk tier keeps its
@@ -132,7 +135,21 @@ typedef struct dmem_config {
   size_t host_reserve;
   /** How the CUDA backend pins host memory (DMEM_HOST_PIN_AUTO). */
   dmem_host_pin_t host_pin;
+  /** With host_limit: how far past it, as a fraction of it (0 to 1), the
+   *  host tier may grow while the I/O threads push buffers down to disk;
+   *  default DMEM_HOST_BURST_DEFAULT (0.5). The pinned pool is bounded by
+   *  host_limit * (1 + host_burst) plus staging (a quarter of host_limit,
+   *  64 MiB to 1 GiB), and it grows to that bound under sustained
+   *  spilling, so this sets the process's pinned memory for a given
+   *  host_limit. Less burst keeps more of that memory holding spilled data
+   *  (a higher host_limit in the same pinned memory: fewer disk writes), at
+   *  the price of spills that go straight to disk sooner when the disk
+   *  falls behind. */
+  double host_burst;
 } dmem_config_t;
+
+/** dmem_config_t.host_burst: the default, half the host limit. */
+#define DMEM_HOST_BURST_DEFAULT 0.5
 
 /** dmem_config_t.spill_ahead: the backend's default. */
 #define DMEM_SPILL_AHEAD_DEFAULT (-1.0)

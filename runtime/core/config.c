@@ -139,6 +139,17 @@ static int parse_ahead(const char *s, double *high, double *low) {
   return 0;
 }
 
+/* "N%" with 0 <= N <= 100 (decimals allowed) as a fraction; 0 or -1. */
+static int parse_percent(const char *s, double *f) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || errno != 0 || *end != '%' || end[1] != '\0' || !(v >= 0 && v <= 100))
+    return -1;
+  *f = v / 100;
+  return 0;
+}
+
 /* Apply (cfg != NULL) or only validate the environment; returns the first
  * malformed variable's status with the detail recorded. */
 static dmem_status_t apply_env(dmem_config_t *cfg) {
@@ -186,6 +197,13 @@ static dmem_status_t apply_env(dmem_config_t *cfg) {
       ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
                          "DMEM_HOST_RESERVE=\"%s\": expected bytes (K/M/G/T suffix)", v));
     else if (cfg) cfg->host_reserve = bytes;
+  }
+  if ((v = getenv("DMEM_HOST_BURST")) && *v) {
+    double f;
+    if (parse_percent(v, &f) != 0)
+      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_HOST_BURST=\"%s\": expected N%% (0 <= N <= 100)",
+                           v));
+    else if (cfg) cfg->host_burst = f;
   }
   if ((v = getenv("DMEM_HOST_PIN")) && *v) {
     dmem_host_pin_t pin;
@@ -260,6 +278,7 @@ void dmem_config_init(dmem_config_t *cfg) {
   cfg->host_backend_capacity = (size_t)1 << 30;
   cfg->oom_wait_ms = DMEM__OOM_WAIT_DEFAULT_MS;
   cfg->spill_ahead = DMEM_SPILL_AHEAD_DEFAULT;
+  cfg->host_burst = DMEM_HOST_BURST_DEFAULT;
   /* A malformed variable leaves only itself at the default;
    * dmem_runtime_create reports it. */
   (void)apply_env(cfg);

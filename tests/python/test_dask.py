@@ -394,6 +394,38 @@ def test_bad_arguments(tmp_path):
         dmem.dask.LocalCluster(n_workers=-1, backend="host")
 
 
+def test_host_burst_reaches_the_runtime(tmp_path):
+    from dmem.dask.cluster import worker_options
+
+    assert worker_options("host", host_burst=0.2)["data"][1]["host_burst"] == 0.2
+    assert "host_burst" not in worker_options("host")["data"][1]
+    with pytest.raises(ValueError):
+        DmemWorkerData(backend="host", device_memory_limit=4 * MiB, host_memory_limit=MiB,
+                       host_burst=2.0, worker_local_directory=str(tmp_path))
+    with pytest.raises(TypeError):
+        DmemWorkerData(backend="host", device_memory_limit=4 * MiB, host_memory_limit=MiB,
+                       host_burst="20%", worker_local_directory=str(tmp_path))
+    # with no burst the host tier never holds more than its limit: what does
+    # not fit goes to disk as it is spilled
+    d = DmemWorkerData(backend="host", device_memory_limit=2 * MiB, host_memory_limit=MiB,
+                       host_burst=0.0, spill_dir=str(tmp_path),
+                       worker_local_directory=str(tmp_path / "local"))
+    try:
+        peak = 0
+        for i in range(8):                   # 4 MiB of chunks on a 2 MiB device
+            d[i] = chunk(i)
+            peak = max(peak, d.runtime.stats()["host_used"])
+        s = d.runtime.stats()
+        assert peak <= MiB and s["disk_used"] > 0 and not d.counts["fallbacks"], (peak, s)
+        for i in range(8):
+            np.testing.assert_array_equal(d[i], chunk(i))
+    finally:
+        d.close()
+        gc.collect()
+        if d._owned:
+            d.runtime.close()
+
+
 def test_a_controller_already_installed_is_kept(tmp_path):
     rt = dmem.Runtime(backend="host", host_capacity=MiB, spill_dir=str(tmp_path))
     mine = dmem.Controller()

@@ -187,6 +187,8 @@ def test_malformed_size_string_names_the_parser_detail():
     {"host_limit": object()},
     {"host_capacity": 2.0},
     {"host_reserve": 1.5},
+    {"host_burst": "20%"},
+    {"host_burst": True},
     {"spill_dir": 3},
 ])
 def test_create_type_errors(kwargs):
@@ -210,11 +212,42 @@ def test_create_type_errors(kwargs):
     {"host_capacity": "-1M"},
     {"host_reserve": "10%"},
     {"host_reserve": -1},
+    {"host_burst": 1.5},
+    {"host_burst": -0.1},
+    {"host_burst": float("nan")},
 ])
 def test_create_value_errors(kwargs):
     kwargs.setdefault("backend", "host")
     with pytest.raises(ValueError):
         dmem.Runtime(**kwargs)
+
+
+def test_host_burst_bounds_the_pinned_pool(spill_dir):
+    """host_burst: how far past host_limit the host tier may grow; with 0 a
+    spill past the limit goes to disk itself, with 0.5 the tier takes it."""
+    MiB = 1 << 20
+    for burst in (0.0, 0.5):
+        with dmem.Runtime(backend="host", host_capacity=16 * MiB, host_limit=4 * MiB,
+                          host_burst=burst, spill_dir=str(spill_dir)) as rt:
+            bufs = [rt.alloc(MiB) for _ in range(5)]
+            for i, b in enumerate(bufs):
+                b.write(bytes([i]) * MiB)
+            for b in bufs[:4]:
+                b.spill("host")
+            rt.poll()
+            before = rt.stats()["host_used"]
+            bufs[4].spill("host")            # past the limit
+            s = rt.stats()
+            # with 0.5 the tier took it (the push-down may have started);
+            # with 0 it went straight to disk: the tier never held 5 MiB
+            assert s["host_used"] + s["disk_used"] == 5 * MiB, s
+            if burst == 0.0:
+                assert bufs[4].state == "deferred_disk" and s["host_used"] <= before, s
+            else:  # the push-down moves the least recently used (bufs[0]) instead
+                assert bufs[4].state == "deferred_host", s
+            for i, b in enumerate(bufs):
+                assert bytes(b.peek(MiB)) == bytes([i]) * MiB
+                b.free()
 
 
 def test_host_reserve_pinned_at_create_and_kept(spill_dir):

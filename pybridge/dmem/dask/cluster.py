@@ -59,7 +59,7 @@ def visible_devices(i, devices):
 
 
 def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
-                   host_target=None, ipc=None):
+                   host_target=None, ipc=None, host_burst=None):
     """The Worker/Nanny keyword arguments that make a dmem worker."""
     data = {"backend": backend}
     if device_memory_limit is not None:
@@ -70,6 +70,8 @@ def worker_options(backend, device_memory_limit=None, host_memory_limit=None, sp
         data["spill_dir"] = os.fspath(spill_dir)
     if host_target is not None:
         data["host_target"] = host_target
+    if host_burst is not None:
+        data["host_burst"] = host_burst
     return {"data": (DmemWorkerData, data), "plugins": {DmemWorkerPlugin(ipc=ipc)}}
 
 
@@ -84,6 +86,9 @@ class LocalCluster(distributed.LocalCluster):
     device_memory_limit, host_memory_limit:
         Per worker: dmem's device limit and pinned host limit (bytes or
         strings such as ``"8GB"``, ``"80%"``).
+    host_burst:
+        Per worker: how far past host_memory_limit the host tier may grow
+        while it is pushed down to disk (DmemWorkerData's host_burst).
     spill_dir:
         Parent folder of the workers' disk tiers (default: each worker's
         local directory).
@@ -102,7 +107,7 @@ class LocalCluster(distributed.LocalCluster):
 
     def __init__(self, n_workers=None, device_memory_limit=None, host_memory_limit=None,
                  spill_dir=None, *, backend=None, devices=None, host_target=None, ipc=None,
-                 **kwargs):
+                 host_burst=None, **kwargs):
         if kwargs.get("processes") is False:
             raise ValueError("dmem.dask.LocalCluster runs one worker process per GPU: "
                              "processes=False is not supported")
@@ -130,7 +135,7 @@ class LocalCluster(distributed.LocalCluster):
         self._devices = devices
         self._n_requested = n_workers
         options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,
-                                 host_target, ipc)
+                                 host_target, ipc, host_burst)
         plugins = set(kwargs.pop("plugins", ())) | options["plugins"]
         super().__init__(n_workers=0, processes=True, worker_class=Nanny, data=options["data"],
                          plugins=plugins, **kwargs)

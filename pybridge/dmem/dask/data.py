@@ -95,7 +95,8 @@ class _Victims(dmem.Controller):
         return data._victims(nbytes)
 
 
-def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir):
+def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir,
+                 host_burst=None):
     """(runtime, owned): the process's default runtime, configured with these
     limits when it does not exist yet; a private runtime when it already does
     and limits were asked for."""
@@ -110,6 +111,8 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["host_limit"] = host_memory_limit
     if spill_dir is not None:
         kw["spill_dir"] = spill_dir
+    if host_burst is not None:
+        kw["host_burst"] = host_burst
     if backend == "host" and device_memory_limit is not None:
         kw["host_capacity"] = device_memory_limit
     try:
@@ -117,7 +120,8 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
     except dmem.BusyError:
         # the default runtime exists already (another mapping of this
         # process, or an allocator hook used first)
-        if device_memory_limit is not None or host_memory_limit is not None:
+        if device_memory_limit is not None or host_memory_limit is not None or \
+                host_burst is not None:
             return dmem.Runtime(**kw), True
     return dmem.default_runtime(device), False
 
@@ -131,6 +135,13 @@ class DmemWorkerData(MutableMapping):
         The runtime's device limit and pinned host limit (bytes, or strings
         such as ``"4GB"``/``"80%"`` as dmem.Runtime takes them; None: the
         ``DMEM_*`` environment / dmem's defaults).
+    host_burst:
+        How far past host_memory_limit (a fraction of it, 0 to 1) the host
+        tier may grow while it is pushed down to disk (dmem.Runtime's
+        host_burst; None: ``DMEM_HOST_BURST`` or 0.5). The pinned memory of
+        the worker grows to about host_memory_limit * (1 + host_burst) plus
+        staging under sustained spilling: less burst with a higher limit
+        holds more spilled data in the same memory.
     spill_dir:
         Where dmem's disk tier puts its (unlinked) files; default: the
         worker's local directory.
@@ -150,7 +161,7 @@ class DmemWorkerData(MutableMapping):
     """
 
     def __init__(self, device_memory_limit=None, host_memory_limit=None, spill_dir=None, *,
-                 runtime=None, backend=None, device=None, host_target=None,
+                 runtime=None, backend=None, device=None, host_target=None, host_burst=None,
                  worker_local_directory=None):
         from distributed.spill import SpillBuffer
 
@@ -169,7 +180,7 @@ class DmemWorkerData(MutableMapping):
         else:
             self.runtime, self._owned = _runtime_for(
                 backend, device, device_memory_limit, host_memory_limit,
-                spill_dir if spill_dir is not None else local)
+                spill_dir if spill_dir is not None else local, host_burst)
         if host_target is None:
             host_target = sys.maxsize
         elif not isinstance(host_target, int) or isinstance(host_target, bool) or host_target < 0:

@@ -24,6 +24,9 @@ def _parser():
                    help="dmem device limit per worker (bytes, '8GB', '80%%')")
     p.add_argument("--host-memory-limit", default=None,
                    help="dmem pinned host limit per worker (bytes, '32GB')")
+    p.add_argument("--host-burst", type=float, default=None,
+                   help="how far past the host limit (a fraction of it, 0 to 1) the host tier "
+                        "may grow while it is pushed down to disk (default 0.5)")
     p.add_argument("--spill-dir", default=None, help="parent folder of the disk tiers")
     p.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
     p.add_argument("--memory-limit", default="auto",
@@ -81,7 +84,7 @@ async def _run(args):
 
     backend, plan = _plan(args)
     opts = worker_options(backend, args.device_memory_limit, args.host_memory_limit,
-                          args.spill_dir, ipc=args.ipc)
+                          args.spill_dir, ipc=args.ipc, host_burst=args.host_burst)
     extra = {}
     if args.local_directory is not None:
         extra["local_directory"] = args.local_directory
