@@ -224,12 +224,13 @@ print("ok")
     assert "ok" in out
 
 
-def test_two_workers_on_one_gpu_send_arrays_by_ipc():
-    """dmem.dask.LocalCluster with two worker processes on GPU 0: a task on
-    one worker reads arrays made on the other, resident and spilled ones, by
-    IPC, with exact results; the client gets bytes."""
+def test_two_workers_send_arrays_by_ipc():
+    """dmem.dask.LocalCluster with two worker processes, on GPUs 0 and 1 when
+    two are visible (peer to peer), else both on GPU 0: a task on one worker
+    reads arrays made on the other, resident and spilled ones, by IPC, with
+    exact results; the client gets bytes."""
     out = run("""
-import numpy as np, dmem.dask
+import cupy, numpy as np, dmem.dask
 from distributed import Client, wait
 from dmem.dask import LocalCluster
 
@@ -246,7 +247,9 @@ def counters():
     from dmem.dask import serialize
     return dict(serialize.timing)
 
-with LocalCluster(n_workers=2, devices=[0], device_memory_limit="96MB",
+devices = [0, 1] if cupy.cuda.runtime.getDeviceCount() >= 2 else [0]
+print("devices", devices)
+with LocalCluster(n_workers=2, devices=devices, device_memory_limit="96MB",
                   threads_per_worker=1, dashboard_address=None) as cl, Client(cl) as c:
     wa, wb = sorted(c.scheduler_info()["workers"])
     parts = [c.submit(make, i, workers=[wa], pure=False) for i in range(20)]  # 160 MiB on A
