@@ -269,4 +269,5 @@ with LocalCluster(n_workers=2, devices=devices, device_memory_limit="96MB",
     assert k[wb]["ipc_received_bytes"] == k[wb]["ipc_received"] * 8 * (1 << 20)
 print("ok")
 """, timeout=300)
+    print(out)
     assert "ok" in out
