@@ -97,7 +97,7 @@ class LocalCluster(distributed.LocalCluster):
     devices:
         GPU ordinals to use (default: every visible GPU).
     ipc:
-        Send resident device arrays between the workers by CUDA IPC
+        Send device arrays between the workers by CUDA IPC
         (dmem.dask.ipc; None: the workers' ``DMEM_DASK_IPC``, default on).
     **kwargs:
         distributed.LocalCluster's (``threads_per_worker``, ``memory_limit``,

@@ -6,9 +6,10 @@
   ready queue (as many as the worker has threads), so that their copies
   back to the device overlap the running tasks.
 - Makes ``get_data`` (values asked for by other workers and clients) hand
-  out DmemValue objects, sent from where their bytes are; resident device
-  arrays asked for by another worker of the same machine go by CUDA IPC
-  (dmem.dask.ipc), locked until that worker has acknowledged them.
+  out DmemValue objects, sent from where their bytes are; device arrays
+  asked for by another worker of the same machine go by CUDA IPC
+  (dmem.dask.ipc), locked on the device until that worker has
+  acknowledged them.
 - Reports dmem's device, host and disk bytes with every heartbeat
   (``Worker.metrics``: the scheduler's WorkerState.metrics and the
   dashboard's worker table).
@@ -45,8 +46,8 @@ class DmemWorkerPlugin(WorkerPlugin):
     name = "dmem"
 
     def __init__(self, use_dmem_for_cupy=True, prefetch=True, ipc=None):
-        """ipc: send resident device arrays to workers of the same machine by
-        CUDA IPC (True/False; None: the worker's DMEM_DASK_IPC, default 1)."""
+        """ipc: send device arrays to workers of the same machine by CUDA IPC
+        (True/False; None: the worker's DMEM_DASK_IPC, default 1)."""
         if ipc not in (None, True, False):
             raise TypeError(f"ipc must be True, False or None, not {ipc!r}")
         self.use_dmem_for_cupy = use_dmem_for_cupy
