@@ -30,18 +30,24 @@ static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
   return info.state;
 }
 
-static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char *spill_dir) {
+static dmem_runtime_t *runtime_with_burst(size_t limit, size_t host_limit, double host_burst,
+                                          const char *spill_dir) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
   cfg.device_limit = limit;
   cfg.host_limit = host_limit;
+  cfg.host_burst = host_burst;
   cfg.spill_dir = spill_dir;
   dmem_runtime_t *rt = NULL;
   dmem_status_t st = dmem_runtime_create(&cfg, &rt);
   if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
   if (st != DMEM_OK) abort();
   return rt;
+}
+
+static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char *spill_dir) {
+  return runtime_with_burst(limit, host_limit, DMEM_HOST_BURST_DEFAULT, spill_dir);
 }
 
 static dmem_stats_t stats_of(dmem_runtime_t *rt) {
@@ -566,17 +572,7 @@ TEST_CASE(host_burst_bounds_the_host_tier) {
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
     char parent[64];
     make_parent(parent, sizeof parent);
-    dmem_config_t cfg;
-    dmem_config_init(&cfg);
-    if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
-    cfg.device_limit = 16 * MiB;
-    cfg.host_limit = 4 * MiB;
-    cfg.host_burst = rows[r].burst;
-    cfg.spill_dir = parent;
-    dmem_runtime_t *rt = NULL;
-    dmem_status_t st = dmem_runtime_create(&cfg, &rt);
-    if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
-    REQUIRE_OK(st);
+    dmem_runtime_t *rt = runtime_with_burst(16 * MiB, 4 * MiB, rows[r].burst, parent);
     dmem_handle_t h[8];
     for (int i = 0; i < 8; i++) {
       REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
@@ -585,7 +581,7 @@ TEST_CASE(host_burst_bounds_the_host_tier) {
     hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
     int admitted = 0;
     for (int i = 0; i < 8; i++) {
-      st = dmem_spill(rt, h[i], DMEM_TIER_HOST);
+      dmem_status_t st = dmem_spill(rt, h[i], DMEM_TIER_HOST);
       if (st == DMEM_OK) {
         CHECK_EQ(admitted, i); /* all admitted spills come first */
         admitted++;

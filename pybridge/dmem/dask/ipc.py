@@ -43,6 +43,10 @@ import os
 import threading
 import time
 
+import dmem
+
+from . import _arrays
+
 __all__ = ["Transfer", "enabled_by_default", "export", "fetch", "peers_reachable", "same_host"]
 
 # Counters of this process, kept in dmem.dask.serialize.timing:
@@ -153,10 +157,6 @@ def export(leaf, transfer, timing):
     global last_error
     if leaf.kind == "numpy":
         return None
-    import dmem
-
-    from . import _arrays
-
     try:
         array = _arrays.expose(leaf)  # locked; the lock's stream is synchronised
         ptr = array.__cuda_array_interface__["data"][0]
