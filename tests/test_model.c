@@ -565,7 +565,7 @@ static void step(mthread_t *t) {
   int si = (int)((r >> 8) % NSTREAMS);
   dmem_stream_t s = w->streams[si];
   mbuf_t *b;
-  switch (r % 13) {
+  switch (r % 14) {
     case 0:
     case 1: /* alloc and fill */
       if (!(b = pick(t, 0, 0))) break;
@@ -643,6 +643,15 @@ static void step(mthread_t *t) {
       CALL(w, ST(DMEM_OK) | ROOM, dmem_prefetch(rt, hs, n, t->own));
       break;
     }
+    case 12:
+      if (t->id == 0 && (r >> 40) % 4 == 0) {
+        /* remove the controller and put it back: refused (BUSY) while it
+         * holds bytes or a store is in flight, else nothing may be stranded */
+        if (CALL(w, ST(DMEM_OK) | ST(DMEM_ERR_BUSY), dmem_set_controller(rt, NULL)) == DMEM_OK)
+          CALL(w, ST(DMEM_OK), dmem_set_controller(rt, &w->ctl));
+        break;
+      }
+      /* fall through */
     default: /* check */
       if ((b = pick(t, 1, 1))) verify(t, b, "random moves");
       break;
