@@ -290,6 +290,8 @@ def test_gil_released_during_blocking_calls(spill_dir):
         pytest.skip("no call took 20 ms (longest %.1f ms): too fast to tell" % (longest * 1e3))
     inside = sum(any(t0 + (t1 - t0) / 4 <= s <= t1 - (t1 - t0) / 4 for s in stamps)
                  for t0, t1 in long_calls)
+    print("the other thread ran in the middle of %d of %d calls of 20 ms or more (longest "
+          "%.1f ms)" % (inside, len(long_calls), longest * 1e3))
     assert inside * 2 >= len(long_calls), (
         "the other thread ran in the middle of %d of %d calls of 20 ms or more"
         % (inside, len(long_calls)))
