@@ -134,6 +134,14 @@ def judge_bench_spill(results):
     return out
 
 
+# bench_lock: docs/benchmarks.md ("Lock, unlock and the entry points"), a
+# lock+unlock pair of a resident buffer <= 50 ns (an absolute figure: the
+# machine's atomics set it; 33 ns on the lent H100, 14 ns on the CI machine).
+def judge_bench_lock(results):
+    return [_single("bench_lock lock+unlock", "bench_lock.lock_unlock_ns", "<=", 50.0,
+                    "ns per pair, resident buffer", results)]
+
+
 # bench_disk: docs/benchmarks.md ("The disk tier"), dmem / raw pwrite and
 # pread >= 0.80 at every size, judged on the worst of them.
 def judge_bench_disk(results):
@@ -167,6 +175,7 @@ def judge_cupy_loop(results):
 
 STEPS = {
     "bench_spill": judge_bench_spill,
+    "bench_lock": judge_bench_lock,
     "bench_disk": judge_bench_disk,
     "cublas": judge_cublas,
     "cupy_loop": judge_cupy_loop,

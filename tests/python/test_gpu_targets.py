@@ -102,6 +102,13 @@ def run_cli(*args):
                           + list(args), capture_output=True, text=True)
 
 
+def test_bench_lock_is_an_upper_bound_in_ns():
+    (v,) = gpu_targets.judge("bench_lock", {"bench_lock.lock_unlock_ns": 32.8})
+    assert v.status == "PASS" and "32.80" in v.detail
+    (v,) = gpu_targets.judge("bench_lock", {"bench_lock.lock_unlock_ns": 51})
+    assert v.status == "MISSED"
+
+
 def test_cli_prints_tab_separated_verdicts(tmp_path):
     log = tmp_path / "bench.log"
     log.write_text(BENCH_LOG)
