@@ -101,6 +101,19 @@ static inline void check_register_(const char *name, check_fn fn) {
     exit(77);                              \
   } while (0)
 
+/* mkdtemp of "$TMPDIR/<prefix>XXXXXX" ($TMPDIR unset or empty: /tmp) into
+ * buf, or abort: the tests make their folders where the test run says, so
+ * that scripts/test can check that a run leaves nothing behind. */
+static inline char *check_mkdtemp(char *buf, size_t n, const char *prefix) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(buf, n, "%s/%sXXXXXX", tmp && *tmp ? tmp : "/tmp", prefix);
+  if (!mkdtemp(buf)) {
+    fprintf(stderr, "mkdtemp(%s) failed\n", buf);
+    abort();
+  }
+  return buf;
+}
+
 /* Deterministic fill and verification of a byte pattern keyed by `seed`. */
 static inline void check_fill(void *p, size_t n, uint64_t seed) {
   unsigned char *b = (unsigned char *)p;

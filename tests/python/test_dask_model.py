@@ -19,6 +19,7 @@ runs N random ones.
 
 import gc
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -113,6 +114,8 @@ class MappingModel(RuleBasedStateMachine):
             self.d.close()
             gc.collect()
             self.rt.close()
+        if hasattr(self, "dir"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     @rule(key=KEYS, value=VALUES)
     def set(self, key, value):
