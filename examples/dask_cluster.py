@@ -11,21 +11,13 @@ import shutil
 import sys
 import tempfile
 
-# Dask's workers keep their scratch space under DASK_TEMPORARY_DIRECTORY (else
-# $TMPDIR/dask-scratch-space, which stays): a folder of our own, removed at
-# the end.
-scratch = tempfile.mkdtemp(prefix="dmem-example-dask-")
-os.environ["DASK_TEMPORARY_DIRECTORY"] = scratch
-
-try:
-    import dask.array as da
-except ImportError as e:
-    print(f"dask_cluster: skipped: {e}")
-    shutil.rmtree(scratch)
-    sys.exit(77)
-
 
 def main():
+    try:
+        import dask.array as da
+    except ImportError as e:
+        print(f"dask_cluster: skipped: {e}")
+        return 77
     # [example]
     from distributed import Client
     from dmem.dask import LocalCluster
@@ -41,10 +33,18 @@ def main():
         assert total == 2 * 2048 * 4096, total
         spills = client.run(lambda dask_worker: dask_worker.data.runtime.stats()["spill_count"])
         print(f"dask_cluster: OK, sum {total:.0f}, spills per worker {sorted(spills.values())}")
+    return 0
 
 
 if __name__ == "__main__":
+    # Dask's workers keep their scratch space under DASK_TEMPORARY_DIRECTORY,
+    # else in $TMPDIR/dask-scratch-space, which stays: a folder of our own,
+    # removed at the end (set before dask is imported; the spawned workers
+    # inherit it).
+    scratch = tempfile.mkdtemp(prefix="dmem-example-dask-")
+    os.environ["DASK_TEMPORARY_DIRECTORY"] = scratch
     try:
-        main()
+        rc = main()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    sys.exit(rc)

@@ -49,13 +49,22 @@ def main(preset, path, build):
             if inner:
                 partly.append((name, inner))
     print(f"{preset}: {n} tests: {passed} passed, {failed} failed, {len(skipped)} skipped")
+    # tests skipped for the same one reason (the CUDA tests without a device)
+    # are listed together
+    by_reason = {}
     for name, rs in skipped:
         if len(rs) == 1:
-            print(f"  skipped  {name}: {rs[0]}")
+            by_reason.setdefault(rs[0], []).append(name)
         else:
             print(f"  skipped  {name} ({len(rs)} tests):")
             for r in rs:
                 print(f"             {r}")
+    for reason, names in by_reason.items():
+        if len(names) == 1:
+            print(f"  skipped  {names[0]}: {reason}")
+        else:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            print(f"  skipped  {len(names)} tests ({shown}): {reason}")
     for name, rs in partly:
         print(f"  passed   {name}, but {len(rs)} of its tests skipped:")
         for r in rs:

@@ -214,12 +214,12 @@ MappingModel.TestCase.settings = settings(
 TestMappingModel = MappingModel.TestCase
 
 
-def test_strided_arrays_keep_their_values():
+def test_strided_arrays_keep_their_values(tmp_path):
     # what the model's "strided" layout stores: a copy, C-contiguous
     a = np.arange(100, dtype="i8").reshape(10, 10)[::2, 1::3]
     assert not a.flags.c_contiguous
     rt = dmem.Runtime(backend="host", host_capacity=1 << 20)
-    d = DmemWorkerData(runtime=rt, worker_local_directory=tempfile.mkdtemp())
+    d = DmemWorkerData(runtime=rt, worker_local_directory=str(tmp_path))
     d["k"] = a
     got = d["k"]
     assert np.array_equal(got, a) and got.flags.c_contiguous
