@@ -99,7 +99,8 @@ typedef struct dmem_config {
    *  bytes in one file there that has no name (O_TMPFILE, or unlinked as
    *  soon as it is open; mode 0600), read and written with O_DIRECT where
    *  the filesystem allows it: nothing is left on disk when the process
-   *  ends, even by SIGKILL (but the empty directory). */
+   *  ends, even by SIGKILL; the directory is removed once the file is open,
+   *  so at most a process killed in between leaves it, empty). */
   const char *spill_dir;
   dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
   bool print_stats;              /**< print statistics to stderr at destroy */

@@ -108,7 +108,8 @@ def test_default_runtime_device_from_environment_and_configure():
 def test_configure_before_first_use_sets_limits():
     check("""
         import dmem, tempfile
-        d = tempfile.mkdtemp()
+        tmp = tempfile.TemporaryDirectory()   # removed when the child exits
+        d = tmp.name
         dmem.configure(device_limit="3M", host_limit=1 << 20, spill_dir=d)
         dmem.configure(device_limit="4M", spill_dir=d)   # again before use: replaces
         rt = dmem.default_runtime()

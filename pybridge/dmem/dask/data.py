@@ -167,10 +167,11 @@ class DmemWorkerData(MutableMapping):
 
         global _current
         local = worker_local_directory or spill_dir
+        self._made_local = None  # a folder this mapping made: removed by close()
         if local is None:
             import tempfile
 
-            local = tempfile.mkdtemp(prefix="dmem-dask-")
+            local = self._made_local = tempfile.mkdtemp(prefix="dmem-dask-")
         if runtime is not None:
             if not isinstance(runtime, dmem.Runtime):
                 raise TypeError(f"runtime must be a dmem.Runtime, not {type(runtime).__name__}")
@@ -491,6 +492,11 @@ class DmemWorkerData(MutableMapping):
                 self.runtime.close()
             except dmem.BusyError:  # arrays still exposed: closed at exit
                 pass
+        if self._made_local is not None:
+            import shutil
+
+            shutil.rmtree(self._made_local, ignore_errors=True)
+            self._made_local = None
 
 
 _TIER = {
