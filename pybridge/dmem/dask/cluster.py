@@ -2,7 +2,11 @@
 
 One worker process (a Nanny) per GPU, each seeing its own GPU first
 (``CUDA_VISIBLE_DEVICES`` rotated), each with a DmemWorkerData mapping and
-the DmemWorkerPlugin. Without a GPU (or with ``backend="host"``) it starts
+the DmemWorkerPlugin. The GPUs are those this process was given, as
+dask-cuda places them: with ``CUDA_VISIBLE_DEVICES=2,3`` in the parent (a
+batch system's allocation), worker 0 gets ``2,3`` and worker 1 ``3,2``; the
+variable may name GPUs by index or by UUID, and ``devices=`` indexes into
+that list. Without a GPU (or with ``backend="host"``) it starts
 ``n_workers`` (default 2) processes on dmem's host backend, so that the same
 code runs in CI.
 """
@@ -17,7 +21,8 @@ from distributed import Nanny
 from .data import DmemWorkerData
 from .plugin import DmemWorkerPlugin
 
-__all__ = ["LocalCluster", "gpu_count", "visible_devices", "worker_options"]
+__all__ = ["LocalCluster", "cuda_masks", "gpu_count", "parent_devices", "select_devices",
+           "visible_devices", "worker_options"]
 
 
 def gpu_count():
@@ -51,11 +56,71 @@ def gpu_count():
         return 0
 
 
+def parent_devices():
+    """The GPUs this process was given, as names for CUDA_VISIBLE_DEVICES
+    (strings, in order): the entries of this process's
+    ``CUDA_VISIBLE_DEVICES`` (indices such as ``"2"`` or UUIDs such as
+    ``"GPU-8f3c..."``/``"MIG-..."``), at most as many as CUDA sees; without
+    the variable, ``"0"`` to ``"N-1"`` for the N GPUs of the machine."""
+    n = gpu_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return [str(i) for i in range(n)]
+    names = []
+    for d in env.split(","):
+        d = d.strip()
+        if not d:
+            continue
+        names.append(str(int(d)) if d.isdigit() else d)
+    return names[:n]
+
+
+def select_devices(devices, visible):
+    """The GPUs to use, as names for CUDA_VISIBLE_DEVICES: ``visible`` (the
+    parent's, parent_devices()) when devices is None; else devices[i] is an
+    index into visible (an int, or a string of digits) or a GPU UUID
+    (``"GPU-..."``/``"MIG-..."``, used as it is). Raises ValueError for an
+    index out of range or anything else."""
+    if devices is None:
+        return list(visible)
+    if isinstance(devices, (str, int)):
+        devices = [d for d in str(devices).split(",") if d.strip()]
+    out = []
+    for d in devices:
+        if isinstance(d, str) and d.strip().upper().startswith(("GPU-", "MIG-")):
+            out.append(d.strip())
+            continue
+        try:
+            if isinstance(d, bool):
+                raise TypeError
+            i = int(d.strip()) if isinstance(d, str) else int(d)
+            if i != d and not isinstance(d, str):
+                raise TypeError
+        except (TypeError, ValueError):
+            raise ValueError(f"devices: {d!r} is neither an index into the visible GPUs "
+                             "nor a GPU UUID") from None
+        if not 0 <= i < len(visible):
+            raise ValueError(f"devices: index {i} out of range: this process sees "
+                             f"{len(visible)} GPU(s) ({','.join(visible) or 'none'})")
+        out.append(visible[i])
+    return out
+
+
 def visible_devices(i, devices):
     """CUDA_VISIBLE_DEVICES of worker i: the list rotated to start at its
     own GPU (so device 0 in the worker is devices[i % len(devices)])."""
     k = i % len(devices)
     return ",".join(str(d) for d in devices[k:] + devices[:k])
+
+
+def cuda_masks(n_workers, devices=None):
+    """CUDA_VISIBLE_DEVICES of each of n_workers workers: the selected GPUs
+    (select_devices(devices, parent_devices())) rotated, worker i first
+    seeing the i-th (modulo their number). ValueError when none is left."""
+    chosen = select_devices(devices, parent_devices())
+    if not chosen:
+        raise ValueError("backend 'cuda' but no GPU is visible")
+    return [visible_devices(i, chosen) for i in range(n_workers)]
 
 
 def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
@@ -95,7 +160,10 @@ class LocalCluster(distributed.LocalCluster):
     backend:
         ``"cuda"``, ``"host"`` or None (CUDA when a GPU is found).
     devices:
-        GPU ordinals to use (default: every visible GPU).
+        Which of this process's GPUs to use: indices into the list that
+        ``CUDA_VISIBLE_DEVICES`` gives (``devices=[1]`` with
+        ``CUDA_VISIBLE_DEVICES=2,3`` is physical GPU 3), or GPU UUIDs;
+        default: every visible GPU, in that order.
     ipc:
         Send device arrays between the workers by CUDA IPC
         (dmem.dask.ipc; None: the workers' ``DMEM_DASK_IPC``, default on).
@@ -120,9 +188,7 @@ class LocalCluster(distributed.LocalCluster):
         if backend is None:
             backend = "cuda" if gpu_count() > 0 else "host"
         if backend == "cuda":
-            if devices is None:
-                devices = list(range(gpu_count()))
-            devices = [int(d) for d in devices]
+            devices = select_devices(devices, parent_devices())
             if not devices:
                 raise ValueError("backend 'cuda' but no GPU is visible")
             if n_workers is None:

@@ -35,7 +35,9 @@ def _parser():
                    help="workers (default: one per GPU; 1 on the host backend)")
     p.add_argument("--backend", choices=("cuda", "host"), default=None,
                    help="default: cuda when a GPU is visible, else host")
-    p.add_argument("--devices", default=None, help="GPU ordinals, e.g. 0,1 (default: all)")
+    p.add_argument("--devices", default=None,
+                   help="which of the GPUs this process sees, as indices into its "
+                        "CUDA_VISIBLE_DEVICES (or GPU UUIDs), e.g. 0,1 (default: all, in order)")
     p.add_argument("--name", default=None, help="worker name prefix (default: the host name)")
     p.add_argument("--local-directory", default=None, help="workers' local directory")
     p.add_argument("--host", default=None, help="interface address the workers listen on")
@@ -49,7 +51,7 @@ def _parser():
 
 def _plan(args):
     """(backend, [(name, env)]) for the workers to start."""
-    from .cluster import gpu_count, visible_devices
+    from .cluster import cuda_masks, gpu_count
 
     backend = args.backend
     if backend is None:
@@ -64,15 +66,14 @@ def _plan(args):
 
         prefix = socket.gethostname()
     if backend == "cuda":
-        if args.devices is not None:
-            devices = [int(d) for d in args.devices.split(",") if d.strip()]
-        else:
-            devices = list(range(gpu_count()))
-        if not devices:
-            raise SystemExit("backend cuda but no GPU is visible")
-        n = args.n_workers if args.n_workers is not None else len(devices)
-        return backend, [(f"{prefix}-{i}", {"CUDA_VISIBLE_DEVICES": visible_devices(i, devices)})
-                         for i in range(n)]
+        try:
+            n_gpus = len(cuda_masks(1, args.devices)[0].split(","))
+            n = args.n_workers if args.n_workers is not None else n_gpus
+            masks = cuda_masks(n, args.devices)
+        except ValueError as e:
+            raise SystemExit(f"--devices: {e}") from None
+        return backend, [(f"{prefix}-{i}", {"CUDA_VISIBLE_DEVICES": m})
+                         for i, m in enumerate(masks)]
     n = args.n_workers if args.n_workers is not None else 1
     return backend, [(f"{prefix}-{i}", {}) for i in range(n)]
 
