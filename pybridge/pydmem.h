@@ -212,7 +212,7 @@ int pyd_address_arg(PyObject *o, const char *what, void **out);
 int pyd_handle_int_arg(PyObject *o, dmem_handle_t *out);
 /* A size of Runtime(...): a non-negative int, or a str in the syntax of the
  * DMEM_* variables, parsed by the C library's dmem_size_parse ("4096",
- * "512M", "1.5G"; "80%" only when fraction != NULL). On success *bytes is
+ * "8GB" = 8e9, "8GiB" = 2^33; "80%" only when fraction != NULL). On success *bytes is
  * the byte count (0 for a percentage) and *fraction, when given, the
  * fraction (0 for a byte count); None leaves both alone. -1 on error:
  * TypeError, or ValueError carrying dmem_last_error_detail(). */

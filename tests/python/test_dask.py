@@ -640,3 +640,31 @@ def test_values_in_flight_keep_their_buffers_until_the_last_goes(d):
     gc.collect()
     with pytest.raises(dmem.StaleHandleError):
         buf.state
+
+
+@pytest.mark.parametrize("text", ["12MB", "12M", "12 MB", "12MiB", "12Mi", "5.5MB", "12582912"])
+def test_sizes_are_read_as_dask_reads_them(tmp_path, text):
+    """device_memory_limit="8GB" is 8e9 bytes for dmem.dask as for Dask and
+    dask-cuda (dask.utils.parse_bytes), "8GiB" is 2**33."""
+    from dask.utils import parse_bytes
+
+    d = DmemWorkerData(backend="host", device_memory_limit=text, host_memory_limit="1MB",
+                       spill_dir=str(tmp_path), worker_local_directory=str(tmp_path / "local"))
+    try:
+        assert d.runtime.stats()["device_limit"] == parse_bytes(text)
+    finally:
+        d.close()
+        if d._owned:
+            d.runtime.close()
+
+
+def test_bad_sizes_raise_typed_errors(tmp_path):
+    from dmem.dask.data import parse_size
+
+    assert parse_size("8GB") == 8 * 10**9 and parse_size("8GiB") == 8 << 30
+    assert parse_size("80%") == "80%" and parse_size(None) is None and parse_size(7) == 7
+    for bad, exc in (("lots", ValueError), ("8 foos", ValueError), (-1, ValueError),
+                     (1.5, TypeError), (True, TypeError), ([8], TypeError)):
+        with pytest.raises(exc, match="device_memory_limit"):
+            DmemWorkerData(backend="host", device_memory_limit=bad,
+                           worker_local_directory=str(tmp_path))

@@ -133,11 +133,38 @@ class _Victims(dmem.Controller):
         return data._victims(nbytes)
 
 
+def parse_size(value, what="size"):
+    """A size of dmem.dask as Dask reads it: None; an int (bytes); a string
+    read by dask.utils.parse_bytes ("8GB" = 8e9 bytes, "8GiB" = 2**33, "8G"
+    = 8e9, as Dask and dask-cuda mean them), or "N%" (a share of the device,
+    left to dmem). Raises TypeError for other types, ValueError for a string
+    Dask cannot read or a negative size."""
+    from dask.utils import parse_bytes
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{what} must be bytes (int) or a string such as '8GB', "
+                        f"not {type(value).__name__}")
+    if isinstance(value, str):
+        if value.strip().endswith("%"):
+            return value.strip()
+        try:
+            value = parse_bytes(value)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    if value < 0:
+        raise ValueError(f"{what} must not be negative, not {value}")
+    return int(value)
+
+
 def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir,
                  host_burst=None):
     """(runtime, owned): the process's default runtime, configured with these
     limits when it does not exist yet; a private runtime when it already does
     and limits were asked for."""
+    device_memory_limit = parse_size(device_memory_limit, "device_memory_limit")
+    host_memory_limit = parse_size(host_memory_limit, "host_memory_limit")
     kw = {}
     if backend is not None:
         kw["backend"] = backend
@@ -151,7 +178,7 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["spill_dir"] = spill_dir
     if host_burst is not None:
         kw["host_burst"] = host_burst
-    if backend == "host" and device_memory_limit is not None:
+    if backend == "host" and isinstance(device_memory_limit, int):
         kw["host_capacity"] = device_memory_limit
     try:
         dmem.configure(**kw)
@@ -170,9 +197,11 @@ class DmemWorkerData(MutableMapping):
     Parameters
     ----------
     device_memory_limit, host_memory_limit:
-        The runtime's device limit and pinned host limit (bytes, or strings
-        such as ``"4GB"``/``"80%"`` as dmem.Runtime takes them; None: the
-        ``DMEM_*`` environment / dmem's defaults).
+        The runtime's device limit and pinned host limit: bytes, or strings
+        read as Dask reads them (dask.utils.parse_bytes: ``"8GB"`` is 8e9
+        bytes, ``"8GiB"`` 2**33), or ``"80%"`` of the device for
+        device_memory_limit; None: the ``DMEM_*`` environment / dmem's
+        defaults.
     host_burst:
         How far past host_memory_limit (a fraction of it, 0 to 1) the host
         tier may grow while it is pushed down to disk (dmem.Runtime's
