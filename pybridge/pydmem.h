@@ -79,7 +79,10 @@ enum {
   PYD_CB_SELECT_VICTIMS = 1u << 5,
   PYD_CB_STORE = 1u << 6,
   PYD_CB_RETRIEVE = 1u << 7,
-  PYD_CB_EVENTS = 0x1f
+  PYD_CB_EVENTS = 0x1f,
+  /* on_unspill is a plain function of (self, buf): the signature before the
+   * tier was passed; it is called without it */
+  PYD_CB_UNSPILL_NO_TIER = 1u << 8
 };
 
 typedef struct pyd_buffer {
