@@ -304,6 +304,11 @@ PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyOb
 /* Methods of dmem.Runtime (its method table is in runtime.c). */
 PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused);
+/* The detail of an out-of-memory error of a raw allocation of size bytes:
+ * `why` (may be NULL), then how the device limit is used: raw, locked,
+ * pinned, spillable and free bytes (dmem_stats). Writes at most n bytes. */
+void pyd_oom_detail(dmem_runtime_t *rt, size_t size, const char *why, char *out, size_t n);
+PyObject *pyd_runtime_oom_message(pyd_runtime_t *self, PyObject *arg);
 PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr);
 PyObject *pyd_runtime_adopt(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 

@@ -727,6 +727,9 @@ static PyMethodDef pyd_runtime_methods[] = {
      "dedicated=True: a whole cudaMalloc of its own (dmem_device_malloc_dedicated), for\n"
      "code that asks the driver for the allocation's extent or opens its IPC handle at\n"
      "offset 0; freed blocks are cached by size."},
+    {"_oom_message", (PyCFunction)pyd_runtime_oom_message, METH_O,
+     "_oom_message(nbytes) -> str: what an out-of-memory error of a raw allocation of\n"
+     "nbytes says about the device limit now (raw, locked, pinned, spillable, free)."},
     {"memory_info", (PyCFunction)pyd_runtime_memory_info, METH_NOARGS,
      "memory_info() -> (free, total): total is the device limit; free counts the bytes\n"
      "that spilling unlocked buffers would give (dmem_device_memory_info)."},

@@ -709,3 +709,24 @@ def test_launch_fn_calls_back_into_runtime(rt):
     assert rt.lock_and_launch([a], fn) == 2
     assert other.state == "deferred_host"
     assert other.read() == b"o" * 64
+
+
+def test_raw_out_of_memory_says_how_the_limit_is_used():
+    """The error of a raw allocation (what the Numba, CuPy and PyTorch hooks
+    make) says how much of the limit is raw, locked, spillable and free."""
+    MiB = 1 << 20
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, device_limit=4 * MiB) as rt:
+        raw = rt.device_malloc(MiB)
+        held = rt.alloc(MiB)
+        spillable = rt.alloc(MiB)
+        with held.lock():
+            with pytest.raises(dmem.OutOfMemoryError) as ei:
+                rt.device_malloc(5 * MiB)
+            msg = str(ei.value)
+            assert "5242880 bytes" in msg and "device limit of 4.00 MiB" in msg, msg
+            assert "raw 1.00 MiB" in msg and "locked 1.00 MiB" in msg, msg
+            assert "spillable 1.00 MiB" in msg and "free 1.00 MiB" in msg, msg
+            assert rt._oom_message(7).startswith("dmem could not make room for 7 bytes")
+        raw.free()
+        spillable.free()
+        held.free()
