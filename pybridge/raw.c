@@ -305,9 +305,17 @@ PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObjec
 }
 
 PyObject *pyd_runtime_oom_message(pyd_runtime_t *self, PyObject *arg) {
-  if (pyd_runtime_check(self) < 0) return NULL;
+  if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s", Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
   size_t size = PyLong_AsSize_t(arg);
-  if (size == (size_t)-1 && PyErr_Occurred()) return NULL;
+  if (size == (size_t)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "nbytes must be a non-negative int that fits size_t");
+    return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
   char detail[1024];
   pyd_oom_detail(self->rt, size, NULL, detail, sizeof detail);
   return PyUnicode_FromString(detail);

@@ -126,6 +126,7 @@ def use_dmem_for_torch(device=None):
     thread. Calling it again for a device already routed does nothing.
     Raises RuntimeError with a PyTorch older than 2.8."""
     global _observer
+    allocator()  # ImportError naming PyTorch when it is missing
     import torch
 
     _api(torch)
