@@ -323,3 +323,41 @@ def test_local_cluster_and_cli_pass_the_parents_devices(monkeypatch):
                                 dashboard_address=None, memory_limit="1GiB") as c:
         ((name, spec),) = c.new_worker_spec().items()
         assert spec["options"]["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+# ---- item 4 of issue 22: a host limit derived from the worker's memory_limit ----
+
+
+def test_host_limit_is_derived_from_the_workers_memory_limit():
+    from dmem.dask import cluster
+
+    GiB = 1 << 30
+    # the pinned pool's bound, H * (1 + burst) + staging, plus the rest of
+    # the process stays under Dask's spill threshold (0.7 of memory_limit)
+    for m in (4 * GiB, 16 * GiB, 100 * 10**9):
+        h = cluster.default_host_limit(m)
+        bound = h * (1 + cluster.DERIVED_HOST_BURST) + min(h / 4, GiB)
+        assert bound + cluster.PROCESS_RESERVE <= 0.7 * m + 1, (m, h, bound)
+        assert bound + cluster.PROCESS_RESERVE >= 0.7 * m - 2, (m, h, bound)  # all of it
+    assert cluster.default_host_limit(None) is None and cluster.default_host_limit(0) is None
+    assert cluster.default_host_limit(GiB) == 64 << 20  # next to no memory: a token tier
+    # a larger burst leaves less for the tier itself
+    assert cluster.default_host_limit(16 * GiB, 0.5) < cluster.default_host_limit(16 * GiB)
+    # what LocalCluster and the CLI pass: derived unless given
+    h, b = cluster.derived_host_options("16GiB", 1, None, None)
+    assert (h, b) == (cluster.default_host_limit(16 * GiB), cluster.DERIVED_HOST_BURST)
+    assert cluster.derived_host_options("16GiB", 1, "3GB", None) == ("3GB", None)
+    assert cluster.derived_host_options("16GiB", 1, None, 0.5)[1] == 0.5
+    assert cluster.derived_host_options(0, 1, None, None) == (None, None)
+    with dmem.dask.LocalCluster(n_workers=0, backend="host", dashboard_address=None,
+                                memory_limit="16GiB") as c:
+        ((name, spec),) = c.new_worker_spec().items()
+        data = spec["options"]["data"][1]
+        assert data["host_memory_limit"] == cluster.default_host_limit(16 * GiB)
+        assert data["host_burst"] == cluster.DERIVED_HOST_BURST
+        assert c.host_memory_limit == data["host_memory_limit"]
+    with dmem.dask.LocalCluster(n_workers=0, backend="host", dashboard_address=None,
+                                memory_limit="16GiB", host_memory_limit="2GB") as c:
+        ((name, spec),) = c.new_worker_spec().items()
+        assert spec["options"]["data"][1]["host_memory_limit"] == "2GB"
+        assert "host_burst" not in spec["options"]["data"][1]

@@ -21,8 +21,8 @@ from distributed import Nanny
 from .data import DmemWorkerData
 from .plugin import DmemWorkerPlugin
 
-__all__ = ["LocalCluster", "cuda_masks", "gpu_count", "parent_devices", "select_devices",
-           "visible_devices", "worker_options"]
+__all__ = ["LocalCluster", "cuda_masks", "default_host_limit", "derived_host_options",
+           "gpu_count", "parent_devices", "select_devices", "visible_devices", "worker_options"]
 
 
 def gpu_count():
@@ -123,6 +123,67 @@ def cuda_masks(n_workers, devices=None):
     return [visible_devices(i, chosen) for i in range(n_workers)]
 
 
+# Host memory of a worker process that is not dmem's pinned pool: the
+# interpreter, the CUDA context, CuPy/Numba and the values Dask keeps itself.
+PROCESS_RESERVE = 2 << 30
+# The host burst of dmem.dask workers whose host limit is derived: the
+# measured better trade on the Dask workloads (docs/dask.md, "Host memory").
+DERIVED_HOST_BURST = 0.2
+
+
+def default_host_limit(memory_limit, host_burst=None):
+    """The host tier limit (bytes) of a dmem worker whose process may use
+    memory_limit bytes (the worker's, as distributed resolves it; None or 0:
+    none, and then None: no host limit).
+
+    dmem's pinned pool grows, under sustained spilling, to the host tier's
+    bound plus staging: ``H * (1 + host_burst) + min(H / 4, 1 GiB)``. Dask's
+    memory manager starts evicting when the process's memory passes
+    ``distributed.worker.memory.spill`` (0.7) of memory_limit (``target``
+    when spill is off), one key at a time through ``evict()``. The derived H
+    keeps that pool bound, plus PROCESS_RESERVE for the rest of the process,
+    under the spill threshold, so that dmem's own push-down to disk (a
+    stream of large sequential writes) moves what does not fit, and Dask's
+    manager never has to."""
+    if not memory_limit:
+        return None
+    import dask
+
+    frac = dask.config.get("distributed.worker.memory.spill", 0.7)
+    if not frac:
+        frac = dask.config.get("distributed.worker.memory.target", 0.6) or 0.7
+    burst = DERIVED_HOST_BURST if host_burst is None else float(host_burst)
+    budget = frac * memory_limit - PROCESS_RESERVE
+    if budget <= 0:
+        return 64 << 20  # a worker with next to no memory: disk it is
+    gib = float(1 << 30)
+    h = (budget - gib) / (1 + burst)
+    if h / 4 < gib:  # staging is a quarter of the limit below 4 GiB
+        h = budget / (1.25 + burst)
+    return max(64 << 20, int(h))
+
+
+def derived_host_options(memory_limit, nthreads, host_memory_limit, host_burst):
+    """(host_memory_limit, host_burst) for worker_options: those given, or
+    when host_memory_limit is None, default_host_limit of the worker's
+    memory_limit (as distributed's worker resolves it from memory_limit and
+    nthreads) with DERIVED_HOST_BURST unless a burst was given."""
+    if host_memory_limit is not None:
+        return host_memory_limit, host_burst
+    import logging
+
+    from distributed.worker_memory import parse_memory_limit
+
+    try:
+        m = parse_memory_limit(memory_limit, nthreads, logger=logging.getLogger("dmem.dask"))
+    except (ValueError, TypeError):
+        return None, host_burst  # distributed will say what is wrong with it
+    h = default_host_limit(m, host_burst)
+    if h is None:
+        return None, host_burst
+    return h, DERIVED_HOST_BURST if host_burst is None else host_burst
+
+
 def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
                    host_target=None, ipc=None, host_burst=None):
     """The Worker/Nanny keyword arguments that make a dmem worker."""
@@ -150,7 +211,11 @@ class LocalCluster(distributed.LocalCluster):
         backend.
     device_memory_limit, host_memory_limit:
         Per worker: dmem's device limit and pinned host limit (bytes or
-        strings such as ``"8GB"``, ``"80%"``).
+        strings as Dask reads them: ``"8GB"`` is 8e9 bytes, ``"8GiB"``
+        2**33; ``"80%"`` of the device). host_memory_limit None: derived
+        from the worker's ``memory_limit`` (default_host_limit: the pinned
+        pool's bound under Dask's spill threshold), with host_burst 0.2;
+        ``memory_limit=0`` (none): no host limit.
     host_burst:
         Per worker: how far past host_memory_limit the host tier may grow
         while it is pushed down to disk (DmemWorkerData's host_burst).
@@ -200,6 +265,10 @@ class LocalCluster(distributed.LocalCluster):
                 n_workers = 2
         self._devices = devices
         self._n_requested = n_workers
+        host_memory_limit, host_burst = derived_host_options(
+            kwargs.get("memory_limit", "auto"), kwargs.get("threads_per_worker") or 1,
+            host_memory_limit, host_burst)
+        self.host_memory_limit = host_memory_limit
         options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,
                                  host_target, ipc, host_burst)
         plugins = set(kwargs.pop("plugins", ())) | options["plugins"]

@@ -23,10 +23,12 @@ def _parser():
     p.add_argument("--device-memory-limit", default=None,
                    help="dmem device limit per worker (bytes, '8GB', '80%%')")
     p.add_argument("--host-memory-limit", default=None,
-                   help="dmem pinned host limit per worker (bytes, '32GB')")
+                   help="dmem pinned host limit per worker (bytes, '32GB'; default: derived "
+                        "from --memory-limit, see docs/dask.md)")
     p.add_argument("--host-burst", type=float, default=None,
                    help="how far past the host limit (a fraction of it, 0 to 1) the host tier "
-                        "may grow while it is pushed down to disk (default 0.5)")
+                        "may grow while it is pushed down to disk (default 0.2 with a derived "
+                        "host limit, else 0.5)")
     p.add_argument("--spill-dir", default=None, help="parent folder of the disk tiers")
     p.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
     p.add_argument("--memory-limit", default="auto",
@@ -81,11 +83,13 @@ def _plan(args):
 async def _run(args):
     from distributed import Nanny
 
-    from .cluster import worker_options
+    from .cluster import derived_host_options, worker_options
 
     backend, plan = _plan(args)
-    opts = worker_options(backend, args.device_memory_limit, args.host_memory_limit,
-                          args.spill_dir, ipc=args.ipc, host_burst=args.host_burst)
+    host_limit, host_burst = derived_host_options(args.memory_limit, args.nthreads,
+                                                  args.host_memory_limit, args.host_burst)
+    opts = worker_options(backend, args.device_memory_limit, host_limit,
+                          args.spill_dir, ipc=args.ipc, host_burst=host_burst)
     extra = {}
     if args.local_directory is not None:
         extra["local_directory"] = args.local_directory
