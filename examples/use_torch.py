@@ -18,7 +18,7 @@ except ImportError as e:
 
 # [example]
 import torch, dmem.torch
-torch.cuda.memory.change_current_allocator(dmem.torch.allocator())   # or dmem.torch.use_dmem_for_torch()
+dmem.torch.use_dmem_for_torch()          # every device; or use_dmem_for_torch(device)
 # [example]
 
 import dmem

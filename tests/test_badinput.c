@@ -327,7 +327,9 @@ ROW(dmem_size_parse, "2^64 bytes", DMEM_ERR_CONFIG,
     dmem_size_parse("18446744073709551616", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "SIZE_MAX bytes", DMEM_ERR_CONFIG,
     dmem_size_parse("18446744073709551615", &f->size_out, &f->frac_out))
-ROW(dmem_size_parse, "16777216T", DMEM_ERR_CONFIG, dmem_size_parse("16777216T", &f->size_out, &f->frac_out))
+ROW(dmem_size_parse, "16777216Ti", DMEM_ERR_CONFIG,
+    dmem_size_parse("16777216Ti", &f->size_out, &f->frac_out))
+ROW(dmem_size_parse, "18447PB", DMEM_ERR_CONFIG, dmem_size_parse("18447PB", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "inf", DMEM_ERR_CONFIG, dmem_size_parse("inf", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "nan", DMEM_ERR_CONFIG, dmem_size_parse("nan", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "0%", DMEM_ERR_CONFIG, dmem_size_parse("0%", &f->size_out, &f->frac_out))
