@@ -141,13 +141,24 @@ struct dmem_runtime {
   /* Stream releases waiting for their event (spill/pending.c). */
   pthread_mutex_t pending_mu;
   dmem__pending_t *pending;
-  _Atomic size_t npending; /* written under pending_mu; read lock-free as a hint */
+  /* Releases not yet done: raised under pending_mu, lowered (release) only
+   * after the release unlocked its buffers; read lock-free (acquire). */
+  _Atomic size_t npending;
 
   /* Waiters for a buffer's TRANSIT to end (core/transit.c). */
   pthread_mutex_t tmu;
   pthread_cond_t tcv;
   _Atomic uint64_t transit_epoch; /* bumped (under tmu) at every transit end */
-  _Atomic int spills_in_flight;   /* spills from the device in progress (relaxed) */
+  /* Spills from the device in progress (a buffer or a batch each): raised
+   * before a spill takes its victims' TRANSIT, lowered (release) only after
+   * their device ranges went back to the pool, so that an allocation that
+   * reads 0 (acquire) and then fails has seen every range they freed
+   * (spill/pressure.c). */
+  _Atomic int spills_in_flight;
+  /* Moves and stream releases that finished (bumped before spills_in_flight
+   * or npending is lowered): an allocation that found nothing to spill
+   * tries again when this moved since its last attempt. */
+  _Atomic uint64_t moves_done;
 
   /* Controller: copied under ctl_mu, called with no mutex held. */
   pthread_mutex_t ctl_mu;

@@ -190,12 +190,18 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       if (dmem__w_count(w) > 0)
         return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is locked (%u)",
                            (unsigned long long)h, dmem__w_count(w));
-      if (!dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) continue;
+      /* Counted before the buffer leaves the spillable set: an allocation
+       * that finds it in TRANSIT sees the spill in flight (the take's
+       * release publishes the count; partner: the victim scan's acquire). */
       dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
+      if (!dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) {
+        dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+        continue;
+      }
       DMEM_NVTX_PUSH("dmem spill");
       st = spill_from_device(rt, b, h, w, dest);
       DMEM_NVTX_POP();
-      dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+      dmem__move_finished(rt);
       return st;
     }
     if (s == dest->state) return DMEM_OK;
@@ -344,10 +350,15 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   batch_item_t it[DMEM__SPILL_BATCH_MAX];
   dmem__buffer_t *outer = dmem__tl_transit; /* a move of the caller's, if any */
   size_t bytes = 0;
+  /* one count for the whole batch, raised before its victims leave the
+   * spillable set (as in dmem__spill_buffer) */
+  dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
   size_t k = batch_take(v, n, need, it, &bytes, &res_out->used);
-  if (k == 0) return DMEM_OK;
+  if (k == 0) {
+    dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+    return DMEM_OK;
+  }
   uint64_t t0 = dmem__now_ns();
-  dmem_atomic_add_relaxed(&rt->spills_in_flight, k);
   DMEM_NVTX_PUSH("dmem spill batch");
   void *ev = NULL;
   bool copied = false; /* the copies are known complete */
@@ -453,7 +464,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   res_out->freed = freed;
 out:
   DMEM_NVTX_POP();
-  dmem_atomic_sub_relaxed(&rt->spills_in_flight, k);
+  dmem__move_finished(rt);
   dmem__tl_transit = outer;
   return st;
 }
