@@ -140,3 +140,57 @@ TEST_CASE(big_alloc_beside_a_pinning_block) {
   CHECK_OK(dmem_unlock(rt, c));
   dmem_runtime_destroy(rt);
 }
+
+/* ---- least recently unlocked first, across threads ---------------------------- */
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  int times;
+} unlocker_t;
+
+static void *unlock_main(void *arg) {
+  unlocker_t *u = arg;
+  for (int i = 0; i < u->times; i++) {
+    void *p;
+    if (dmem_lock(u->rt, u->h, NULL, &p) != DMEM_OK || dmem_unlock(u->rt, u->h) != DMEM_OK)
+      abort();
+  }
+  return NULL;
+}
+
+static void unlock_on_new_thread(dmem_runtime_t *rt, dmem_handle_t h, int times) {
+  unlocker_t u = {rt, h, times};
+  pthread_t t;
+  pthread_create(&t, NULL, unlock_main, &u);
+  pthread_join(t, NULL);
+}
+
+/* x is unlocked (last) by one thread, then y by another: eviction must take
+ * x first, however many unlocks each thread did before. Before the fix the
+ * stamp ordered threads' unlocks by each thread's own count, so y (its
+ * thread's first unlock) went first. Both orders, so that a policy that
+ * happens to favour one thread cannot pass. */
+TEST_CASE(lru_across_threads) {
+  for (int round = 0; round < 2; round++) {
+    dmem_runtime_t *rt = check_runtime(16 * MiB);
+    dmem_handle_t x, y;
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+    /* round 0: the older unlock came from the busier thread; round 1: from
+     * the quieter one */
+    unlock_on_new_thread(rt, x, round == 0 ? 1000 : 1);
+    unlock_on_new_thread(rt, y, round == 0 ? 1 : 1000);
+    size_t freed = 0;
+    CHECK_OK(dmem_evict(rt, MiB, &freed));
+    CHECK_UEQ(freed, MiB);
+    CHECK_EQ(state_of(rt, x), DMEM_STATE_DEFERRED_HOST);
+    CHECK_EQ(state_of(rt, y), DMEM_STATE_RESIDENT);
+    /* and the other way round on the same runtime: y older now */
+    unlock_on_new_thread(rt, x, round == 0 ? 1 : 1000); /* retrieves x */
+    CHECK_OK(dmem_evict(rt, MiB, &freed));
+    CHECK_EQ(state_of(rt, y), DMEM_STATE_DEFERRED_HOST);
+    CHECK_EQ(state_of(rt, x), DMEM_STATE_RESIDENT);
+    dmem_runtime_destroy(rt);
+  }
+}
