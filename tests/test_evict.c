@@ -288,3 +288,93 @@ TEST_CASE(churn_leaves_no_host_memory) {
           (unsigned long long)s.host_pageable_allocs, s.host_pool_reserved, s.host_pool_free);
   dmem_runtime_destroy(rt);
 }
+
+/* ---- dmem_unspill racing the spill it cancels --------------------------------- */
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  double until;
+  int role;
+  atomic_long *wrong, *unspills;
+} racer_t;
+
+static void *race_main(void *arg) {
+  racer_t *r = arg;
+  while (now_s() < r->until) {
+    dmem_status_t st = DMEM_OK;
+    switch (r->role) {
+      case 0: st = dmem_unspill(r->rt, r->h, NULL); atomic_fetch_add(r->unspills, 1); break;
+      case 1: st = dmem_spill(r->rt, r->h, DMEM_TIER_HOST); break;
+      case 2: st = dmem_spill(r->rt, r->h, DMEM_TIER_DISK); break;
+      default: st = dmem_runtime_poll(r->rt); break;
+    }
+    /* BUSY: the spill met another move or was cancelled; a spill to the
+     * host tier of a buffer on disk is INVALID_ARGUMENT. The unspill must
+     * succeed (before the fix it failed now and then with
+     * DMEM_ERR_INVALID_ARGUMENT "(nil) is not a host-backend event"). */
+    bool ok = r->role == 0 ? st == DMEM_OK
+                           : st == DMEM_OK || st == DMEM_ERR_BUSY ||
+                                 (r->role == 1 && st == DMEM_ERR_INVALID_ARGUMENT);
+    if (!ok && atomic_fetch_add(r->wrong, 1) < 3)
+      fprintf(stderr, "role %d: %s (%s)\n", r->role, dmem_status_name(st),
+              dmem_last_error_detail());
+  }
+  return NULL;
+}
+
+/* An unspill that cancels a spill in flight orders its stream after the
+ * spill's copy; by then the spiller may have undone its spill and another
+ * spill come and gone (its event given back, spill_event cleared): the
+ * unspill must still return DMEM_OK. */
+TEST_CASE(unspill_racing_cancelled_spill) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &h));
+  check_put(rt, h, 64 * KiB, 7);
+  atomic_long wrong = 0, unspills = 0;
+  double secs = getenv("DMEM_TEST_SECONDS") ? atof(getenv("DMEM_TEST_SECONDS")) : 1.0;
+  const int roles[] = {0, 0, 0, 1, 2, 2, 2, 3};
+  racer_t r[8];
+  pthread_t th[8];
+  for (int i = 0; i < 8; i++) {
+    r[i] = (racer_t){rt, h, now_s() + secs, roles[i], &wrong, &unspills};
+    pthread_create(&th[i], NULL, race_main, &r[i]);
+  }
+  for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
+  fprintf(stderr, "%ld unspills\n", atomic_load(&unspills));
+  CHECK_EQ(atomic_load(&wrong), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h, 64 * KiB, 7), 0);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  fprintf(stderr, "cancelled spills: %llu\n", (unsigned long long)s.cancelled_spills);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+/* The interleaving above, forced: the unspill's cancel CAS sees a spill
+ * whose copy is in flight (SPILLING, SPILL_COPY), and by the time it orders
+ * its stream the spiller has undone that spill and a later one has come
+ * and gone, leaving spill_event NULL. The word is set by hand, as the
+ * spiller would leave it; the unspill must return DMEM_OK (nothing left to
+ * wait for). Before the fix: DMEM_ERR_INVALID_ARGUMENT "(nil) is not a
+ * host-backend event". */
+TEST_CASE(unspill_cancel_after_spill_event_cleared) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &h));
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  REQUIRE_TRUE(b != NULL);
+  uint64_t w = atomic_load(&b->word);
+  atomic_store(&b->spill_event, NULL);
+  atomic_store(&b->word, dmem__w_with_state(w, DMEM_STATE_SPILLING) | DMEM__F_TRANSIT |
+                             DMEM__F_SPILL_COPY);
+  CHECK_OK(dmem_unspill(rt, h, NULL));
+  /* the "spiller" ends its move: TRANSIT and SPILL_COPY off */
+  uint64_t now = atomic_load(&b->word);
+  CHECK_EQ(dmem__w_state(now), DMEM_STATE_RESIDENT);
+  atomic_store(&b->word, now & ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY));
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
