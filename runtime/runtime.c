@@ -57,6 +57,17 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->ahead_mu);
 }
 
+/* f * n for 0 <= f <= 1, never past n: (double)SIZE_MAX rounds up to 2^64,
+ * whose conversion back to size_t is undefined (it gave 0, so a fraction
+ * of a huge capacity made a limit of 0). */
+static size_t fraction_of(size_t n, double f) {
+  double x = (double)n * f;
+  if (!(x > 0)) return 0;
+  if (x >= 18446744073709551616.0 /* 2^64 */) return n;
+  size_t r = (size_t)x;
+  return r > n ? n : r;
+}
+
 /* The spill-ahead marks in bytes (0: off). */
 static void ahead_marks(dmem_runtime_t *rt) {
   double high = rt->cfg.spill_ahead, low = rt->cfg.spill_ahead_low;
@@ -67,8 +78,8 @@ static void ahead_marks(dmem_runtime_t *rt) {
   if (high == DMEM_SPILL_AHEAD_DEFAULT) high = 0;
   if (high <= 0) return;
   if (low <= 0 || low >= high) low = high > 0.05 ? high - 0.05 : high / 2;
-  rt->ahead_high = (size_t)((double)rt->limit * high);
-  rt->ahead_low = (size_t)((double)rt->limit * low);
+  rt->ahead_high = fraction_of(rt->limit, high);
+  rt->ahead_low = fraction_of(rt->limit, low);
   if (rt->ahead_high >= rt->limit) rt->ahead_high = rt->limit - 1;
 }
 
@@ -169,7 +180,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   rt->capacity = rt->be->device_capacity;
   if (cfg.device_limit) rt->limit = cfg.device_limit;
   else if (cfg.device_limit_fraction > 0)
-    rt->limit = (size_t)((double)rt->capacity * cfg.device_limit_fraction);
+    rt->limit = fraction_of(rt->capacity, cfg.device_limit_fraction);
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);
