@@ -3,10 +3,12 @@
  * polling.
  */
 #include "internal.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 
 static dmem_status_t check_config(const dmem_config_t *cfg) {
@@ -55,6 +57,27 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->disk_mu);
   pthread_cond_destroy(&rt->ahead_cv);
   pthread_mutex_destroy(&rt->ahead_mu);
+}
+
+/* `path` made absolute against the current directory (not resolved: it
+ * need not exist yet), in memory the caller frees. */
+static dmem_status_t absolute_path(const char *path, char **out) {
+  if (path[0] == '/') {
+    *out = strdup(path);
+    if (!*out) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
+    return DMEM_OK;
+  }
+  char *cwd = getcwd(NULL, 0);
+  if (!cwd)
+    return dmem__error(DMEM_ERR_IO, "spill_dir \"%s\" is relative and getcwd failed: %s", path,
+                       strerror(errno));
+  size_t n = strlen(cwd) + 1 + strlen(path) + 1;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", cwd, path);
+  free(cwd);
+  if (!p) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
+  *out = p;
+  return DMEM_OK;
 }
 
 /* f * n for 0 <= f <= 1, never past n: (double)SIZE_MAX rounds up to 2^64,
@@ -149,12 +172,18 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "runtime allocation failed");
   }
   rt->table = table;
-  if (cfg.spill_dir) {
-    rt->spill_dir_copy = strdup(cfg.spill_dir);
-    if (!rt->spill_dir_copy) {
-      st = dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
-      goto fail_rt;
-    }
+  /* The spill directory's parent, absolute: the disk tier makes its
+   * directory on first use, maybe after the process changed directory (a
+   * relative path then named another place, and the directory dmem made
+   * could not be removed at destroy). A relative TMPDIR likewise. */
+  const char *parent = cfg.spill_dir;
+  if (!parent || !*parent) {
+    const char *tmp = getenv("TMPDIR");
+    parent = tmp && *tmp && tmp[0] != '/' ? tmp : NULL;
+  }
+  if (parent) {
+    st = absolute_path(parent, &rt->spill_dir_copy);
+    if (st != DMEM_OK) goto fail_rt;
   }
   cfg.spill_dir = rt->spill_dir_copy;
   rt->cfg = cfg;

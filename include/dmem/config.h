@@ -99,7 +99,10 @@ typedef struct dmem_config {
    *  bytes in one file there that has no name (O_TMPFILE, or unlinked as
    *  soon as it is open; mode 0600), read and written with O_DIRECT where
    *  the filesystem allows it: nothing is left on disk when the process
-   *  ends, even by SIGKILL (but the empty directory). */
+   *  ends, even by SIGKILL (but the empty directory), and
+   *  dmem_runtime_destroy removes the directory. A relative path (and a
+   *  relative $TMPDIR) is taken against the current directory at
+   *  dmem_runtime_create: a later chdir does not move it. */
   const char *spill_dir;
   dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
   bool print_stats;              /**< print statistics to stderr at destroy */
