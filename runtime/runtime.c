@@ -160,6 +160,9 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) return st;
   st = check_config(&cfg);
   if (st != DMEM_OK) return st;
+  /* NVTX's lazy initialisation is not safe from several threads at once:
+   * once per process, before any thread of this runtime spills */
+  DMEM_NVTX_INIT();
   dmem__log_level = (int)cfg.log_level;
 
   /* aligned: the charge shards and hot counters sit on lines of their own */
