@@ -90,8 +90,11 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
       if (dmem__device_trim(rt, 0, &released) == DMEM_OK && released > 0) continue;
     }
     /* Other threads' moves or pending stream releases may still free
-     * memory: wait for them, with a deadline. */
-    bool hope = dmem_atomic_load_relaxed(&rt->spills_in_flight) > 0 ||
+     * memory: wait for them, with a deadline. Not for this thread's own
+     * spills (an allocation from a controller's store): they cannot end
+     * before the callback returns, so the allocation fails at once. */
+    int own = dmem__moving_spills(rt);
+    bool hope = dmem_atomic_load_relaxed(&rt->spills_in_flight) > own ||
                 dmem_atomic_load_relaxed(&rt->npending) > 0;
     uint64_t now = dmem__now_ns();
     if (hope) {
@@ -104,6 +107,12 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
       }
     }
     if (last_err != DMEM_OK && last_err != DMEM_ERR_BUSY) return last_err;
+    if (own > 0 && !hope)
+      return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
+                         "no device memory for %zu bytes: %zu of %zu bytes used, nothing left "
+                         "to spill, and the only spill in flight is the calling thread's own "
+                         "(a controller callback's): not waiting for it",
+                         size, dmem__device_used(rt), rt->limit);
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
                        "no device memory for %zu bytes: %zu of %zu bytes used and nothing "
                        "left to spill",
