@@ -75,6 +75,7 @@ void dmem__controller_store_end(dmem_runtime_t *rt, size_t kept) {
 bool dmem__store_watch(dmem__buffer_t *b, dmem_handle_t h) {
   DMEM_ASSERT(dmem_atomic_load_relaxed(&b->store_watch) == 0);
   dmem_atomic_store_relaxed(&b->store_watch, DMEM__WATCH_STORING);
+  DMEM_SCHED_POINT(); /* a free may come between: the fences decide */
   /* partner: the fence in dmem__store_hand_over. Either dmem_free's
    * hand-over sees STORING, or this load sees its FREED (store buffering:
    * not both miss). */
@@ -88,6 +89,7 @@ bool dmem__store_unwatch(dmem__buffer_t *b) {
 }
 
 bool dmem__store_hand_over(dmem__buffer_t *b) {
+  DMEM_SCHED_POINT(); /* the store may start or end between */
   /* partner: the fence in dmem__store_watch (see there) */
   dmem_atomic_fence_seq_cst();
   uint32_t want = DMEM__WATCH_STORING;

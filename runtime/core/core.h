@@ -68,6 +68,7 @@
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/nvtx.h"
+#include "base/sched.h"
 #include "dmem/dmem.h"
 
 /* ---- invariant checks ----------------------------------------------------- */
@@ -120,6 +121,7 @@ static inline void dmem__mutex_lock(pthread_mutex_t *m, dmem__rank_t rank) {
     abort();
   }
 #endif
+  DMEM_SCHED_POINT(); /* the schedule fuzzer may yield here (base/sched.h) */
   pthread_mutex_lock(m);
 #ifdef DMEM_DEBUG
   dmem__held_ranks |= 1u << rank;
@@ -134,6 +136,7 @@ static inline void dmem__mutex_unlock(pthread_mutex_t *m, dmem__rank_t rank) {
   (void)rank;
 #endif
   pthread_mutex_unlock(m);
+  DMEM_SCHED_POINT();
 }
 
 /* ---- state word ------------------------------------------------------------- */
