@@ -10,9 +10,10 @@
  * ----------------------------
  * "Own buffer": the buffer a store(h) or retrieve(h) was called for, and
  * every buffer that an enclosing call on the same thread is moving: the
- * buffer whose lock, unspill or prefetch is bringing it back (its eviction
- * runs select_victims, sends PRESSURE and SPILL events, and may call store
- * for a victim) and the buffer of an enclosing store or retrieve. Such a
+ * buffer whose lock, unspill or prefetch is bringing it back (making room
+ * for it runs select_victims and sends PRESSURE and SPILL events; its
+ * retrieve is called) and the buffer of an enclosing store or retrieve
+ * (a store that locks another spilled buffer, say). Such a
  * buffer cannot move until the callback returns, so dmem never waits for
  * it: the answer is immediate, also after the callback (or dmem under it)
  * has moved other buffers.
