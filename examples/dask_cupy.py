@@ -20,7 +20,10 @@ Prints, for each cluster: the time to fill x, the time for the transpose-add
 and the sum, the bytes dmem moved across PCIe (dmem's statistics; NVML's PCIe
 byte counters too, when the driver has them), and the peak RSS of the
 worker processes. Needs a GPU, CuPy, dask and distributed (and dask-cuda for
-the comparison).
+the comparison). Exit status: 0 when every cluster asked for ran and got
+exact sums; 1 when a sum is wrong; 2 when a cluster could not run (a
+library missing, a cluster that failed to start or died: the error is
+printed). bench/dask_compare.py runs this script in alternated pairs.
 """
 
 import argparse
@@ -155,19 +158,21 @@ def warm_host(nbytes):
     return time.perf_counter() - t0
 
 
-def start(kind, n_workers, limit, threads, spill_dir, host_limit=None, host_burst=None):
+def start(kind, n_workers, limit, threads, spill_dir, host_limit=None, host_burst=None,
+          memory_limit=0):
     if kind == "dmem":
         from dmem.dask import LocalCluster
 
         return LocalCluster(n_workers=n_workers, device_memory_limit=limit,
                             host_memory_limit=host_limit, host_burst=host_burst,
                             spill_dir=spill_dir,
-                            threads_per_worker=threads, dashboard_address=None, memory_limit=0)
+                            threads_per_worker=threads, dashboard_address=None,
+                            memory_limit=memory_limit)
     from dask_cuda import LocalCUDACluster
 
     return LocalCUDACluster(n_workers=n_workers, device_memory_limit=limit,
                             threads_per_worker=threads, dashboard_address=None,
-                            local_directory=spill_dir, memory_limit=0)
+                            local_directory=spill_dir, memory_limit=memory_limit)
 
 
 def run(kind, args):
@@ -177,7 +182,7 @@ def run(kind, args):
     out = {"cluster": kind}
     t_start = time.perf_counter()
     with start(kind, args.workers, args.limit, args.threads, args.spill_dir,
-               args.host_limit, args.host_burst) as cluster, \
+               args.host_limit, args.host_burst, args.memory_limit) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(args.workers or 1)
         out["start_s"] = time.perf_counter() - t_start
@@ -229,6 +234,9 @@ def main(argv=None):
     p.add_argument("--host-burst", type=float, default=None,
                    help="how far past the host limit (a fraction of it) dmem's host tier may "
                         "grow while it is pushed down to disk; default dmem's 0.5")
+    p.add_argument("--memory-limit", default="0",
+                   help="Dask's memory_limit per worker, for both clusters (default 0: none; "
+                        "dmem derives its host limit from it, docs/dask.md)")
     p.add_argument("--n", type=int, default=40000)
     p.add_argument("--c", type=int, default=5000)
     p.add_argument("--check-n", type=int, default=6000)
@@ -255,15 +263,16 @@ def main(argv=None):
     kinds = ("dmem", "dask-cuda") if args.cluster == "both" else (args.cluster,)
     if args.cluster == "both" and args.first == "dask-cuda":
         kinds = kinds[::-1]
-    results, ok = [], True
+    results, wrong, failed = [], False, False
     for kind in kinds:
         try:
             r = run(kind, args)
-        except ImportError as e:
-            r = {"cluster": kind, "error": f"cannot run: {e}"}
+        except Exception as e:  # a missing library, a cluster that failed to start or died
+            r = {"cluster": kind, "error": f"cannot run: {type(e).__name__}: {e}"}
         r["expected_sum"] = want
         r["correct"] = r.get("sum") == want and r.get("small_exact", False)
-        ok &= r["correct"] or "error" in r
+        failed |= "error" in r
+        wrong |= "error" not in r and not r["correct"]
         results.append(r)
         print(json.dumps(r, indent=1, default=str), flush=True)
     if len(results) == 2 and all("total_s" in r for r in results):
@@ -281,8 +290,15 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
-    print("dask_cupy: OK" if ok else "dask_cupy: WRONG RESULT")
-    return 0 if ok else 1
+    if wrong:
+        print("dask_cupy: WRONG RESULT")
+        return 1
+    if failed:
+        print("dask_cupy: FAILED (%s could not run)"
+              % ", ".join(r["cluster"] for r in results if "error" in r))
+        return 2
+    print("dask_cupy: OK")
+    return 0
 
 
 if __name__ == "__main__":

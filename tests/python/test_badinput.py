@@ -222,6 +222,10 @@ row("Runtime.device_malloc", "dedicated given positionally", TypeError,
 row("Runtime.device_malloc", "dedicated, nbytes one past the limit", dmem.OutOfMemoryError,
     lambda f: f.rt.device_malloc(CAPACITY + 1, dedicated=True))
 row("Runtime.memory_info", "an argument", TypeError, lambda f: f.rt.memory_info(1))
+row("Runtime._oom_message", "nbytes 'x'", TypeError, lambda f: f.rt._oom_message("x"))
+row("Runtime._oom_message", "nbytes True", TypeError, lambda f: f.rt._oom_message(True))
+row("Runtime._oom_message", "nbytes -1", ValueError, lambda f: f.rt._oom_message(-1))
+row("Runtime._oom_message", "nbytes 2**64", ValueError, lambda f: f.rt._oom_message(2 ** 64))
 row("Runtime.ipc_handle", "ptr 'x'", TypeError, lambda f: f.rt.ipc_handle("x"))
 row("Runtime.ipc_handle", "ptr -1", ValueError, lambda f: f.rt.ipc_handle(-1))
 row("Runtime.ipc_handle", "ptr 2**64", ValueError, lambda f: f.rt.ipc_handle(2 ** 64))

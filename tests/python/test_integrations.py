@@ -17,7 +17,7 @@ import pytest
 import dmem
 from conftest import run_python
 
-HOST = {"DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64M"}
+HOST = {"DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64MiB"}
 
 
 def check(code, env=None, timeout=120):
@@ -62,7 +62,7 @@ def test_import_creates_no_runtime():
     # Importing creates nothing (no default runtime, so configure still works).
     check("""
         import dmem, dmem.numba, dmem.cupy, dmem.torch
-        dmem.configure(device_limit="1M")
+        dmem.configure(device_limit="1MiB")
         assert dmem.default_runtime().stats()["device_limit"] == 1 << 20
     """)
 
@@ -99,7 +99,7 @@ def test_default_runtime_device_from_environment_and_configure():
     """, env={"DMEM_DEVICE": "2"})
     check("""
         import dmem
-        dmem.configure(device=3, device_limit="2M")
+        dmem.configure(device=3, device_limit="2MiB")
         rt = dmem.default_runtime()
         assert rt.device == 3 and rt.stats()["device_limit"] == 2 << 20
     """)
@@ -108,9 +108,10 @@ def test_default_runtime_device_from_environment_and_configure():
 def test_configure_before_first_use_sets_limits():
     check("""
         import dmem, tempfile
-        d = tempfile.mkdtemp()
-        dmem.configure(device_limit="3M", host_limit=1 << 20, spill_dir=d)
-        dmem.configure(device_limit="4M", spill_dir=d)   # again before use: replaces
+        tmp = tempfile.TemporaryDirectory()   # removed when the child exits
+        d = tmp.name
+        dmem.configure(device_limit="3MiB", host_limit=1 << 20, spill_dir=d)
+        dmem.configure(device_limit="4MiB", spill_dir=d)   # again before use: replaces
         rt = dmem.default_runtime()
         assert rt.stats()["device_limit"] == 4 << 20
         try:
@@ -120,7 +121,7 @@ def test_configure_before_first_use_sets_limits():
         else:
             raise AssertionError("no OutOfMemoryError past the configured limit")
         try:
-            dmem.configure(device_limit="8M")
+            dmem.configure(device_limit="8MiB")
         except dmem.BusyError as e:
             assert "before" in str(e)
         else:
@@ -336,7 +337,7 @@ def test_torch_symbols_use_the_default_runtime():
         assert rt.stats()["raw_used"] == 0
         # and the C default runtime is this one: configure now fails there too
         try:
-            dmem.configure(device_limit="1M")
+            dmem.configure(device_limit="1MiB")
         except dmem.BusyError:
             pass
         else:
@@ -536,19 +537,41 @@ def test_cupy_allocator_over_the_default_runtime():
 
 
 def test_cupy_allocator_is_cheap(rt):
-    # The C path: well under the 1.4 us of CuPy's own pool even with the two
-    # Python stand-ins here (measured, not asserted tightly: shared CI box).
+    # The C path against a same-run baseline: the Python code that does the
+    # least any allocator of this shape must (call the two getters, build
+    # the UnownedMemory and MemoryPointer stand-ins and an owner, drop them),
+    # with no allocation at all. The C path does that work plus dmem's raw
+    # alloc and free, and must not cost more than twice the baseline
+    # (measured on the 2-core CI-class machine under load: 0.77-1.22x; a
+    # path doing three times the work measured 4.8x and failed).
     import time
 
     alloc = fake_allocator(rt)
-    best = 1.0
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(20000):
-            alloc(256)
-        best = min(best, (time.perf_counter() - t) / 20000)
-    print(f"CupyAllocator alloc+free with Python stand-ins: {best * 1e9:.0f} ns")
-    assert best < 20e-6
+    get_device, get_stream = (lambda: 0), (lambda: 0)
+
+    def python_baseline(nbytes):
+        get_device()
+        get_stream()
+        owner = object()
+        return FakePointer(FakeUnowned(4096, nbytes, owner, 0), 0)
+
+    def best_of(fn):
+        best = 1.0
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(20000):
+                fn(256)
+            best = min(best, (time.perf_counter() - t) / 20000)
+        return best
+
+    c_path, baseline = [], []
+    for _ in range(3):  # interleaved, so that a busy moment hits both
+        c_path.append(best_of(alloc))
+        baseline.append(best_of(python_baseline))
+    c, b = min(c_path), min(baseline)
+    print(f"CupyAllocator alloc+free with Python stand-ins: {c * 1e9:.0f} ns; "
+          f"the same objects built in Python, no allocation: {b * 1e9:.0f} ns ({c / b:.2f}x)")
+    assert c < 2.0 * b, f"C path {c * 1e9:.0f} ns, Python baseline {b * 1e9:.0f} ns"
 
 
 # ---- the Numba EMM plugin over a stand-in numba package ----------------------------------------
@@ -748,7 +771,7 @@ def test_numba_pointer_freed_by_del(fake_numba):
 def test_numba_manager_reports_out_of_memory(fake_numba):
     check("""
         import dmem, dmem.numba
-        dmem.configure(device_limit="1M")
+        dmem.configure(device_limit="1MiB")
         class Device:
             id = 0
         class Context:
