@@ -86,7 +86,8 @@ typedef struct ctl {
   /* what the callbacks do first */
   dmem_handle_t move_first;       /* spill this one to the host tier first */
   int self_ops;                   /* then lock / unspill / spill / read their own buffer */
-  int free_self;                  /* store: free its own buffer */
+  int free_self;                  /* store: free its own buffer (1: itself, 2: from
+                                     another thread while it waits) */
   int remove_ctl;                 /* store: remove the controller (this thread, then another) */
   size_t alloc_in_store;          /* store: allocate (and free) this many bytes */
   dmem_handle_t lock_on_spill_event; /* on_event(SPILL of another): lock this one */
@@ -146,13 +147,30 @@ static void *remove_thread(void *arg) {
   return NULL;
 }
 
+typedef struct {
+  ctl_t *c;
+  dmem_handle_t h;
+} free_arg_t;
+
+static void *free_thread(void *arg) {
+  free_arg_t *a = arg;
+  a->c->free_st = dmem_free(a->c->rt, a->h);
+  return NULL;
+}
+
 static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t size) {
   ctl_t *c = user;
   c->stores++;
   c->in_store = 1;
   if (c->move_first) c->move_st = dmem_spill(c->rt, c->move_first, DMEM_TIER_HOST);
   if (c->self_ops) own_ops(c, h);
-  if (c->free_self) c->free_st = dmem_free(c->rt, h);
+  if (c->free_self == 1) c->free_st = dmem_free(c->rt, h);
+  if (c->free_self == 2) {
+    free_arg_t a = {c, h};
+    pthread_t t;
+    pthread_create(&t, NULL, free_thread, &a);
+    pthread_join(t, NULL);
+  }
   if (c->remove_ctl) {
     c->remove_st = dmem_set_controller(c->rt, NULL);
     pthread_t t;
@@ -392,12 +410,14 @@ TEST_CASE(replace_controller_holding_bytes_is_busy) {
   ctl_fini(&d);
 }
 
-/* Bug: a buffer freed while its store ran sent its FREE event before
- * store() (the controller found nothing to drop) and none after, so the
- * controller kept the bytes for ever. Now the one FREE event comes after
- * store() returns, with the tier the bytes ended in. */
+/* Bug: a buffer freed while its store ran (by the store itself or by
+ * another thread) sent its FREE event before store() returned (the
+ * controller found nothing to drop) and none after, so the controller kept
+ * the bytes for ever. Now the one FREE event comes after store() returns,
+ * with the tier the bytes ended in. */
 TEST_CASE(free_during_store_event_after_store) {
-  for (int from_host = 0; from_host < 2; from_host++) {
+  for (int run = 0; run < 4; run++) {
+    int from_host = run & 1;
     dmem_runtime_t *rt = check_runtime(8 * MiB);
     ctl_t c;
     dmem_controller_t dc;
@@ -406,7 +426,7 @@ TEST_CASE(free_during_store_event_after_store) {
     dmem_handle_t h;
     REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
     if (from_host) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-    c.free_self = 1;
+    c.free_self = run < 2 ? 1 : 2; /* from the store, then from another thread */
     CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
     CHECK_OK(c.free_st);
     CHECK_EQ(c.free_events, 1);
