@@ -3,10 +3,12 @@
  * polling.
  */
 #include "internal.h"
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 
 static dmem_status_t check_config(const dmem_config_t *cfg) {
@@ -57,6 +59,38 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->ahead_mu);
 }
 
+/* `path` made absolute against the current directory (not resolved: it
+ * need not exist yet), in memory the caller frees. */
+static dmem_status_t absolute_path(const char *path, char **out) {
+  if (path[0] == '/') {
+    *out = strdup(path);
+    if (!*out) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
+    return DMEM_OK;
+  }
+  char *cwd = getcwd(NULL, 0);
+  if (!cwd)
+    return dmem__error(DMEM_ERR_IO, "spill_dir \"%s\" is relative and getcwd failed: %s", path,
+                       strerror(errno));
+  size_t n = strlen(cwd) + 1 + strlen(path) + 1;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", cwd, path);
+  free(cwd);
+  if (!p) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
+  *out = p;
+  return DMEM_OK;
+}
+
+/* f * n for 0 <= f <= 1, never past n: (double)SIZE_MAX rounds up to 2^64,
+ * whose conversion back to size_t is undefined (it gave 0, so a fraction
+ * of a huge capacity made a limit of 0). */
+static size_t fraction_of(size_t n, double f) {
+  double x = (double)n * f;
+  if (!(x > 0)) return 0;
+  if (x >= 18446744073709551616.0 /* 2^64 */) return n;
+  size_t r = (size_t)x;
+  return r > n ? n : r;
+}
+
 /* The spill-ahead marks in bytes (0: off). */
 static void ahead_marks(dmem_runtime_t *rt) {
   double high = rt->cfg.spill_ahead, low = rt->cfg.spill_ahead_low;
@@ -67,8 +101,8 @@ static void ahead_marks(dmem_runtime_t *rt) {
   if (high == DMEM_SPILL_AHEAD_DEFAULT) high = 0;
   if (high <= 0) return;
   if (low <= 0 || low >= high) low = high > 0.05 ? high - 0.05 : high / 2;
-  rt->ahead_high = (size_t)((double)rt->limit * high);
-  rt->ahead_low = (size_t)((double)rt->limit * low);
+  rt->ahead_high = fraction_of(rt->limit, high);
+  rt->ahead_low = fraction_of(rt->limit, low);
   if (rt->ahead_high >= rt->limit) rt->ahead_high = rt->limit - 1;
 }
 
@@ -126,6 +160,9 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) return st;
   st = check_config(&cfg);
   if (st != DMEM_OK) return st;
+  /* NVTX's lazy initialisation is not safe from several threads at once:
+   * once per process, before any thread of this runtime spills */
+  DMEM_NVTX_INIT();
   dmem__log_level = (int)cfg.log_level;
 
   /* aligned: the charge shards and hot counters sit on lines of their own */
@@ -138,12 +175,18 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "runtime allocation failed");
   }
   rt->table = table;
-  if (cfg.spill_dir) {
-    rt->spill_dir_copy = strdup(cfg.spill_dir);
-    if (!rt->spill_dir_copy) {
-      st = dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill_dir copy failed");
-      goto fail_rt;
-    }
+  /* The spill directory's parent, absolute: the disk tier makes its
+   * directory on first use, maybe after the process changed directory (a
+   * relative path then named another place, and the directory dmem made
+   * could not be removed at destroy). A relative TMPDIR likewise. */
+  const char *parent = cfg.spill_dir;
+  if (!parent || !*parent) {
+    const char *tmp = getenv("TMPDIR");
+    parent = tmp && *tmp && tmp[0] != '/' ? tmp : NULL;
+  }
+  if (parent) {
+    st = absolute_path(parent, &rt->spill_dir_copy);
+    if (st != DMEM_OK) goto fail_rt;
   }
   cfg.spill_dir = rt->spill_dir_copy;
   rt->cfg = cfg;
@@ -169,7 +212,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   rt->capacity = rt->be->device_capacity;
   if (cfg.device_limit) rt->limit = cfg.device_limit;
   else if (cfg.device_limit_fraction > 0)
-    rt->limit = (size_t)((double)rt->capacity * cfg.device_limit_fraction);
+    rt->limit = fraction_of(rt->capacity, cfg.device_limit_fraction);
   else rt->limit = rt->capacity;
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);

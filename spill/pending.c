@@ -42,7 +42,6 @@ size_t dmem__pending_poll(dmem_runtime_t *rt, bool wait_all) {
     *pp = p->next;
     p->next = done;
     done = p;
-    dmem_atomic_sub_relaxed(&rt->npending, 1);
   }
   dmem__mutex_unlock(&rt->pending_mu, DMEM__RANK_PENDING);
   size_t count = 0;
@@ -54,6 +53,10 @@ size_t dmem__pending_poll(dmem_runtime_t *rt, bool wait_all) {
     free(p->v);
     free(p);
     count++;
+    /* only now: an allocation that reads npending 0 and fails must have
+     * seen these buffers unlocked (partner: make_room's acquire loads) */
+    dmem_atomic_add_relaxed(&rt->moves_done, 1);
+    dmem_atomic_sub_acq_rel(&rt->npending, 1);
   }
   return count;
 }

@@ -4,6 +4,7 @@
  * priority, least recently unlocked first.
  */
 #include "runtime/internal.h"
+#include <sched.h>
 #include <stdlib.h>
 
 
@@ -137,6 +138,32 @@ static long find_range_maker(dmem_runtime_t *rt, const dmem__victim_t *cand, siz
 
 static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps);
 
+/* A pass that freed nothing: candidates that their owners freed since the
+ * scan gave their device memory back (or are giving it), which the
+ * allocation waiting for room has not seen. Count that as a finished move
+ * (spill/pressure.c then tries again instead of failing); a free whose
+ * reclaim is still running (FREED, unlocked, not moving) is waited for
+ * first, briefly, so that its memory is back when the allocation retries. */
+static void note_freed_since_scan(dmem_runtime_t *rt, const dmem__victim_t *cand, size_t n) {
+  bool any = false;
+  for (size_t i = 0; i < n; i++) {
+    if (!cand[i].b) continue;
+    /* acquire: partner is dmem_free's CAS / the table's release of the slot */
+    uint64_t w = dmem_atomic_load_acquire(&cand[i].b->word);
+    if (dmem__word_live(w, cand[i].h)) continue;
+    any = true;
+    for (int spin = 0; spin < 1000; spin++) {
+      bool reclaiming = dmem__w_gen(w) == dmem__h_gen(cand[i].h) &&
+                        dmem__w_state(w) != DMEM__STATE_FREE && dmem__w_count(w) == 0 &&
+                        !(w & DMEM__F_TRANSIT);
+      if (!reclaiming) break;
+      sched_yield();
+      w = dmem_atomic_load_acquire(&cand[i].b->word); /* partner: as above */
+    }
+  }
+  if (any) dmem_atomic_add_relaxed(&rt->moves_done, 1);
+}
+
 dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
                           dmem__evict_reason_t reason, size_t *freed_out,
                           dmem_status_t *first_error_out) {
@@ -160,7 +187,6 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
 }
 
 static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps) {
-  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
   dmem_controller_t c;
   if (dmem__controller_get(rt, &c) && c.select_victims) {
     size_t cap = dmem_atomic_load_relaxed(&rt->buffer_count);
@@ -215,6 +241,7 @@ static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, 
       }
       if (st == DMEM_ERR_HOST_OUT_OF_MEMORY || st == DMEM_ERR_IO) break;
     }
+    if (ps->freed == 0) note_freed_since_scan(rt, cand, n);
     free(cand);
   }
 done:

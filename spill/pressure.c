@@ -48,15 +48,27 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
 }
 
 /* Spill (and wait) until the allocation fits; the first attempt already
- * failed, `need` bytes short. */
+ * failed, `need` bytes short.
+ *
+ * It fails only when nothing is left to do: no victim could be spilled, no
+ * spill or stream release is in flight (they lower their counters only
+ * after their memory is back), none finished since the last attempt (the
+ * bytes it freed may have gone to another allocation, which left spillable
+ * buffers behind), the empty slabs were given back, and a slab past the
+ * pool's cut (dmem__device_alloc_past_slabs) does not fit either. */
 static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
                                void **dev_out, bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
-  bool told = false, trimmed = false;
+  bool told = false, trimmed = false, cut_trimmed = false;
+  /* acquire: partner is dmem__move_finished's / pending_poll's release */
+  uint64_t seen = dmem_atomic_load_acquire(&rt->moves_done);
   for (bool first = true;; first = false) {
-    dmem_status_t st = first ? DMEM_ERR_OUT_OF_MEMORY
-                             : try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
+    dmem_status_t st = DMEM_ERR_OUT_OF_MEMORY;
+    if (!first) {
+      seen = dmem_atomic_load_acquire(&rt->moves_done); /* partner: as above */
+      st = try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
+    }
     if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
     dmem__spill_poll(rt);
     if (!told && dmem_atomic_load_relaxed(&rt->has_ctl)) {
@@ -69,8 +81,15 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
     told = false;
     /* When the pool has no range for `size` now, freeing bytes is not
      * enough: they must make one contiguous range (a dedicated block needs
-     * none: the trim below gives the device the bytes). */
+     * none: the trim below gives the device the bytes). Empty slabs go back
+     * first (once per allocation: a trim waits for their events): they may
+     * make room for a new slab without spilling anything. */
     size_t contig = dedicated || dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
+    if (contig && !cut_trimmed) {
+      cut_trimmed = trimmed = true;
+      size_t released = 0;
+      if (dmem__device_trim(rt, 0, &released) == DMEM_OK && released > 0) continue;
+    }
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
     st = dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
@@ -90,21 +109,31 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
       if (dmem__device_trim(rt, 0, &released) == DMEM_OK && released > 0) continue;
     }
     /* Other threads' moves or pending stream releases may still free
-     * memory: wait for them, with a deadline. Not for this thread's own
-     * spills (an allocation from a controller's store): they cannot end
-     * before the callback returns, so the allocation fails at once. */
+     * memory, or have freed some since the last attempt: wait for them, or
+     * try again, with a deadline. acquire: partner is the release that
+     * lowers each counter after its memory is back. Not for this thread's
+     * own spills (an allocation from a controller's store): they cannot
+     * end before the callback returns, so the allocation fails at once. */
     int own = dmem__moving_spills(rt);
-    bool hope = dmem_atomic_load_relaxed(&rt->spills_in_flight) > own ||
-                dmem_atomic_load_relaxed(&rt->npending) > 0;
+    bool hope = dmem_atomic_load_acquire(&rt->spills_in_flight) > own ||
+                dmem_atomic_load_acquire(&rt->npending) > 0;
+    bool moved = dmem_atomic_load_acquire(&rt->moves_done) != seen; /* partner: as above */
     uint64_t now = dmem__now_ns();
-    if (hope) {
+    if (hope || moved) {
       /* dmem_config_t.oom_wait_ms / DMEM_OOM_WAIT */
       if (deadline == 0) deadline = now + (uint64_t)rt->cfg.oom_wait_ms * 1000000u;
       if (now < deadline) {
-        dmem__transit_wait_any(rt, 1000u * 1000);
+        if (!moved) dmem__transit_wait_any(rt, 1000u * 1000);
         trimmed = false;
         continue;
       }
+    }
+    /* The limit holds it but the pool's slabs are cut so that no range
+     * fits and none can be added (live blocks keep them): a slab past the
+     * pool's cut, the live bytes still under the limit. */
+    if (!dedicated) {
+      st = dmem__device_alloc_past_slabs(rt, size, stream, dev_out, ordered_out, &need);
+      if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
     }
     if (last_err != DMEM_OK && last_err != DMEM_ERR_BUSY) return last_err;
     if (own > 0 && !hope)

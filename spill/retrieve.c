@@ -19,9 +19,14 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
     if (q != DMEM_OK) return q;
   }
   if (nw & DMEM__F_SPILL_COPY) {
-    /* stable: our lock or cancel keeps a new spill from starting */
+    /* A lock keeps a new spill from starting, but an unspill (no lock) that
+     * cancelled a spill does not: by now the spiller may have undone it
+     * (after waiting for its copy) and a later spill come and gone, its
+     * event given back and spill_event cleared. NULL: no copy left to wait
+     * for. Another spill's event: a conservative wait. */
     void *ev = dmem_atomic_load_relaxed(&b->spill_event);
-    dmem_status_t q = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, ev));
+    dmem_status_t q =
+        ev ? dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, ev)) : DMEM_OK;
     if (q != DMEM_OK) return q;
   }
   return DMEM_OK;

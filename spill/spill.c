@@ -214,8 +214,14 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       if (dmem__w_count(w) > 0)
         return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is locked (%u)",
                            (unsigned long long)h, dmem__w_count(w));
-      if (!dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) continue;
+      /* Counted before the buffer leaves the spillable set: an allocation
+       * that finds it in TRANSIT sees the spill in flight (the take's
+       * release publishes the count; partner: the victim scan's acquire). */
       dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
+      if (!dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) {
+        dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+        continue;
+      }
       /* the controller's store may call back in: a call on h from it gets
        * BUSY, and an allocation does not wait for this spill (core.h) */
       dmem__moving_t m;
@@ -224,7 +230,7 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       st = spill_from_device(rt, b, h, w, dest);
       DMEM_NVTX_POP();
       dmem__moving_pop(&m);
-      dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+      dmem__move_finished(rt);
       return st;
     }
     if (s == dest->state) return DMEM_OK;
@@ -253,6 +259,7 @@ typedef struct batch_item {
   size_t size;
   uint64_t w;  /* the word after our CAS */
   bool reused; /* stage is the staging of a finished unspill (b->host) */
+  bool staged; /* batch_staging took b->host into stage (batch_undo gives it back) */
   bool cancelled; /* a lock cancelled its spill after SPILL_COPY was set */
 } batch_item_t;
 
@@ -287,12 +294,17 @@ static size_t batch_take(const dmem__victim_t *v, size_t n, size_t need, batch_i
 
 /* Before any victim's SPILL_COPY is published: every victim back to
  * resident, its staging given back (the copies, if any were enqueued, are
- * complete: the caller synchronised the spill stream). */
+ * complete: the caller synchronised the spill stream). A victim whose
+ * staging was not taken yet (the host tier refused the batch) keeps its
+ * b->host: before, it was set to NULL, and the staging of a finished unspill
+ * (pinned or pageable) leaked. */
 static void batch_undo(dmem_runtime_t *rt, batch_item_t *it, size_t k) {
   for (size_t j = 0; j < k; j++) {
     dmem__buffer_t *b = it[j].b;
-    b->host = it[j].reused ? it[j].stage : NULL;
-    if (!it[j].reused && it[j].stage) dmem__hostpool_free(rt->hostpool, it[j].stage);
+    if (it[j].staged) {
+      b->host = it[j].reused ? it[j].stage : NULL;
+      if (!it[j].reused && it[j].stage) dmem__hostpool_free(rt->hostpool, it[j].stage);
+    }
     dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT)});
   }
 }
@@ -314,7 +326,8 @@ static bool batch_charge_host(dmem_runtime_t *rt, size_t bytes) {
 }
 
 /* Pinned staging for every victim: the staging a finished unspill left
- * (b->host), else one pinned-pool call for all the others. */
+ * (b->host), else one pinned-pool call for all the others. On failure the
+ * items keep what they had (stage and reused) for batch_undo. */
 static dmem_status_t batch_staging(dmem_runtime_t *rt, batch_item_t *it, size_t k) {
   size_t sizes[DMEM__SPILL_BATCH_MAX];
   void *ptrs[DMEM__SPILL_BATCH_MAX];
@@ -322,16 +335,16 @@ static dmem_status_t batch_staging(dmem_runtime_t *rt, batch_item_t *it, size_t 
   for (size_t j = 0; j < k; j++) {
     it[j].stage = it[j].b->host;
     it[j].reused = it[j].stage != NULL;
+    it[j].staged = true;
     it[j].b->host = NULL;
     if (!it[j].reused) sizes[m++] = it[j].size;
   }
   dmem_status_t st = m ? dmem__hostpool_alloc_n(rt->hostpool, sizes, m, ptrs) : DMEM_OK;
   if (st != DMEM_OK) {
-    for (size_t j = 0; j < k; j++) {
-      it[j].b->host = it[j].stage;
-      it[j].stage = NULL;
-      it[j].reused = false;
-    }
+    /* Nothing taken. A reused staging stays the item's: batch_undo (which
+     * the caller runs) puts it back at b->host. (Clearing `reused` here
+     * made batch_undo set b->host to NULL: the staging of every finished
+     * unspill that met a failed batch was lost.) */
     return st;
   }
   for (size_t j = 0, q = 0; j < k; j++)
@@ -376,10 +389,15 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   if (st != DMEM_OK) return st;
   batch_item_t it[DMEM__SPILL_BATCH_MAX];
   size_t bytes = 0;
+  /* one count for the whole batch, raised before its victims leave the
+   * spillable set (as in dmem__spill_buffer) */
+  dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
   size_t k = batch_take(v, n, need, it, &bytes, &res_out->used);
-  if (k == 0) return DMEM_OK;
+  if (k == 0) {
+    dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+    return DMEM_OK;
+  }
   uint64_t t0 = dmem__now_ns();
-  dmem_atomic_add_relaxed(&rt->spills_in_flight, k);
   DMEM_NVTX_PUSH("dmem spill batch");
   void *ev = NULL;
   bool copied = false; /* the copies are known complete */
@@ -485,6 +503,6 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   res_out->freed = freed;
 out:
   DMEM_NVTX_POP();
-  dmem_atomic_sub_relaxed(&rt->spills_in_flight, k);
+  dmem__move_finished(rt);
   return st;
 }

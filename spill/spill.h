@@ -395,5 +395,13 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
                                    bool dedicated, void **dev_out, bool *ordered_out);
 /* Complete what finished in the background: stream releases, staging. */
 void dmem__spill_poll(dmem_runtime_t *rt);
+/* A spill from the device (one buffer, or one batch) is over: its device
+ * ranges are back in the pool, or it was undone and its victims are
+ * spillable again. Count it done, then lower spills_in_flight (release;
+ * partner: make_room's acquire loads). */
+static inline void dmem__move_finished(dmem_runtime_t *rt) {
+  dmem_atomic_add_relaxed(&rt->moves_done, 1);
+  dmem_atomic_sub_acq_rel(&rt->spills_in_flight, 1);
+}
 
 #endif /* DMEM_SPILL_LAYER_H */

@@ -244,8 +244,12 @@ static dmem_status_t slot_put(void *arg, void *token, size_t at, size_t len, boo
     /* a copy enqueued with no event after it: wait for it here */
     if (st != DMEM_OK) (void)rt->be->stream_synchronize(rt->be, c->stream);
   }
+  /* read before the slot is back on the list: from then on a trim may
+   * destroy it (reading s->pageable after the unlock was a use after free
+   * that TSan found: evict.unspill_racing_cancelled_spill) */
+  const bool pageable = s->pageable;
   pthread_mutex_lock(&g->mu);
-  if (s->pageable) {
+  if (pageable) {
     g->nslots--;
   } else {
     if (g->tail) g->tail->next = s;
@@ -254,7 +258,7 @@ static dmem_status_t slot_put(void *arg, void *token, size_t at, size_t len, boo
   }
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
-  if (s->pageable) slot_destroy(rt, s); /* waits for its copy */
+  if (pageable) slot_destroy(rt, s); /* waits for its copy; never on the list */
   return st;
 }
 

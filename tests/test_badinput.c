@@ -956,3 +956,107 @@ TEST_CASE(duplicate_handles_of_spilled_buffers) {
   dmem_runtime_destroy(rt);
   CHECK_EQ(rmdir(dir), 0);
 }
+
+/* ---- every status a call returns is in its header -------------------------------------- */
+
+/* The documentation comment of public function fn (the text from the last
+ * comment opening before its DMEM_API declaration to the declaration), in
+ * buf; false if no header declares fn. */
+static bool doc_of(const char *fn, char *buf, size_t n) {
+  DIR *d = opendir(DMEM_PUBLIC_HEADERS);
+  if (!d) return false;
+  bool found = false;
+  struct dirent *e;
+  while (!found && (e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (len < 3 || strcmp(e->d_name + len - 2, ".h") != 0) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", DMEM_PUBLIC_HEADERS, e->d_name);
+    FILE *fp = fopen(path, "r");
+    if (!fp) continue;
+    static char text[1 << 17];
+    size_t got = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[got] = '\0';
+    for (char *p = strstr(text, "DMEM_API"); p && !found; p = strstr(p + 8, "DMEM_API")) {
+      char *paren = strchr(p, '(');
+      if (!paren) break;
+      char *b = paren;
+      while (b > p && isspace((unsigned char)b[-1])) b--;
+      char *name_end = b;
+      while (b > p && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
+      if ((size_t)(name_end - b) != strlen(fn) || strncmp(b, fn, strlen(fn)) != 0) continue;
+      char *c = p;
+      while (c > text && strncmp(c, "/*", 2) != 0) c--;
+      size_t k = (size_t)(p - c) < n - 1 ? (size_t)(p - c) : n - 1;
+      memcpy(buf, c, k);
+      buf[k] = '\0';
+      found = true;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+/* Whether fn's header comment names status st, following "@return as
+ * dmem_other" to the comment it points to. */
+static bool documents(const char *fn, dmem_status_t st) {
+  static char doc[16384];
+  for (int hops = 0; hops < 3; hops++) {
+    if (!doc_of(fn, doc, sizeof doc)) return false;
+    if (strstr(doc, dmem_status_name(st))) return true;
+    const char *as = strstr(doc, "@return as dmem_");
+    if (!as) return false;
+    static char next[64];
+    size_t k = 0;
+    for (as += strlen("@return as "); k < sizeof next - 1 && (isalnum((unsigned char)*as) || *as == '_');)
+      next[k++] = *as++;
+    next[k] = '\0';
+    fn = next;
+  }
+  return false;
+}
+
+/* Statuses a call can return that no bad input provokes (read from the
+ * code; each row names where it comes from). */
+static const struct {
+  const char *fn;
+  dmem_status_t st;
+  const char *where;
+} known[] = {
+    {"dmem_lock", DMEM_ERR_HOST_OUT_OF_MEMORY, "retrieve staging (disk/controller load)"},
+    {"dmem_unspill", DMEM_ERR_HOST_OUT_OF_MEMORY, "retrieve staging (disk/controller load)"},
+    {"dmem_evict", DMEM_ERR_HOST_OUT_OF_MEMORY, "the victim list (policy.c)"},
+    {"dmem_evict", DMEM_ERR_CALLBACK, "select_victims failed"},
+    {"dmem_evict", DMEM_ERR_DEVICE_FATAL, "check_live after a fatal error"},
+    {"dmem_runtime_create", DMEM_ERR_IO, "getcwd for a relative spill_dir"},
+    {"dmem_alloc", DMEM_ERR_OUT_OF_MEMORY, "nothing left to spill"},
+};
+
+/* Every status the table above expects of a function, and every status in
+ * `known`, is named in that function's header comment (DMEM_ERR_FORKED is
+ * documented once for all calls in dmem/runtime.h). Before the audit
+ * dmem_lock, dmem_unspill and dmem_evict did not list
+ * DMEM_ERR_HOST_OUT_OF_MEMORY. */
+TEST_CASE(every_status_is_documented) {
+  int bad = 0;
+  for (int i = 0; i < nrows; i++) {
+    dmem_status_t st = rows[i].want;
+    if (st == DMEM_OK || st == DMEM_ERR_FORKED || !dmem_status_name(st) ||
+        strncmp(dmem_status_name(st), "DMEM_", 5) != 0)
+      continue;
+    if (!documents(rows[i].fn, st)) {
+      fprintf(stderr, "%s (row at line %d, %s): %s not in its header comment\n", rows[i].fn,
+              rows[i].line, rows[i].what, dmem_status_name(st));
+      bad++;
+    }
+  }
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+    if (!documents(known[i].fn, known[i].st)) {
+      fprintf(stderr, "%s: %s (%s) not in its header comment\n", known[i].fn,
+              dmem_status_name(known[i].st), known[i].where);
+      bad++;
+    }
+  }
+  CHECK_EQ(bad, 0);
+}

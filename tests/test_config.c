@@ -384,3 +384,34 @@ TEST_CASE(env_spill_ahead_marks) {
   CHECK_TRUE(cfg.spill_ahead == 0);
   clear_env();
 }
+
+/* device_limit_fraction of a capacity near SIZE_MAX: f * capacity rounds
+ * up to 2^64 as a double, and its conversion to size_t gave 0 (a limit of
+ * 0: every allocation failed), the spill-ahead marks too. They saturate
+ * at the capacity (the high mark just under the limit). */
+TEST_CASE(huge_capacity_fraction_saturates) {
+  const double fracs[] = {1.0, 0.9999999999, 0.5};
+  for (int i = 0; i < 3; i++) {
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    cfg.backend = DMEM_BACKEND_HOST;
+    cfg.host_backend_capacity = SIZE_MAX;
+    cfg.device_limit_fraction = fracs[i];
+    cfg.spill_ahead = 0.99;
+    cfg.spill_ahead_low = 0.5;
+    dmem_runtime_t *rt = NULL;
+    REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+    dmem_stats_t s;
+    CHECK_OK(dmem_stats(rt, &s));
+    double want = (double)SIZE_MAX * fracs[i];
+    CHECK_TRUE(s.device_limit > 0);
+    CHECK_TRUE((double)s.device_limit >= want * 0.999 && (double)s.device_limit <= want * 1.001);
+    CHECK_TRUE(s.spill_ahead_high > s.spill_ahead_low);
+    CHECK_TRUE(s.spill_ahead_high < s.device_limit);
+    CHECK_TRUE((double)s.spill_ahead_low >= (double)s.device_limit * 0.49);
+    dmem_handle_t h;
+    CHECK_OK(dmem_alloc(rt, (size_t)1 << 20, 0, &h));
+    CHECK_OK(dmem_free(rt, h));
+    dmem_runtime_destroy(rt);
+  }
+}

@@ -1178,3 +1178,32 @@ TEST_CASE(moves_stage_in_pageable_memory_when_the_pool_holds_its_limit) {
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
+
+/* A relative spill_dir names the directory it named when the runtime was
+ * created, whatever directory the process is in when the disk tier is first
+ * used, and the directory dmem made there is gone after destroy. Before
+ * the fix: the first spill after a chdir failed (DMEM_ERR_IO, no such
+ * directory), and a tier made before the chdir left its directory behind. */
+TEST_CASE(relative_spill_dir_survives_chdir) {
+  char parent[64], cwd[1024];
+  make_parent(parent, sizeof parent);
+  REQUIRE_TRUE(getcwd(cwd, sizeof cwd) != NULL);
+  for (int spill_first = 0; spill_first < 2; spill_first++) {
+    REQUIRE_EQ(chdir("/tmp"), 0);
+    /* parent is /tmp/dmem-disk-test-XXXXXX: relative to /tmp, its name */
+    dmem_runtime_t *rt = runtime_with(8 * MiB, 0, parent + strlen("/tmp/"));
+    dmem_handle_t h;
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+    check_put(rt, h, MiB, 5);
+    if (spill_first) CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    REQUIRE_EQ(chdir("/"), 0);
+    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    CHECK_EQ(count_entries(parent, NULL, 0), 1); /* dmem's directory, in parent */
+    CHECK_UEQ(check_bad_bytes(rt, h, MiB, 5), 0);
+    CHECK_OK(dmem_free(rt, h));
+    dmem_runtime_destroy(rt);
+    CHECK_EQ(count_entries(parent, NULL, 0), 0); /* and gone */
+  }
+  REQUIRE_EQ(chdir(cwd), 0);
+  rm_tree(parent);
+}

@@ -119,9 +119,14 @@ DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
  *                                    once, see dmem/controller.h);
  *         DMEM_ERR_OUT_OF_MEMORY     no device memory for the retrieve (see
  *                                    dmem_alloc);
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY no host memory for the retrieve's
+ *                                    staging (a disk or controller copy) or
+ *                                    for the spills that make room;
  *         DMEM_ERR_IO, DMEM_ERR_CALLBACK (disk or controller retrieve failed;
  *                                    the bytes stay where they were);
- *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL;
+ *         DMEM_ERR_FORKED            an inherited runtime in a forked child
+ *                                    (see dmem/runtime.h).
  */
 DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
                                  dmem_stream_t stream, void **dev_ptr_out);

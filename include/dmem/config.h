@@ -104,7 +104,9 @@ typedef struct dmem_config {
    *  soon as it is open; mode 0600), read and written with O_DIRECT where
    *  the filesystem allows it: nothing is left on disk when the process
    *  ends, even by SIGKILL; the directory is removed once the file is open,
-   *  so at most a process killed in between leaves it, empty). */
+   *  so at most a process killed in between leaves it, empty). A relative
+   *  path (and a relative $TMPDIR) is taken against the current directory
+   *  at dmem_runtime_create: a later chdir does not move it. */
   const char *spill_dir;
   dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
   bool print_stats;              /**< print statistics to stderr at destroy */

@@ -53,7 +53,10 @@ extern "C" {
  *         DMEM_ERR_DEVICE_FATAL      the device's context is already broken
  *                                    (a sticky error while making the
  *                                    runtime's streams);
- *         DMEM_ERR_HOST_OUT_OF_MEMORY allocation of runtime structures failed.
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY allocation of runtime structures failed;
+ *         DMEM_ERR_IO                spill_dir (or $TMPDIR) is relative and
+ *                                    the current directory cannot be read
+ *                                    (getcwd) to make it absolute.
  */
 DMEM_API dmem_status_t dmem_runtime_create(const dmem_config_t *cfg,
                                            dmem_runtime_t **rt_out);

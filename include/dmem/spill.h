@@ -65,10 +65,11 @@ DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier
  *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a controller
  *         callback on a buffer the calling thread is moving, at once: see
  *         dmem/controller.h; a move by another thread is waited for);
- *         DMEM_ERR_OUT_OF_MEMORY (as for dmem_alloc); DMEM_ERR_IO;
- *         DMEM_ERR_CALLBACK;
- *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. On failure the bytes stay
- *         where they were.
+ *         DMEM_ERR_OUT_OF_MEMORY (as for dmem_alloc); DMEM_ERR_HOST_OUT_OF_MEMORY
+ *         (no host memory for the staging of a disk or controller copy, or
+ *         for the spills that make room); DMEM_ERR_IO; DMEM_ERR_CALLBACK;
+ *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL; DMEM_ERR_FORKED (see
+ *         dmem/runtime.h). On failure the bytes stay where they were.
  */
 DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
 
@@ -123,9 +124,13 @@ DMEM_API dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs
  *
  * @param freed_out receives the bytes actually freed (may be less than
  *                  `bytes`); may be NULL. Written on DMEM_OK only.
- * @return DMEM_OK (even if fewer bytes could be freed);
+ * @return DMEM_OK (even if fewer bytes could be freed: victims that could
+ *         not be spilled for lack of host memory or a failed disk write
+ *         stay resident);
  *         DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_CALLBACK (victim
- *         selection failed); DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL.
+ *         selection failed); DMEM_ERR_HOST_OUT_OF_MEMORY (no host memory
+ *         for the list of victims); DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL;
+ *         DMEM_ERR_FORKED (see dmem/runtime.h).
  */
 DMEM_API dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
 

@@ -90,8 +90,8 @@ size_t dmem__device_used(dmem_runtime_t *rt) {
 
 /* ---- device memory ------------------------------------------------------------ */
 
-dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
-                                 bool *ordered_out, size_t *short_by_out) {
+static dmem_status_t device_alloc(dmem_runtime_t *rt, size_t size, void *stream, bool past_limit,
+                                  void **dev_out, bool *ordered_out, size_t *short_by_out) {
   size_t short_by = 0;
   if (!charge(rt, size, &short_by)) {
     *short_by_out = short_by;
@@ -100,7 +100,9 @@ dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, 
   void *p = NULL;
   bool ordered = false;
   dmem_status_t st =
-      dmem__fatal_keep(rt, dmem__pool_alloc_ordered(rt->pool, size, stream, &p, &ordered));
+      past_limit ? dmem__pool_alloc_past_limit(rt->pool, size, stream, &p, &ordered)
+                 : dmem__pool_alloc_ordered(rt->pool, size, stream, &p, &ordered);
+  st = dmem__fatal_keep(rt, st);
   if (st != DMEM_OK) {
     uncharge(rt, size);
     /* no free range fits and no slab can be added */
@@ -110,6 +112,17 @@ dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, 
   *dev_out = p;
   if (ordered_out) *ordered_out = ordered;
   return DMEM_OK;
+}
+
+dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
+                                 bool *ordered_out, size_t *short_by_out) {
+  return device_alloc(rt, size, stream, false, dev_out, ordered_out, short_by_out);
+}
+
+dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, size_t size, void *stream,
+                                            void **dev_out, bool *ordered_out,
+                                            size_t *short_by_out) {
+  return device_alloc(rt, size, stream, true, dev_out, ordered_out, short_by_out);
 }
 
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream) {

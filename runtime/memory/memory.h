@@ -24,7 +24,16 @@
  * backend errors. Nothing is spilled here. */
 dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
                                  bool *ordered_out, size_t *short_by_out);
-/* The same for a dedicated block (memory/blocks.c): charged against the
+/* dmem__device_alloc, except that when the charge fits the limit but no
+ * slab of the pool has a range for it and none can be added under the
+ * limit, the pool adds one past it (dmem__pool_alloc_past_limit): live bytes
+ * stay under the limit, the slabs may hold more while live blocks keep
+ * other slabs partly empty. The last resort of spill/pressure.c, once
+ * nothing can be spilled and empty slabs were given back. */
+dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, size_t size, void *stream,
+                                            void **dev_out, bool *ordered_out,
+                                            size_t *short_by_out);
+/* dmem__device_alloc for a dedicated block (memory/blocks.c): charged against the
  * limit like a pool block. */
 dmem_status_t dmem__device_alloc_dedicated(dmem_runtime_t *rt, size_t size, void *stream,
                                            void **dev_out, size_t *short_by_out);

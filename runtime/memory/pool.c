@@ -1026,13 +1026,16 @@ static void pool_slab_remove(dmem__pool_t *p, pool_slab_t *sl) {
 }
 
 /* grow_mu held, mu not. Add a slab able to hold `need` and take the block
- * from it. Statuses: DMEM_OK, DMEM_ERR_OUT_OF_MEMORY (not recorded; the
- * backend's detail, if any, is copied into *why), others recorded. */
-static dmem_status_t pool_grow(dmem__pool_t *p, size_t need, void **ptr_out, char *why,
-                               size_t why_len) {
+ * from it. With `past_limit`, when no slab fits under the limit, a slab of
+ * exactly `need` bytes past it (see dmem__pool_alloc_past_limit).
+ * Statuses: DMEM_OK, DMEM_ERR_OUT_OF_MEMORY (not recorded; the backend's
+ * detail, if any, is copied into *why), others recorded. */
+static dmem_status_t pool_grow(dmem__pool_t *p, size_t need, bool past_limit, void **ptr_out,
+                               char *why, size_t why_len) {
   dmem__backend_t *be = p->be;
   pthread_mutex_lock(&p->mu);
-  size_t left = p->limit - p->reserved;
+  /* reserved passes the limit only after a past_limit slab */
+  size_t left = p->reserved < p->limit ? p->limit - p->reserved : 0;
   dmem_status_t st = DMEM_OK;
   if (p->nslabs == p->slabs_cap) {
     size_t cap = p->slabs_cap ? p->slabs_cap * 2 : 16;
@@ -1057,9 +1060,10 @@ static dmem_status_t pool_grow(dmem__pool_t *p, size_t need, void **ptr_out, cha
   if (geo >= need) tries[ntries++] = geo;
   if (grain <= left && (ntries == 0 || grain < tries[ntries - 1])) tries[ntries++] = grain;
   if (need <= left && (ntries == 0 || need < tries[ntries - 1])) tries[ntries++] = need;
+  if (ntries == 0 && past_limit) tries[ntries++] = need;
   if (ntries == 0) {
     snprintf(why, why_len, "the limit of %zu bytes leaves %zu (%zu reserved)", p->limit, left,
-             p->limit - left);
+             p->reserved);
     return DMEM_ERR_OUT_OF_MEMORY;
   }
 
@@ -1456,7 +1460,7 @@ static dmem_status_t pool_take_counted(dmem__pool_t *p, size_t need, uintptr_t s
 }
 
 static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream, void **ptr_out,
-                                     size_t *largest_out, bool *ordered) {
+                                     size_t *largest_out, bool *ordered, bool past_limit) {
   uintptr_t skey = pool_stream_key(p, stream);
   void *ptr = NULL;
 
@@ -1486,7 +1490,7 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
     st = pool_take_counted(p, need, skey, stream, &ptr, ordered, false, false);
     pthread_mutex_unlock(&p->mu);
     if (st == DMEM_ERR_OUT_OF_MEMORY) {
-      st = pool_grow(p, need, &ptr, why, sizeof why);
+      st = pool_grow(p, need, false, &ptr, why, sizeof why);
       if (st == DMEM_OK) {
         pthread_mutex_lock(&p->mu);
         p->in_use += need;
@@ -1504,6 +1508,18 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
     st = pool_take_counted(p, need, skey, stream, &ptr, ordered, true, true);
     size_t largest = pool_largest(p), reserved = p->reserved;
     pthread_mutex_unlock(&p->mu);
+    if (st == DMEM_ERR_OUT_OF_MEMORY && past_limit) {
+      /* Nothing cached fits either: a slab past the limit (the caller
+       * keeps the live bytes under it). */
+      pthread_mutex_lock(&p->grow_mu);
+      st = pool_grow(p, need, true, &ptr, why, sizeof why);
+      if (st == DMEM_OK) {
+        pthread_mutex_lock(&p->mu);
+        p->in_use += need;
+        pthread_mutex_unlock(&p->mu);
+      }
+      pthread_mutex_unlock(&p->grow_mu);
+    }
     if (st == DMEM_ERR_OUT_OF_MEMORY) {
       if (largest_out) *largest_out = largest;
       return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
@@ -1518,7 +1534,7 @@ static dmem_status_t pool_alloc_slow(dmem__pool_t *p, size_t need, void *stream,
 }
 
 static dmem_status_t pool_alloc(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,
-                                size_t *largest_free_out, bool *ordered) {
+                                size_t *largest_free_out, bool *ordered, bool past_limit) {
   if (!p || !ptr_out)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem__pool_alloc: %s NULL",
                        p ? "ptr_out" : "pool");
@@ -1553,26 +1569,34 @@ static dmem_status_t pool_alloc(dmem__pool_t *p, size_t size, void *stream, void
       }
     }
   }
-  return pool_alloc_slow(p, rsize, stream, ptr_out, largest_free_out, ordered);
+  return pool_alloc_slow(p, rsize, stream, ptr_out, largest_free_out, ordered, past_limit);
 }
 
 dmem_status_t dmem__pool_alloc_ex(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,
                                   size_t *largest_free_out) {
   bool ordered = false;
-  return pool_alloc(p, size, stream, ptr_out, largest_free_out, &ordered);
+  return pool_alloc(p, size, stream, ptr_out, largest_free_out, &ordered, false);
 }
 
 dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,
                                        bool *ordered_out) {
   bool ordered = false;
-  dmem_status_t st = pool_alloc(p, size, stream, ptr_out, NULL, &ordered);
+  dmem_status_t st = pool_alloc(p, size, stream, ptr_out, NULL, &ordered, false);
+  if (st == DMEM_OK && ordered_out) *ordered_out = ordered;
+  return st;
+}
+
+dmem_status_t dmem__pool_alloc_past_limit(dmem__pool_t *p, size_t size, void *stream,
+                                          void **ptr_out, bool *ordered_out) {
+  bool ordered = false;
+  dmem_status_t st = pool_alloc(p, size, stream, ptr_out, NULL, &ordered, true);
   if (st == DMEM_OK && ordered_out) *ordered_out = ordered;
   return st;
 }
 
 dmem_status_t dmem__pool_alloc(dmem__pool_t *p, size_t size, void *stream, void **ptr_out) {
   bool ordered = false;
-  return pool_alloc(p, size, stream, ptr_out, NULL, &ordered);
+  return pool_alloc(p, size, stream, ptr_out, NULL, &ordered, false);
 }
 
 void dmem__pool_free(dmem__pool_t *p, void *ptr, size_t size, void *stream) {

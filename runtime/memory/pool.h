@@ -7,7 +7,8 @@
  *  - Blocks of device memory, 256-byte aligned, carved from slabs that come
  *    from be->device_alloc (cudaMalloc under CUDA, so CUDA IPC works on
  *    them). Slabs grow geometrically from `min_slab` (doubling) and the bytes
- *    of all slabs never pass `limit`; a request larger than the next
+ *    of all slabs never pass `limit` (except through
+ *    dmem__pool_alloc_past_limit); a request larger than the next
  *    geometric size gets a slab of its own (rounded up to 2 MiB where that
  *    fits under the limit).
  *  - Size classes for blocks up to 1 MiB (multiples of 256 B up to 1 KiB,
@@ -158,6 +159,20 @@ dmem_status_t dmem__pool_alloc_ex(dmem__pool_t *p, size_t size, void *stream, vo
  */
 dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,
                                        bool *ordered_out);
+
+/*
+ * dmem__pool_alloc_ordered, except that when no free range fits and no slab
+ * can be added under the limit, a slab of exactly the request's (rounded)
+ * size is added past it. For a caller that keeps the bytes of live blocks
+ * under the limit itself (the runtime's device charge) and has nothing left
+ * to free: live blocks can hold slabs whose free parts no request fits in
+ * (a cudaMalloc'd slab cannot be cut smaller), and an allocation that fits
+ * the limit must not fail because of that. Such slabs go back, as any
+ * other, once they are empty and the pool is trimmed; while the pool holds
+ * more than the limit, no other slab is added (until trim brings it under).
+ */
+dmem_status_t dmem__pool_alloc_past_limit(dmem__pool_t *p, size_t size, void *stream,
+                                          void **ptr_out, bool *ordered_out);
 
 /*
  * Free a block whose last use was enqueued on `stream` before this call.
