@@ -38,6 +38,13 @@
   (DMEM_SCHED_POINT(),                                                                        \
    atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_acq_rel, \
                                            memory_order_acquire))
+/* A full fence: orders a store before a later load of another variable
+ * (store-buffering handshakes; each use names its partner fence). */
+#define dmem_atomic_fence_seq_cst() atomic_thread_fence(memory_order_seq_cst)
+#define dmem_atomic_exchange_relaxed(p, v) atomic_exchange_explicit((p), (v), memory_order_relaxed)
+#define dmem_atomic_cas_strong_relaxed(p, expected, desired)                                 \
+  atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_relaxed, \
+                                          memory_order_relaxed)
 /* Relaxed CAS, for counters that order nothing (accounting). */
 #define dmem_atomic_cas_relaxed(p, expected, desired)                                      \
   atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_relaxed, \

@@ -81,7 +81,11 @@ dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
     nw = w | DMEM__F_FREED;
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
   size_t size = dmem__bsize(b);
-  dmem__emit(rt, DMEM_EVENT_FREE, h, size, dmem__tier_public(dmem__w_state(w)), 0);
+  /* Freed while the controller's store of it runs (TRANSIT): its mover
+   * sends the FREE event after store() returns (core.h:
+   * dmem__store_watch), so that the controller drops what it stored. */
+  if (!(nw & DMEM__F_TRANSIT) || !dmem__store_hand_over(b))
+    dmem__emit(rt, DMEM_EVENT_FREE, h, size, dmem__tier_public(dmem__w_state(w)), 0);
   if (dmem__w_count(nw) == 0 && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
   return DMEM_OK;
 }

@@ -165,6 +165,7 @@ struct dmem_runtime {
   dmem_controller_t ctl;
   _Atomic int has_ctl;        /* relaxed hint: skip the mutex when no controller */
   _Atomic int has_ctl_events; /* relaxed hint: the controller has on_event */
+  size_t ctl_stores;          /* the controller's stores in flight (under ctl_mu) */
 
   /* Why the runtime refuses work, or DMEM__LIVE: DMEM__FATAL (sticky
    * DMEM_ERR_DEVICE_FATAL, set by dmem__fatal_keep) or DMEM__FORKED (set in

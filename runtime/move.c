@@ -11,7 +11,7 @@ dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier) 
   if (st != DMEM_OK) return st;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
-  if (dmem__tl_transit == b)
+  if (dmem__moving_self(rt, h))
     return dmem__error(DMEM_ERR_BUSY, "handle 0x%016llx is being moved by this thread",
                        (unsigned long long)h);
   dmem__pending_poll(rt, false); /* a finished stream release no longer holds it */

@@ -111,8 +111,11 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
     /* Other threads' moves or pending stream releases may still free
      * memory, or have freed some since the last attempt: wait for them, or
      * try again, with a deadline. acquire: partner is the release that
-     * lowers each counter after its memory is back. */
-    bool hope = dmem_atomic_load_acquire(&rt->spills_in_flight) > 0 ||
+     * lowers each counter after its memory is back. Not for this thread's
+     * own spills (an allocation from a controller's store): they cannot
+     * end before the callback returns, so the allocation fails at once. */
+    int own = dmem__moving_spills(rt);
+    bool hope = dmem_atomic_load_acquire(&rt->spills_in_flight) > own ||
                 dmem_atomic_load_acquire(&rt->npending) > 0;
     bool moved = dmem_atomic_load_acquire(&rt->moves_done) != seen; /* partner: as above */
     uint64_t now = dmem__now_ns();
@@ -133,6 +136,12 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
       if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
     }
     if (last_err != DMEM_OK && last_err != DMEM_ERR_BUSY) return last_err;
+    if (own > 0 && !hope)
+      return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
+                         "no device memory for %zu bytes: %zu of %zu bytes used, nothing left "
+                         "to spill, and the only spill in flight is the calling thread's own "
+                         "(a controller callback's): not waiting for it",
+                         size, dmem__device_used(rt), rt->limit);
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
                        "no device memory for %zu bytes: %zu of %zu bytes used and nothing "
                        "left to spill",

@@ -63,7 +63,7 @@ dmem_status_t dmem__read(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
     if (n == 0) return DMEM_OK;
     unsigned s = dmem__w_state(w);
     bool moving = (w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING;
-    if (moving && dmem__tl_transit == b)
+    if (moving && dmem__moving_self(rt, h))
       return dmem__error(DMEM_ERR_BUSY,
                          "handle 0x%016llx is being moved by the calling thread's callback",
                          (unsigned long long)h);

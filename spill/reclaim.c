@@ -66,7 +66,7 @@ void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w) {
 
 void dmem__move_after(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t nw) {
   DMEM_ASSERT(!(nw & DMEM__F_TRANSIT));
-  if (dmem__tl_transit == b) dmem__tl_transit = NULL;
+  dmem__moving_end(rt, dmem__handle_of(b, nw));
   if ((nw & DMEM__F_FREED) && dmem__w_count(nw) == 0) dmem__reclaim(rt, b, nw);
   dmem__transit_broadcast(rt);
 }
@@ -75,7 +75,7 @@ void dmem__moves_after(dmem_runtime_t *rt, dmem__buffer_t *const *bs, const uint
                        size_t n) {
   for (size_t i = 0; i < n; i++) {
     DMEM_ASSERT(!(nws[i] & DMEM__F_TRANSIT));
-    if (dmem__tl_transit == bs[i]) dmem__tl_transit = NULL;
+    dmem__moving_end(rt, dmem__handle_of(bs[i], nws[i]));
     if ((nws[i] & DMEM__F_FREED) && dmem__w_count(nws[i]) == 0) dmem__reclaim(rt, bs[i], nws[i]);
   }
   if (n) dmem__transit_broadcast(rt);

@@ -142,7 +142,7 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
     unsigned s = dmem__w_state(w);
     bool moving = (w & DMEM__F_TRANSIT) || s == DMEM_STATE_SPILLING || s == DMEM_STATE_UNSPILLING;
     bool cancellable = s == DMEM_STATE_SPILLING && (w & DMEM__F_SPILL_COPY);
-    if (moving && dmem__tl_transit == b && s != DMEM_STATE_RESIDENT)
+    if (moving && dmem__moving_self(rt, h))
       return dmem__error(DMEM_ERR_BUSY,
                          "handle 0x%016llx is being moved by the calling thread's callback",
                          (unsigned long long)h);
@@ -179,7 +179,12 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
     }
     /* Deferred and nobody moving it: take TRANSIT (and the lock) at once. */
     if (!dmem__transit_take(b, &w, DMEM_STATE_UNSPILLING, locks)) continue;
+    /* its eviction's callbacks and the controller's retrieve may call back
+     * in: a call on h from them gets BUSY (core.h) */
+    dmem__moving_t m;
+    dmem__moving_push(&m, rt, h, false);
     st = copy_back(rt, b, h, s, stream, mode);
+    dmem__moving_pop(&m);
     if (st != DMEM_OK) return st;
     if (dev_out) *dev_out = dmem__bdev(b);
     return DMEM_OK;

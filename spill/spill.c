@@ -16,6 +16,24 @@ static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_
   if (emit) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, tier, 0);
 }
 
+/* dest->store of h's bytes at data. For the controller tier, the FREE
+ * event's handshake with dmem_free (core.h: dmem__store_watch): a buffer
+ * freed before the store is not stored (DMEM_ERR_STALE_HANDLE: dmem_free
+ * has told the controller already); *tell_free is set when it was freed
+ * during the store, and the caller then sends its FREE event once its move
+ * has ended, after store() returned. */
+static dmem_status_t tier_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
+                                const dmem__tier_ops_t *dest, void *data, bool *tell_free) {
+  if (dest != &dmem__tier_controller) return dest->store(rt, b, h, data);
+  dmem_status_t st =
+      dmem__store_watch(b, h)
+          ? dest->store(rt, b, h, data)
+          : dmem__error(DMEM_ERR_STALE_HANDLE, "handle 0x%016llx was freed during its spill",
+                        (unsigned long long)h);
+  *tell_free = dmem__store_unwatch(b);
+  return st;
+}
+
 /* Spill a resident buffer whose TRANSIT we own (state SPILLING, word w).
  *
  * To the host tier the spill is stream-ordered end to end: the copy is
@@ -35,6 +53,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
   dmem_status_t st = DMEM_OK;
   void *ev = NULL;
   bool copied = false; /* the copy is known complete */
+  bool tell_free = false; /* freed during the controller's store: we send FREE */
 
   /* Staging left from the last unspill (not charged to any tier): reuse it. */
   void *stage = b->host;
@@ -70,7 +89,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
   if (!dest->adopts_staging) {
     st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
     copied = st == DMEM_OK;
-    if (st == DMEM_OK) st = dest->store(rt, b, h, stage);
+    if (st == DMEM_OK) st = tier_store(rt, b, h, dest, stage, &tell_free);
   }
   if (st != DMEM_OK) goto undo;
 
@@ -104,6 +123,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
       }
       dmem__move_after(rt, b, nw);
       record_spill(rt, h, size, dest->tier, t0, !(nw & DMEM__F_FREED));
+      if (tell_free) dmem__emit(rt, DMEM_EVENT_FREE, h, size, dest->tier, 0);
       return DMEM_OK;
     }
   }
@@ -123,6 +143,7 @@ undo:
                  (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
                                         .clear = DMEM__F_SPILL_COPY});
   if (ev) dmem__event_put(rt, ev);
+  if (tell_free) dmem__emit(rt, DMEM_EVENT_FREE, h, size, DMEM_TIER_DEVICE, 0);
   return st;
 }
 
@@ -146,10 +167,12 @@ static dmem_status_t spill_from_host(dmem_runtime_t *rt, dmem__buffer_t *b, dmem
                                      const dmem__tier_ops_t *dest) {
   uint64_t t0 = dmem__now_ns();
   size_t size = dmem__bsize(b);
+  bool tell_free = false; /* freed during the controller's store: we send FREE */
   dmem_status_t st = finish_spill_copy(rt, b);
-  if (st == DMEM_OK) st = dest->store(rt, b, h, b->host);
+  if (st == DMEM_OK) st = tier_store(rt, b, h, dest, b->host, &tell_free);
   if (st != DMEM_OK) {
     dmem__move_end(rt, b, (dmem__transit_exit_t){0});
+    if (tell_free) dmem__emit(rt, DMEM_EVENT_FREE, h, size, DMEM_TIER_HOST, 0);
     return st;
   }
   dmem__tier_host.drop(rt, b, h);
@@ -157,6 +180,7 @@ static dmem_status_t spill_from_host(dmem_runtime_t *rt, dmem__buffer_t *b, dmem
   uint64_t nw = dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(dest->state)});
   dmem_atomic_add_relaxed(&rt->ns_spilling, dmem__now_ns() - t0);
   if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, dest->tier, 0);
+  else if (tell_free) dmem__emit(rt, DMEM_EVENT_FREE, h, size, dest->tier, 0);
   return DMEM_OK;
 }
 
@@ -198,16 +222,25 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
         dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
         continue;
       }
+      /* the controller's store may call back in: a call on h from it gets
+       * BUSY, and an allocation does not wait for this spill (core.h) */
+      dmem__moving_t m;
+      dmem__moving_push(&m, rt, h, true);
       DMEM_NVTX_PUSH("dmem spill");
       st = spill_from_device(rt, b, h, w, dest);
       DMEM_NVTX_POP();
+      dmem__moving_pop(&m);
       dmem__move_finished(rt);
       return st;
     }
     if (s == dest->state) return DMEM_OK;
     if (s == DMEM_STATE_DEFERRED_HOST) {
       if (!dmem__transit_take(b, &w, s, 0)) continue;
-      return spill_from_host(rt, b, h, dest);
+      dmem__moving_t m;
+      dmem__moving_push(&m, rt, h, false);
+      st = spill_from_host(rt, b, h, dest);
+      dmem__moving_pop(&m);
+      return st;
     }
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "cannot move handle 0x%016llx from state %u to tier %d; unspill first",
@@ -355,7 +388,6 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   batch_item_t it[DMEM__SPILL_BATCH_MAX];
-  dmem__buffer_t *outer = dmem__tl_transit; /* a move of the caller's, if any */
   size_t bytes = 0;
   /* one count for the whole batch, raised before its victims leave the
    * spillable set (as in dmem__spill_buffer) */
@@ -472,6 +504,5 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
 out:
   DMEM_NVTX_POP();
   dmem__move_finished(rt);
-  dmem__tl_transit = outer;
   return st;
 }

@@ -8,13 +8,15 @@
 static dmem_status_t ctl_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                void *data) {
   dmem_controller_t c;
-  if (!dmem__controller_get(rt, &c) || !c.store)
+  /* counted as in flight: the controller cannot be removed or replaced
+   * until the bytes it keeps are counted in controller_used */
+  if (!dmem__controller_store_begin(rt, &c))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "no controller with store/retrieve installed");
   dmem_status_t st = c.store(c.user, h, data, dmem__bsize(b));
+  dmem__controller_store_end(rt, st == DMEM_OK ? dmem__bsize(b) : 0);
   if (st != DMEM_OK)
     return dmem__error(DMEM_ERR_CALLBACK, "controller store(0x%016llx) returned %s",
                        (unsigned long long)h, dmem_status_name(st));
-  dmem_atomic_add_relaxed(&rt->controller_used, dmem__bsize(b));
   return DMEM_OK;
 }
 

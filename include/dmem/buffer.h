@@ -51,7 +51,13 @@ typedef struct dmem_buffer_info {
  *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL, size 0, unknown flags;
  *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit (SIZE_MAX
  *                                    included: at once, nothing spilled), or
- *                                    nothing more can be spilled;
+ *                                    nothing more can be spilled (after
+ *                                    waiting up to oom_wait_ms for other
+ *                                    threads' moves; from a controller
+ *                                    callback, at once when only the
+ *                                    caller's own move could make room: see
+ *                                    dmem/controller.h);
+ *         DMEM_ERR_CALLBACK          the controller's select_victims failed;
  *         DMEM_ERR_HOST_OUT_OF_MEMORY handle table could not grow, or victims
  *                                    could not be spilled for lack of host
  *                                    memory;
@@ -65,7 +71,11 @@ DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flag
  * Free a buffer. The handle is stale at once for every call except
  * dmem_unlock: if the buffer is locked, its memory is reclaimed at the last
  * unlock (and the locks taken before the free stay valid until then).
- * A buffer in a spill or unspill is reclaimed when that move finishes.
+ * A buffer in a spill or unspill is reclaimed when that move finishes. The
+ * controller's FREE event is sent here, or, for a buffer freed while the
+ * controller's store of it runs, by the spilling thread after store()
+ * returns (dmem/controller.h). Callable from controller callbacks, on their
+ * own buffer too.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free -,
@@ -101,9 +111,14 @@ DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
  *         DMEM_ERR_INVALID_ARGUMENT  rt or dev_ptr_out NULL, lock count at
  *                                    DMEM_LOCK_COUNT_MAX;
  *         DMEM_ERR_STALE_HANDLE;
- *         DMEM_ERR_BUSY              called from a controller callback for the
- *                                    buffer that callback is moving;
- *         DMEM_ERR_OUT_OF_MEMORY     no device memory for the retrieve;
+ *         DMEM_ERR_BUSY              called from a controller callback (or
+ *                                    an on_event) on a buffer that the
+ *                                    calling thread is moving: the buffer of
+ *                                    that store/retrieve, or one whose lock
+ *                                    up the stack made the callback run (at
+ *                                    once, see dmem/controller.h);
+ *         DMEM_ERR_OUT_OF_MEMORY     no device memory for the retrieve (see
+ *                                    dmem_alloc);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY no host memory for the retrieve's
  *                                    staging (a disk or controller copy) or
  *                                    for the spills that make room;
@@ -166,8 +181,9 @@ DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
  *                                    (DMEM_STATE_DEFERRED_CONTROLLER: its
  *                                    retrieve may drop its copy; lock or
  *                                    unspill it instead), or called from a
- *                                    controller callback for the buffer that
- *                                    callback is moving;
+ *                                    controller callback on a buffer the
+ *                                    calling thread is moving (at once, see
+ *                                    dmem/controller.h);
  *         DMEM_ERR_IO                the disk read failed (the buffer stays
  *                                    on disk, intact);
  *         DMEM_ERR_FORKED            in a forked child (see dmem/runtime.h);

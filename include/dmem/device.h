@@ -42,7 +42,11 @@ extern "C" {
  * Thread-safe.
  * @return DMEM_OK (*ptr_out written);
  *         DMEM_ERR_INVALID_ARGUMENT  rt or ptr_out NULL, size 0;
- *         DMEM_ERR_OUT_OF_MEMORY     nothing more could be spilled or freed;
+ *         DMEM_ERR_OUT_OF_MEMORY     nothing more could be spilled or freed
+ *                                    (as for dmem_alloc: from a controller
+ *                                    callback at once when only the caller's
+ *                                    own move could make room);
+ *         DMEM_ERR_CALLBACK          the controller's select_victims failed;
  *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL  a CUDA error (sticky for
  *                                    the fatal kind);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY bookkeeping could not grow.

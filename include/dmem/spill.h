@@ -38,9 +38,15 @@ extern "C" {
  *                                    such a controller, or moving from
  *                                    disk/controller back to host;
  *         DMEM_ERR_STALE_HANDLE      zero, freed, forged or another
- *                                    runtime's handle;
+ *                                    runtime's handle, or freed by another
+ *                                    thread before the controller's store
+ *                                    began (not stored; the buffer is
+ *                                    reclaimed);
  *         DMEM_ERR_BUSY              locked, pinned, being moved by another
- *                                    thread, or the spill was cancelled;
+ *                                    thread or by the calling thread (from a
+ *                                    controller callback on its own buffer,
+ *                                    at once: dmem/controller.h), or the
+ *                                    spill was cancelled;
  *         DMEM_ERR_HOST_OUT_OF_MEMORY, DMEM_ERR_IO, DMEM_ERR_CALLBACK (the
  *                                    buffer stays where it was, data intact);
  *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
@@ -56,11 +62,12 @@ DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier
  * that write at its next chunk and comes back from the host tier.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
- *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (another thread is moving it,
- *         or called from a controller callback moving this buffer);
- *         DMEM_ERR_OUT_OF_MEMORY; DMEM_ERR_HOST_OUT_OF_MEMORY (no host memory
- *         for the staging of a disk or controller copy, or for the spills
- *         that make room); DMEM_ERR_IO; DMEM_ERR_CALLBACK;
+ *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a controller
+ *         callback on a buffer the calling thread is moving, at once: see
+ *         dmem/controller.h; a move by another thread is waited for);
+ *         DMEM_ERR_OUT_OF_MEMORY (as for dmem_alloc); DMEM_ERR_HOST_OUT_OF_MEMORY
+ *         (no host memory for the staging of a disk or controller copy, or
+ *         for the spills that make room); DMEM_ERR_IO; DMEM_ERR_CALLBACK;
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL; DMEM_ERR_FORKED (see
  *         dmem/runtime.h). On failure the bytes stay where they were.
  */
@@ -96,8 +103,10 @@ DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_st
  * Thread-safe.
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL, hs NULL with n > 0,
  *         or n > SIZE_MAX / 16); DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a
- *         controller callback moving one of the buffers);
- *         DMEM_ERR_OUT_OF_MEMORY (no room even after spilling);
+ *         controller callback on a buffer the calling thread is moving, at
+ *         once: see dmem/controller.h);
+ *         DMEM_ERR_OUT_OF_MEMORY (no room even after spilling; as for
+ *         dmem_alloc);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_IO; DMEM_ERR_CALLBACK;
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. A buffer that failed stays
  *         where it was, data intact.
@@ -109,7 +118,9 @@ DMEM_API dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs
  * Spill unlocked buffers by policy (or by the controller's victim selection)
  * until at least `bytes` of device memory have been freed or nothing more can
  * be spilled (bytes SIZE_MAX: every unlocked, unpinned buffer). bytes 0 is a
- * no-op: no eviction pass, no controller call, *freed_out 0.
+ * no-op: no eviction pass, no controller call, *freed_out 0. Buffers being
+ * moved (by any thread; from a controller callback, its own buffer) are
+ * passed over.
  *
  * @param freed_out receives the bytes actually freed (may be less than
  *                  `bytes`); may be NULL. Written on DMEM_OK only.

@@ -11,8 +11,20 @@ override the ``on_*`` notifications costs nothing per allocation.
 Threading: callbacks run on the thread that caused the event (possibly a
 runtime thread), with the GIL held and no dmem-internal lock held, so they may
 call back into the runtime (``buf.state``, ``rt.stats()``, ``other.spill()``,
-...). The one exception: ``store`` and ``retrieve`` must not lock, spill or
-unspill the buffer they were called for (that raises BusyError).
+``rt.alloc(n)``, ...). The rules (the table in ``dmem/controller.h``):
+
+- ``store`` and ``retrieve`` may not lock, read, peek, spill or unspill the
+  buffer they were called for, and no callback may do so on a buffer whose
+  lock, unspill or prefetch on the same thread made it run: that raises
+  BusyError at once, also after the callback moved other buffers.
+  ``buf.free()`` is allowed.
+- An allocation from a callback spills other buffers as usual, but does not
+  wait for the caller's own spill: OutOfMemoryError at once when only that
+  could make room.
+- ``rt.set_controller(...)`` from a ``store``, or while the controller holds
+  bytes, raises BusyError (it cannot be removed or replaced then).
+- A buffer freed while its ``store`` runs gets its ``on_free`` after
+  ``store`` returns: drop what was stored for that handle there.
 
 Errors: an exception raised by a callback is not lost. If a Python call on the
 same thread triggered the callback (``rt.alloc``, ``buf.spill``, ...), that call

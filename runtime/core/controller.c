@@ -18,11 +18,26 @@ dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "dmem_set_controller: store and retrieve go together");
   dmem__mutex_lock(&rt->ctl_mu, DMEM__RANK_CONTROL);
-  if ((!c || !c->retrieve) && dmem_atomic_load_relaxed(&rt->controller_used) > 0) {
+  /* The bytes the controller holds, and those its stores in flight are
+   * about to hold (they are added to controller_used under ctl_mu before
+   * the store's count ends: dmem__controller_store_end), can only be
+   * retrieved through the same store/retrieve/user: removing or replacing
+   * it would strand them. */
+  size_t held = dmem_atomic_load_relaxed(&rt->controller_used);
+  bool same = c && c->store == rt->ctl.store && c->retrieve == rt->ctl.retrieve &&
+              c->user == rt->ctl.user;
+  if ((held > 0 || rt->ctl_stores > 0) && !same) {
+    size_t stores = rt->ctl_stores;
     dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
+    if (stores > 0)
+      return dmem__error(DMEM_ERR_BUSY,
+                         "%zu store(s) of the controller in flight: it cannot be removed or "
+                         "replaced until they return",
+                         stores);
     return dmem__error(DMEM_ERR_BUSY,
-                       "buffers are held by the controller (%zu bytes): unspill them first",
-                       dmem_atomic_load_relaxed(&rt->controller_used));
+                       "buffers are held by the controller (%zu bytes): unspill them before "
+                       "removing or replacing it",
+                       held);
   }
   if (c) {
     memset(&rt->ctl, 0, sizeof rt->ctl);
@@ -35,6 +50,50 @@ dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c
   dmem_atomic_store_relaxed(&rt->has_ctl_events, c != NULL && c->on_event != NULL);
   dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
   return DMEM_OK;
+}
+
+bool dmem__controller_store_begin(dmem_runtime_t *rt, dmem_controller_t *c_out) {
+  if (!dmem_atomic_load_relaxed(&rt->has_ctl)) return false;
+  dmem__mutex_lock(&rt->ctl_mu, DMEM__RANK_CONTROL);
+  bool has = dmem_atomic_load_relaxed(&rt->has_ctl) != 0 && rt->ctl.store != NULL;
+  if (has) {
+    *c_out = rt->ctl;
+    rt->ctl_stores++;
+  }
+  dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
+  return has;
+}
+
+void dmem__controller_store_end(dmem_runtime_t *rt, size_t kept) {
+  dmem__mutex_lock(&rt->ctl_mu, DMEM__RANK_CONTROL);
+  DMEM_ASSERT(rt->ctl_stores > 0);
+  dmem_atomic_add_relaxed(&rt->controller_used, kept);
+  rt->ctl_stores--;
+  dmem__mutex_unlock(&rt->ctl_mu, DMEM__RANK_CONTROL);
+}
+
+bool dmem__store_watch(dmem__buffer_t *b, dmem_handle_t h) {
+  DMEM_ASSERT(dmem_atomic_load_relaxed(&b->store_watch) == 0);
+  dmem_atomic_store_relaxed(&b->store_watch, DMEM__WATCH_STORING);
+  DMEM_SCHED_POINT(); /* a free may come between: the fences decide */
+  /* partner: the fence in dmem__store_hand_over. Either dmem_free's
+   * hand-over sees STORING, or this load sees its FREED (store buffering:
+   * not both miss). */
+  dmem_atomic_fence_seq_cst();
+  uint64_t w = dmem_atomic_load_relaxed(&b->word);
+  return dmem__w_gen(w) == dmem__h_gen(h) && !(w & DMEM__F_FREED);
+}
+
+bool dmem__store_unwatch(dmem__buffer_t *b) {
+  return dmem_atomic_exchange_relaxed(&b->store_watch, 0u) == DMEM__WATCH_FREED;
+}
+
+bool dmem__store_hand_over(dmem__buffer_t *b) {
+  DMEM_SCHED_POINT(); /* the store may start or end between */
+  /* partner: the fence in dmem__store_watch (see there) */
+  dmem_atomic_fence_seq_cst();
+  uint32_t want = DMEM__WATCH_STORING;
+  return dmem_atomic_cas_strong_relaxed(&b->store_watch, &want, DMEM__WATCH_FREED);
 }
 
 bool dmem__controller_get(dmem_runtime_t *rt, dmem_controller_t *c_out) {

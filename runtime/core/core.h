@@ -211,6 +211,10 @@ typedef struct dmem__buffer {
    * (spill/tier_disk.c), so the lock does not wait for the whole write. The
    * writer clears it when it starts. */
   _Atomic uint32_t io_cancel;
+  /* DMEM__WATCH_STORING while the TRANSIT owner calls the controller's
+   * store, DMEM__WATCH_FREED once dmem_free has left the FREE event to it
+   * (core/controller.c: dmem__store_watch); 0 otherwise. */
+  _Atomic uint32_t store_watch;
   uint32_t slot;      /* index in the table; set once when the chunk is made */
   uint32_t next_free; /* free-list link, under the table mutex */
 } dmem__buffer_t;
@@ -269,9 +273,35 @@ dmem_status_t dmem__table_check_all(dmem__table_t *t, const dmem_handle_t *hs, s
 
 /* ---- the TRANSIT protocol (core/transit.c) ----------------------------------- */
 
-/* The buffer whose TRANSIT the calling thread owns (so that a callback run
- * during the move gets BUSY instead of waiting for itself), or NULL. */
-extern _Thread_local dmem__buffer_t *dmem__tl_transit;
+/* The moves the calling thread runs while a callback may be called (a
+ * controller's store or retrieve, the events and victim selection of the
+ * eviction under a retrieve), innermost first: a stack whose entries live
+ * in the movers' frames, so nesting has no bound and costs no allocation.
+ * A call from a callback on a buffer of this list gets DMEM_ERR_BUSY at
+ * once instead of waiting for its own thread, and an allocation does not
+ * wait for this thread's spills (spill/pressure.c). Moves that call no
+ * callback while they own TRANSIT (eviction batches, the staging poller,
+ * reads, push-downs) are not listed. */
+typedef struct dmem__moving {
+  const dmem_runtime_t *rt;
+  dmem_handle_t h;
+  bool spill;               /* a spill from the device: in rt->spills_in_flight */
+  struct dmem__moving *up;  /* the enclosing move of this thread, or NULL */
+} dmem__moving_t;
+
+/* Push m (in the caller's frame) for h, whose TRANSIT the caller owns; pop
+ * it (the innermost entry) when the move and its callbacks are done. */
+void dmem__moving_push(dmem__moving_t *m, const dmem_runtime_t *rt, dmem_handle_t h, bool spill);
+void dmem__moving_pop(dmem__moving_t *m);
+/* h's move has ended (its TRANSIT is given up): its entry, if the calling
+ * thread has one, no longer names it, though it stays on the stack (and
+ * counts as a spill) until popped. Called at every move's end
+ * (spill/reclaim.c). */
+void dmem__moving_end(const dmem_runtime_t *rt, dmem_handle_t h);
+/* Whether the calling thread is moving h of rt in an enclosing call. */
+bool dmem__moving_self(const dmem_runtime_t *rt, dmem_handle_t h);
+/* How many of rt->spills_in_flight the calling thread runs itself. */
+int dmem__moving_spills(const dmem_runtime_t *rt);
 
 /* Try to take TRANSIT on b, whose word the caller read as *w: one CAS to
  * `(*w | TRANSIT)` with the state set to `state` and `locks` added to the
@@ -328,6 +358,30 @@ void dmem__event_pool_fini(dmem_runtime_t *rt);
 
 /* Copy the installed controller; false when none is installed. */
 bool dmem__controller_get(dmem_runtime_t *rt, dmem_controller_t *c_out);
+/* The controller's store for a buffer whose TRANSIT the caller owns,
+ * counted as in flight (dmem_set_controller refuses to remove or replace a
+ * controller while a store runs or it holds bytes): copies the controller
+ * into *c_out and returns false (nothing counted) when none with store is
+ * installed. dmem__controller_store_end ends the count, adding `kept` bytes
+ * (0 after a failed store) to rt->controller_used first. */
+bool dmem__controller_store_begin(dmem_runtime_t *rt, dmem_controller_t *c_out);
+void dmem__controller_store_end(dmem_runtime_t *rt, size_t kept);
+
+/* A FREE event during a store. The TRANSIT owner of b calls
+ * dmem__store_watch before the controller's store: false when b was freed
+ * already (the store is then skipped). It calls dmem__store_unwatch after
+ * store() returns (or is skipped), still owning TRANSIT: true when
+ * dmem_free ran meanwhile and left the FREE event to the owner, who sends
+ * it once its move has ended. dmem_free, after setting FREED on a
+ * word with TRANSIT, calls dmem__store_hand_over: true when the owner will
+ * send the event. So the one FREE event of a buffer freed during its store
+ * comes after store() returns. */
+#define DMEM__WATCH_STORING 1u
+#define DMEM__WATCH_FREED 2u
+bool dmem__store_watch(dmem__buffer_t *b, dmem_handle_t h);
+bool dmem__store_unwatch(dmem__buffer_t *b);
+bool dmem__store_hand_over(dmem__buffer_t *b);
+
 /* Send an event to the controller's on_event callback, if it has one. Takes
  * no mutex when it has none. */
 void dmem__emit(dmem_runtime_t *rt, dmem_event_kind_t kind, dmem_handle_t h, size_t size,

@@ -7,7 +7,40 @@
 #include "internal.h"
 #include <time.h>
 
-_Thread_local dmem__buffer_t *dmem__tl_transit;
+/* The calling thread's moves that may call callbacks (core.h), innermost
+ * first. */
+static _Thread_local dmem__moving_t *tl_moving;
+
+void dmem__moving_push(dmem__moving_t *m, const dmem_runtime_t *rt, dmem_handle_t h, bool spill) {
+  m->rt = rt;
+  m->h = h;
+  m->spill = spill;
+  m->up = tl_moving;
+  tl_moving = m;
+}
+
+void dmem__moving_pop(dmem__moving_t *m) {
+  DMEM_ASSERT(tl_moving == m);
+  tl_moving = m->up;
+}
+
+void dmem__moving_end(const dmem_runtime_t *rt, dmem_handle_t h) {
+  for (dmem__moving_t *m = tl_moving; m; m = m->up)
+    if (m->rt == rt && m->h == h) m->h = DMEM_HANDLE_NULL;
+}
+
+bool dmem__moving_self(const dmem_runtime_t *rt, dmem_handle_t h) {
+  for (const dmem__moving_t *m = tl_moving; m; m = m->up)
+    if (m->rt == rt && m->h == h) return true;
+  return false;
+}
+
+int dmem__moving_spills(const dmem_runtime_t *rt) {
+  int n = 0;
+  for (const dmem__moving_t *m = tl_moving; m; m = m->up)
+    if (m->rt == rt && m->spill) n++;
+  return n;
+}
 
 uint64_t dmem__now_ns(void) {
   struct timespec ts;
@@ -27,7 +60,6 @@ bool dmem__transit_take(dmem__buffer_t *b, uint64_t *w, unsigned state, uint32_t
   /* acquire: partner is the releasing CAS of the previous owner
    * (dmem__transit_end) or dmem_alloc's release store */
   if (!dmem_atomic_cas_strong_acq_rel(&b->word, w, nw)) return false;
-  dmem__tl_transit = b;
   *w = nw;
   return true;
 }
@@ -43,7 +75,6 @@ uint64_t dmem__transit_end(dmem__buffer_t *b, dmem__transit_exit_t exit) {
     /* release: publishes the owner's writes (b->dev, b->host, events);
      * partner is the acquire load/CAS of lockers and the next mover */
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
-  if (dmem__tl_transit == b) dmem__tl_transit = NULL;
   return nw;
 }
 

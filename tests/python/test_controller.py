@@ -595,6 +595,59 @@ def test_store_may_not_move_its_own_buffer(rt, start, op):
     assert b.read() == b"o" * KB
 
 
+@pytest.mark.parametrize("op", ["spill", "lock", "unspill", "peek"])
+def test_store_own_buffer_busy_after_moving_another(rt, op):
+    # Regression: once store had moved another buffer, a lock or unspill of
+    # its own buffer cancelled its own spill (no error) and a peek waited
+    # for ever. Each is BusyError at once, whatever the callback did first.
+    results = []
+    other = rt.alloc(KB)
+    ops = {"spill": lambda b: b.spill("host"), "lock": _enter_lock,
+           "unspill": lambda b: b.unspill(), "peek": lambda b: b.peek(1)}
+
+    class MovesFirst(DictController):
+        def store(self, buf, data):
+            other.spill("host")
+            try:
+                ops[op](buf)
+                results.append("ok")
+            except dmem.BusyError:
+                results.append("busy")
+            super().store(buf, data)
+
+    rt.set_controller(MovesFirst())
+    b = rt.alloc(KB)
+    b.write(b"m" * KB)
+    b.spill("controller")
+    assert results == ["busy"]
+    assert other.state == "deferred_host"
+    assert b.state == "deferred_controller"
+    assert b.read() == b"m" * KB
+
+
+def test_remove_controller_from_its_store_is_busy(rt):
+    # Regression: removing the controller while its store ran succeeded and
+    # left the buffer in a controller tier that no longer existed.
+    errors = []
+
+    class Remover(DictController):
+        def store(self, buf, data):
+            try:
+                rt.set_controller(None)
+            except dmem.BusyError as e:
+                errors.append(str(e))  # not e: its traceback would keep `data`
+            super().store(buf, data)
+
+    c = Remover()
+    rt.set_controller(c)
+    b = rt.alloc(KB)
+    b.write(b"r" * KB)
+    b.spill("controller")
+    assert len(errors) == 1
+    assert rt.controller is c
+    assert b.read() == b"r" * KB
+
+
 def test_retrieve_may_not_move_its_own_buffer(rt):
     results = []
 
