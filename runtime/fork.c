@@ -44,6 +44,28 @@ static void fork_register(void) {
   fork_register_rc = pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
+/* The most verbose level of the live runtimes (under fork_mu). */
+static void log_level_update_locked(void) {
+  int level = fork_live ? DMEM_LOG_OFF : DMEM_LOG_WARN;
+  for (dmem_runtime_t *rt = fork_live; rt; rt = rt->fork_next) {
+    int l = dmem_atomic_load_relaxed(&rt->log_level);
+    if (l > level) level = l;
+  }
+  dmem_atomic_store_relaxed(&dmem__log_level, level);
+}
+
+void dmem__log_level_update(void) {
+  pthread_mutex_lock(&fork_mu);
+  log_level_update_locked();
+  pthread_mutex_unlock(&fork_mu);
+}
+
+void dmem__fork_each(void (*fn)(dmem_runtime_t *rt, void *arg), void *arg) {
+  pthread_mutex_lock(&fork_mu);
+  for (dmem_runtime_t *rt = fork_live; rt; rt = rt->fork_next) fn(rt, arg);
+  pthread_mutex_unlock(&fork_mu);
+}
+
 dmem_status_t dmem__fork_track(dmem_runtime_t *rt) {
   pthread_once(&fork_once, fork_register);
   if (fork_register_rc != 0)
@@ -53,6 +75,7 @@ dmem_status_t dmem__fork_track(dmem_runtime_t *rt) {
   rt->fork_next = fork_live;
   if (fork_live) fork_live->fork_prev = rt;
   fork_live = rt;
+  log_level_update_locked();
   pthread_mutex_unlock(&fork_mu);
   return DMEM_OK;
 }
@@ -63,5 +86,6 @@ void dmem__fork_untrack(dmem_runtime_t *rt) {
   else if (fork_live == rt) fork_live = rt->fork_next;
   if (rt->fork_next) rt->fork_next->fork_prev = rt->fork_prev;
   rt->fork_prev = rt->fork_next = NULL;
+  log_level_update_locked();
   pthread_mutex_unlock(&fork_mu);
 }

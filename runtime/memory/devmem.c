@@ -56,11 +56,16 @@ static bool charge(dmem_runtime_t *rt, size_t size, size_t *short_by) {
   size_t take = size < rt->charge_chunk ? rt->charge_chunk : size;
   if (dmem__reserve(&rt->device_charged, rt->limit, take, NULL)) {
     if (take > size) dmem_atomic_add_relaxed(&sh->slack, take - size);
+    dmem__peak_raise(&rt->device_peak, dmem_atomic_load_relaxed(&rt->device_charged));
     return true;
   }
   drain(rt);
-  return dmem__reserve(&rt->device_charged, rt->limit, size, short_by);
+  if (!dmem__reserve(&rt->device_charged, rt->limit, size, short_by)) return false;
+  dmem__peak_raise(&rt->device_peak, dmem_atomic_load_relaxed(&rt->device_charged));
+  return true;
 }
+
+void dmem__charge_drain(dmem_runtime_t *rt) { drain(rt); }
 
 /* Uncharge size bytes into this thread's shard. The shard keeps budget for
  * the block it just freed (the next allocation of that size charges no
