@@ -319,6 +319,7 @@ pyd_runtime_t *pyd_runtime_default(int device);
 /* dmem.default_runtime(device=None) and dmem.configure(**kwargs). */
 PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds);
 PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds);
+PyObject *pyd_mod_default_runtimes(PyObject *mod, PyObject *unused);
 /* In a forked child: forget the default runtimes (module.c's fork hook). */
 void pyd_runtime_defaults_after_fork(void);
 

@@ -695,6 +695,13 @@ PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds)
   return (PyObject *)pyd_runtime_default(d);
 }
 
+PyObject *pyd_mod_default_runtimes(PyObject *mod, PyObject *unused) {
+  PyObject *l = PyList_New(0);
+  for (int d = 0; l && d < PYD_MAX_DEVICES; d++)
+    if (pyd_defaults[d] && PyList_Append(l, (PyObject *)pyd_defaults[d]) < 0) Py_CLEAR(l);
+  return l;
+}
+
 PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);

@@ -121,10 +121,9 @@ typedef struct dmem_stats {
   uint64_t disk_direct_io;
   /* ---- peaks: the most held at once since creation or the last
    * dmem_stats_reset_peaks (never below the value now) ---------------------- */
-  /** Device bytes charged against the limit at their highest: live
-   *  allocations plus the allocating threads' unused budget, which is at
-   *  most limit / 256 (64 KiB .. 8 MiB) a thread; exact right after a
-   *  reset. */
+  /** device_used at its highest. Exact with one allocating thread; with
+   *  several it may count the other threads' unused budget of the limit
+   *  (at most limit / 256, 64 KiB .. 8 MiB, a thread): an upper bound. */
   size_t device_used_peak;
   size_t host_used_peak;     /**< host_used at its highest */
   size_t disk_used_peak;     /**< disk_used at its highest */
