@@ -4,6 +4,8 @@
  * once-a-second summary, peaks and their reset, DMEM_STATS at exit and
  * every N seconds, DMEM_TRACE, and names (not numbers) in messages. */
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -467,4 +469,96 @@ TEST_CASE(messages_name_states_and_tiers) {
   CHECK_TRUE(strstr(d, "state 3") == NULL && strstr(d, "tier 1") == NULL);
   CHECK_OK(dmem_free(rt, h));
   dmem_runtime_destroy(rt);
+}
+
+/* ---- races ---------------------------------------------------------------------------- */
+
+typedef struct racer {
+  dmem_runtime_t *rt;
+  dmem_stream_t s;
+  _Atomic int *stop;
+  int failures;
+} racer_t;
+
+static void *race_mover(void *arg) {
+  racer_t *r = arg;
+  unsigned i = 0;
+  while (!atomic_load(r->stop)) {
+    dmem_handle_t h;
+    if (dmem_alloc(r->rt, (64 + (i++ % 8) * 64) * KiB, 0, &h) != DMEM_OK) {
+      r->failures++;
+      continue;
+    }
+    void *p, *raw = NULL;
+    if (dmem_spill(r->rt, h, (i & 1) ? DMEM_TIER_HOST : DMEM_TIER_DISK) != DMEM_OK) r->failures++;
+    if (dmem_lock(r->rt, h, r->s, &p) != DMEM_OK) r->failures++;
+    else if (dmem_unlock(r->rt, h) != DMEM_OK) r->failures++;
+    if (dmem_device_malloc(r->rt, 32 * KiB, r->s, &raw) == DMEM_OK)
+      (void)dmem_device_free(r->rt, raw, r->s);
+    if (dmem_free(r->rt, h) != DMEM_OK) r->failures++;
+  }
+  return NULL;
+}
+
+/* Peaks reset, log levels changed, info and statistics read while threads
+ * allocate, spill, lock and free, with a trace recording: every call
+ * succeeds, the peaks never fall below what is held, and at the end the
+ * device peak after a reset is exact. */
+TEST_CASE(reset_peaks_log_level_and_info_race_the_movers) {
+  clear_env();
+  char path[] = "dmem-observe-race-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE_TRUE(fd >= 0);
+  close(fd);
+  setenv("DMEM_TRACE", path, 1);
+  dmem_config_t cfg = host_cfg(32 * MiB);
+  cfg.host_limit = 2 * MiB;
+  cfg.log_level = DMEM_LOG_OFF;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  _Atomic int stop = 0;
+  enum { N = 3 };
+  racer_t r[N];
+  pthread_t t[N];
+  for (int i = 0; i < N; i++) {
+    r[i] = (racer_t){.rt = rt, .stop = &stop};
+    REQUIRE_OK(dmem_stream_create(rt, &r[i].s));
+    REQUIRE_TRUE(pthread_create(&t[i], NULL, race_mover, &r[i]) == 0);
+  }
+  capture_t cap;
+  capture_start(&cap);
+  for (int k = 0; k < 200; k++) {
+    dmem_stats_t s;
+    CHECK_OK(dmem_stats(rt, &s));
+    CHECK_GE(s.device_used_peak, s.device_used);
+    CHECK_GE(s.host_used_peak, s.host_used);
+    CHECK_GE(s.disk_used_peak, s.disk_used);
+    CHECK_GE(s.raw_used_peak, s.raw_used);
+    CHECK_OK(dmem_stats_reset_peaks(rt));
+    CHECK_OK(dmem_runtime_set_log_level(rt, (k & 1) ? DMEM_LOG_INFO : DMEM_LOG_OFF));
+    dmem_runtime_info_t info;
+    info.struct_size = sizeof info;
+    CHECK_OK(dmem_runtime_info(rt, &info));
+    usleep(1000);
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < N; i++) {
+    pthread_join(t[i], NULL);
+    CHECK_EQ(r[i].failures, 0);
+    CHECK_OK(dmem_stream_destroy(rt, r[i].s));
+  }
+  CHECK_OK(dmem_runtime_set_log_level(rt, DMEM_LOG_OFF));
+  char *err = capture_end(&cap);
+  free(err);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats_reset_peaks(rt));
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_used, 0);
+  CHECK_UEQ(s.device_used_peak, 0);
+  CHECK_UEQ(s.raw_used_peak, 0);
+  dmem_runtime_destroy(rt);
+  struct stat sb;
+  CHECK_TRUE(stat(path, &sb) == 0 && sb.st_size > 0);
+  unlink(path);
+  unsetenv("DMEM_TRACE");
 }
