@@ -266,3 +266,11 @@ def test_trace_file(tmp_path):
     for e in evs:
         if e["ph"] == "X":
             assert e["dur"] >= 0 and e["ts"] >= 0 and e["args"]["bytes"] > 0
+    # the docs' drawing of it: a box per event, a row per track
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "trace_to_svg.py")
+    svg = tmp_path / "trace.svg"
+    subprocess.run([sys.executable, script, str(path), str(svg)], check=True, timeout=60)
+    import xml.etree.ElementTree as ET
+    root = ET.parse(svg).getroot()
+    boxes = [el for el in root if el.tag.endswith("rect") and el.find("{*}title") is not None]
+    assert len(boxes) == sum(1 for e in evs if e["ph"] == "X")
