@@ -516,6 +516,10 @@ TEST_CASE(reset_peaks_log_level_and_info_race_the_movers) {
   cfg.log_level = DMEM_LOG_OFF;
   dmem_runtime_t *rt = NULL;
   REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  /* one move first: NVTX (when built with the CUDA toolkit) initialises
+   * itself at its first range without synchronisation, which ThreadSanitizer
+   * reports (not dmem's race; CI builds NVTX out) */
+  churn(rt, 1);
   _Atomic int stop = 0;
   enum { N = 3 };
   racer_t r[N];
@@ -549,6 +553,9 @@ TEST_CASE(reset_peaks_log_level_and_info_race_the_movers) {
   }
   CHECK_OK(dmem_runtime_set_log_level(rt, DMEM_LOG_OFF));
   char *err = capture_end(&cap);
+  /* only summaries (a sanitizer's report would land here too: show it) */
+  if (strstr(err, "WARNING") || strstr(err, "ERROR")) fputs(err, stderr);
+  CHECK_TRUE(strstr(err, "WARNING") == NULL && strstr(err, "ERROR") == NULL);
   free(err);
   dmem_stats_t s;
   CHECK_OK(dmem_stats_reset_peaks(rt));
