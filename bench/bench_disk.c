@@ -28,8 +28,12 @@
  *
  * --dir: parent of the spill directory and of the raw file (default:
  * DMEM_SPILL_DIR, $TMPDIR or /tmp). --total: bytes per buffer size
- * (default 2G; --quick 32M). Exit 1 on any dmem or I/O error (never on
- * speed), 77 when DMEM_BACKEND asks for a device that is not there.
+ * (default 2G; --quick 32M). Without --quick each ratio is also printed
+ * as `RESULT bench_disk.write.<bytes>=`, `RESULT bench_disk.read.<bytes>=`
+ * and `RESULT bench_disk.worst=` (scripts/gpu-test judges the worst
+ * against 0.80: scripts/gpu_targets.py). Exit 1 on any dmem or I/O error
+ * (never on speed), 77 when DMEM_BACKEND asks for a device that is not
+ * there.
  */
 #define _GNU_SOURCE
 
@@ -285,9 +289,14 @@ int main(int argc, char **argv) {
            (double)size / (double)MiB, n, direct ? "direct" : "buffer", gbps(bytes, rw),
            gbps(bytes, dw), wr, gbps(bytes, dwio), gbps(bytes, rr), gbps(bytes, dr), rr_,
            gbps(bytes, drio));
+    if (!quick) {
+      printf("RESULT bench_disk.write.%zu=%.4f\n", size, wr);
+      printf("RESULT bench_disk.read.%zu=%.4f\n", size, rr_);
+    }
     fflush(stdout);
   }
   printf("bench_disk: worst dmem/raw %.2f (target >= 0.80)%s\n", worst,
          quick ? "; --quick sizes are too small to judge" : "");
+  if (!quick) printf("RESULT bench_disk.worst=%.4f\n", worst);
   return 0;
 }

@@ -15,7 +15,8 @@
  *                               H->D on two streams at once; then a verdict
  *                               against the issue's targets (>= 0.95 from 8 MiB,
  *                               >= 0.80 at 1 MiB, >= 0.70 batched 64 KiB, >= 0.85
- *                               both directions)
+ *                               both directions; scripts/gpu_targets.py holds
+ *                               the same table and judges the RESULT lines)
  *   allocation                  dmem_alloc + dmem_free vs cudaMalloc + cudaFree
  *                               vs cudaMallocAsync + cudaFreeAsync (default
  *                               pool, release threshold UINT64_MAX), ns per pair
@@ -28,7 +29,13 @@
  *                               dmem_stream_release
  *
  * Each figure is the median of several repetitions after a warm-up. GB/s are
- * 1e9 bytes per second.
+ * 1e9 bytes per second. Every judged figure is also printed as one
+ * machine-readable line, `RESULT name=value` (dmem / raw for bandwidth, dmem
+ * / bare for launches), which scripts/gpu-test reads:
+ *   bench_spill.spill.<bytes>x<count>, bench_spill.unspill.<bytes>x<count>
+ *   bench_spill.batch_spill.<bytes>x<count>, bench_spill.batch_unspill.<...>
+ *   bench_spill.both                  spill + unspill at once
+ *   bench_spill.launch_batched        1000 launches, then sync_and_unlock
  *
  *   bench_spill [--quick]
  *
@@ -128,7 +135,7 @@ static dmem_status_t touch_launch(void *user, dmem_stream_t s, void *const *p, s
 /* One row of the bandwidth table, for the plot and the verdict. */
 struct bw_row {
   char what[48];
-  size_t size;
+  size_t size, count;
   double spill, d2h, unspill, h2d;
   bool batch;
 };
@@ -220,6 +227,7 @@ static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t 
   fmt_size(sz, sizeof sz, size);
   snprintf(row.what, sizeof row.what, "%s x %zu", sz, count);
   row.size = size;
+  row.count = count;
   row.spill = median(sp);
   row.unspill = median(un);
   raw_pair(size, count, (cudaStream_t)s, &row.d2h, &row.h2d);
@@ -344,6 +352,10 @@ static void verdict(void) {
   printf("\ntargets (dmem / raw, this run):\n");
   int fails = 0;
   for (const bw_row &r : g_rows) {
+    printf("RESULT bench_spill.%sspill.%zux%zu=%.4f\n", r.batch ? "batch_" : "", r.size, r.count,
+           r.spill / r.d2h);
+    printf("RESULT bench_spill.%sunspill.%zux%zu=%.4f\n", r.batch ? "batch_" : "", r.size,
+           r.count, r.unspill / r.h2d);
     double want = r.batch ? 0.70 : r.size >= 8 * MiB ? 0.95 : r.size >= MiB ? 0.80 : 0;
     if (want == 0) continue;
     bool ok = r.spill / r.d2h >= want && r.unspill / r.h2d >= want;
@@ -352,6 +364,7 @@ static void verdict(void) {
            r.unspill / r.h2d, want, ok ? "met" : "MISSED");
   }
   if (g_both_raw > 0) {
+    printf("RESULT bench_spill.both=%.4f\n", g_both_dmem / g_both_raw);
     bool ok = g_both_dmem / g_both_raw >= 0.85;
     fails += !ok;
     printf("  %-22s %.2f, target >= 0.85: %s\n", "spill+unspill at once", g_both_dmem / g_both_raw,
@@ -454,7 +467,7 @@ static double us_raw_launch(cudaStream_t s, long iters, bool one_by_one) {
 }
 
 static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enum launch_mode mode,
-                       const char *what) {
+                       const char *what, const char *result) {
   long iters = mode == ONE_BY_ONE ? (g_quick ? 500 : 5000) : 1000;
   std::vector<double> d, b;
   (void)us_dmem_launch(rt, s, h, iters / 10, mode);
@@ -465,6 +478,7 @@ static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enu
   }
   double md = median(d), mb = median(b);
   printf("%-52s | %8.2f | %8.2f | %5.2f\n", what, md, mb, md / mb);
+  if (result) printf("RESULT bench_spill.%s=%.4f\n", result, md / mb);
 }
 
 /* ---- main ------------------------------------------------------------------------- */
@@ -580,9 +594,12 @@ int main(int argc, char **argv) {
   printf("\nlaunch of an empty kernel, us per launch (dmem_launch_async, 1 handle, vs bare)\n");
   printf("%-52s | %8s | %8s | %5s\n", "what", "dmem", "raw", "ratio");
   printf("-----------------------------------------------------+----------+----------+------\n");
-  launch_row(rt, s, h, BATCHED, "1000 launches, then sync_and_unlock / synchronise");
-  launch_row(rt, s, h, RELEASE, "1000 x (launch + dmem_stream_release), then sync");
-  launch_row(rt, s, h, ONE_BY_ONE, "launch + sync_and_unlock / synchronise, each");
+  launch_row(rt, s, h, BATCHED, "1000 launches, then sync_and_unlock / synchronise",
+             "launch_batched");
+  launch_row(rt, s, h, RELEASE, "1000 x (launch + dmem_stream_release), then sync",
+             "launch_release");
+  launch_row(rt, s, h, ONE_BY_ONE, "launch + sync_and_unlock / synchronise, each",
+             "launch_each");
 
   dmem_buffer_info_t info;
   TRY(dmem_buffer_info(rt, h, &info));

@@ -24,23 +24,26 @@
  * Before each product is launched, the tiles of the next one are handed to
  * dmem_prefetch on the stream that will run it (--no-prefetch: not), so
  * that their host->device copies overlap the current product.
- * --compare runs the same products three times in one process: first with
- * every tile resident (the limit raised to hold them all), then at the
- * given limit (default: half the tiles' bytes, 2x oversubscription) with
- * the pinned pool growing as the spills need it, then at that limit with a
- * pinned host reserve (dmem_config_t.host_reserve: the bytes that must
- * spill plus four tiles, or --host-reserve) taken when the runtime is
- * created, and prints both ratios to the resident TFLOP/s (the check runs
- * after the last). Pinning runs at a few GB/s, the spills at 55: the first
- * oversubscribed run shows what getting pinned memory costs while spilling,
- * the second what spilling costs once it is there. --host-reserve alone
- * gives the runtime of a single run that reserve.
+ * --compare runs the same products three times in one process: first
+ * cuBLAS alone on plain cudaMalloc memory (every tile allocated, no dmem:
+ * the baseline), then through dmem at the given limit (default: half the
+ * tiles' bytes, 2x oversubscription) with the pinned pool growing as the
+ * spills need it, then at that limit with a pinned host reserve
+ * (dmem_config_t.host_reserve: the bytes that must spill plus four tiles,
+ * or --host-reserve) taken when the runtime is created, and prints both
+ * ratios to the baseline's TFLOP/s, also as `RESULT cublas.ratio_pool_growing=`
+ * and `RESULT cublas.ratio_reserve=` lines (scripts/gpu-test). Every run's
+ * C tiles are checked. Pinning runs at a few GB/s, the spills at 55: the
+ * first oversubscribed run shows what getting pinned memory costs while
+ * spilling, the second what spilling costs once it is there.
+ * --host-reserve alone gives the runtime of a single run that reserve.
  *
  * Defaults: n 8192, T 7, limit 8G: 2T + T^2 = 63 tiles of 256 MiB (15.75
  * GiB) under an 8 GiB device limit, 49 SGEMMs of 8192^3. A small run (for
  * compute-sanitizer): --n 256 --tiles 3 --limit 2M. BYTES takes a K/M/G
  * suffix. The device is DMEM_DEVICE (default 0). Exit status: 0 when every
- * checked entry matches, 1 otherwise, 77 when no CUDA device is usable.
+ * checked entry of every run matches, 1 otherwise (or when the baseline's
+ * tiles do not fit in device memory), 77 when no CUDA device is usable.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -177,11 +180,28 @@ typedef struct opts {
   int full, prefetch;
 } opts_t;
 
-/* One whole run (fill, products, optionally the check) on a runtime of its
- * own with device limit `limit`. Returns the products' TFLOP/s; *ok_out is
- * 0 when a checked entry is wrong or nothing was spilled although the tiles
- * exceed the limit. Exits 77 without a device. */
-static double run(const opts_t *o, size_t limit, size_t host_reserve, int check, int *ok_out);
+/* One whole run (fill, products, the check) on a runtime of its own with
+ * device limit `limit`. Returns the products' TFLOP/s; *ok_out is 0 when a
+ * checked entry is wrong or nothing was spilled although the tiles exceed
+ * the limit. Exits 77 without a device. */
+static double run(const opts_t *o, size_t limit, size_t host_reserve, int *ok_out);
+
+/* The same products with cuBLAS alone on plain cudaMalloc memory on device
+ * `device` (the --compare baseline), checked. Returns the TFLOP/s; *ok_out
+ * 0 when a checked entry is wrong, -1 when the tiles do not fit. */
+static double run_plain(const opts_t *o, int device, int *ok_out);
+
+/* Where check_tiles finds C[i][j]: `get` returns its device pointer (valid
+ * and complete until `put`). */
+typedef struct tile_source {
+  const float *(*get)(void *ctx, size_t k);
+  void (*put)(void *ctx, size_t k);
+  void *ctx;
+} tile_source_t;
+
+/* Checks every C tile against the CPU (sampled entries or every entry);
+ * prints the count. Returns the number of wrong entries. */
+static long check_tiles(const opts_t *o, const tile_source_t *src);
 
 int main(int argc, char **argv) {
   long n_arg = 8192, tiles = 7, nstreams = 2, samples = 64;
@@ -225,32 +245,244 @@ int main(int argc, char **argv) {
   }
   int ok = 1;
   if (!compare) {
-    (void)run(&o, limit, reserve, 1, &ok);
+    (void)run(&o, limit, reserve, &ok);
   } else {
-    /* all resident: room for every tile plus the pool's rounding */
-    size_t roomy = all + all / 8 + ((size_t)256 << 20);
     if (!reserve) reserve = (all > limit ? all - limit : 0) + 4 * o.tile_bytes;
-    int ok1 = 1, ok2 = 1;
-    double resident = run(&o, roomy, 0, 0, &ok1);
-    double cold = run(&o, limit, 0, 0, &ok2);
-    double over = run(&o, limit, reserve, 1, &ok);
-    ok = ok && ok2;
-    const char *pin = getenv("DMEM_HOST_PIN");
-    printf("cublas_gemm --compare: all resident %.1f TFLOP/s; %.2fx oversubscribed, pinned pool "
-           "growing %.1f TFLOP/s (ratio %.2f); %.2fx oversubscribed with a %.2f GiB pinned reserve "
-           "%.1f TFLOP/s: ratio %.2f (prefetch %s, DMEM_HOST_PIN %s)\n",
-           resident, (double)all / (double)limit, cold, cold / resident,
-           (double)all / (double)limit, (double)reserve / (1 << 30), over, over / resident,
-           prefetch ? "on" : "off", pin && *pin ? pin : "auto");
+    const char *dev_env = getenv("DMEM_DEVICE");
+    int ok1 = 1, ok2 = 1, ok3 = 1;
+    double plain = run_plain(&o, dev_env && *dev_env ? atoi(dev_env) : 0, &ok1);
+    double cold = run(&o, limit, 0, &ok2);
+    double over = run(&o, limit, reserve, &ok3);
+    ok = ok1 == 1 && ok2 && ok3;
+    if (ok1 == -1) {
+      printf("cublas_gemm --compare: the tiles (%.2f GiB) do not fit in device memory for the "
+             "plain cudaMalloc baseline: no ratio\n",
+             (double)all / (1 << 30));
+    } else {
+      const char *pin = getenv("DMEM_HOST_PIN");
+      printf("cublas_gemm --compare: plain cudaMalloc %.1f TFLOP/s; through dmem %.2fx "
+             "oversubscribed, pinned pool growing %.1f TFLOP/s (ratio %.2f); %.2fx "
+             "oversubscribed with a %.2f GiB pinned reserve %.1f TFLOP/s: ratio %.2f (prefetch "
+             "%s, DMEM_HOST_PIN %s)\n",
+             plain, (double)all / (double)limit, cold, cold / plain, (double)all / (double)limit,
+             (double)reserve / (1 << 30), over, over / plain, prefetch ? "on" : "off",
+             pin && *pin ? pin : "auto");
+      printf("RESULT cublas.tflops_plain=%.3f\n", plain);
+      printf("RESULT cublas.ratio_pool_growing=%.4f\n", cold / plain);
+      printf("RESULT cublas.ratio_reserve=%.4f\n", over / plain);
+    }
   }
   printf("cublas_gemm: %s\n", ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
 }
 
-static double run(const opts_t *o, size_t limit, size_t host_reserve, int check, int *ok_out) {
+/* ---- checking the C tiles ---------------------------------------------------- */
+
+typedef struct dmem_check_ctx {
+  dmem_runtime_t *rt;
+  dmem_handle_t *C;
+  dmem_stream_t stream;
+} dmem_check_ctx_t;
+
+/* C[k] locked (retrieved if spilled) and its stream synchronised, so that a
+ * plain cudaMemcpy reads complete data */
+static const float *dmem_tile_get(void *ctx, size_t k) {
+  dmem_check_ctx_t *c = (dmem_check_ctx_t *)ctx;
+  void *dev;
+  TRY(dmem_lock(c->rt, c->C[k], c->stream, &dev));
+  TRY(dmem_stream_synchronize(c->rt, c->stream));
+  return (const float *)dev;
+}
+
+static void dmem_tile_put(void *ctx, size_t k) {
+  dmem_check_ctx_t *c = (dmem_check_ctx_t *)ctx;
+  TRY(dmem_unlock(c->rt, c->C[k]));
+}
+
+static void cuda_check(const char *what, cudaError_t e) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "cublas_gemm: %s: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+  }
+}
+
+static long check_tiles(const opts_t *o, const tile_source_t *src) {
   const size_t n = o->n, tile_bytes = o->tile_bytes;
-  const long nstreams = o->nstreams, samples = o->samples;
-  const int full = o->full;
+  const long samples = o->samples;
+  const int full = o->full, T = o->T;
+  double t0 = now_s();
+  long bad = 0, checked = 0;
+  float *host = full ? malloc(tile_bytes) : NULL;
+  float *a_tile = full ? malloc(tile_bytes) : NULL;
+  float *b_tile = full ? malloc(tile_bytes) : NULL;
+  float *got = malloc((size_t)samples * sizeof *got);
+  size_t *rows = malloc((size_t)samples * sizeof *rows), *cols = malloc((size_t)samples * sizeof *cols);
+  if ((full && (!host || !a_tile || !b_tile)) || !got || !rows || !cols) {
+    fprintf(stderr, "cublas_gemm: out of host memory\n");
+    exit(1);
+  }
+  uint32_t rng = 12345;
+  for (int i = 0; i < T; i++) {
+    if (full) make_tile(a_tile, 1u, i, n);
+    for (int j = 0; j < T; j++) {
+      size_t k = (size_t)i * (size_t)T + (size_t)j;
+      const float *cdev = src->get(src->ctx, k);
+      if (full) {
+        cuda_check("cudaMemcpy", cudaMemcpy(host, cdev, tile_bytes, cudaMemcpyDeviceToHost));
+      } else {
+        for (long q = 0; q < samples; q++) {
+          rng = mix(rng + 0x9E3779B9u);
+          rows[q] = q == 0 ? 0 : q == 1 ? n - 1 : rng % n;
+          rng = mix(rng + 0x9E3779B9u);
+          cols[q] = q == 0 ? 0 : q == 1 ? n - 1 : rng % n;
+          cuda_check("cudaMemcpy", cudaMemcpy(&got[q], cdev + cols[q] * n + rows[q], sizeof(float),
+                                              cudaMemcpyDeviceToHost));
+        }
+      }
+      src->put(src->ctx, k);
+      if (full) {
+        make_tile(b_tile, 2u, j, n);
+        for (size_t c = 0; c < n; c++) {
+          for (size_t r = 0; r < n; r++) {
+            double ref = 0;
+            for (size_t kk = 0; kk < n; kk++)
+              ref += (double)a_tile[kk * n + r] * (double)b_tile[c * n + kk];
+            checked++;
+            if ((double)host[c * n + r] != ref) {
+              if (bad < 10)
+                fprintf(stderr, "C[%d][%d](%zu, %zu) = %g, want %g\n", i, j, r, c,
+                        (double)host[c * n + r], ref);
+              bad++;
+            }
+          }
+        }
+      } else {
+        for (long q = 0; q < samples; q++) {
+          double ref = 0;
+          for (size_t kk = 0; kk < n; kk++)
+            ref += (double)entry(1u, i, rows[q], kk) * (double)entry(2u, j, kk, cols[q]);
+          checked++;
+          if ((double)got[q] != ref) {
+            if (bad < 10)
+              fprintf(stderr, "C[%d][%d](%zu, %zu) = %g, want %g\n", i, j, rows[q], cols[q],
+                      (double)got[q], ref);
+            bad++;
+          }
+        }
+      }
+    }
+  }
+  printf("  checked %ld entries (%s) in %.2f s: %ld wrong\n", checked,
+         full ? "every entry" : "sampled", now_s() - t0, bad);
+  free(host);
+  free(a_tile);
+  free(b_tile);
+  free(got);
+  free(rows);
+  free(cols);
+  return bad;
+}
+
+/* ---- the baseline: cuBLAS on plain cudaMalloc memory ----------------------------- */
+
+typedef struct plain_ctx {
+  float **C;
+} plain_ctx_t;
+
+static const float *plain_tile_get(void *ctx, size_t k) { return ((plain_ctx_t *)ctx)->C[k]; }
+
+static void plain_tile_put(void *ctx, size_t k) {
+  (void)ctx;
+  (void)k;
+}
+
+static double run_plain(const opts_t *o, int device, int *ok_out) {
+  const size_t n = o->n, tile_bytes = o->tile_bytes;
+  const int T = o->T;
+  const long nstreams = o->nstreams;
+  const size_t nC = (size_t)T * (size_t)T, ntiles = 2 * (size_t)T + nC;
+  cudaError_t ce = cudaSetDevice(device);
+  if (ce == cudaErrorNoDevice || ce == cudaErrorInvalidDevice || ce == cudaErrorInsufficientDriver) {
+    fprintf(stderr, "SKIP: no CUDA device (%s)\n", cudaGetErrorString(ce));
+    exit(77);
+  }
+  cuda_check("cudaSetDevice", ce);
+  printf("cublas_gemm: baseline, cuBLAS alone on plain cudaMalloc memory (device %d): %zu tiles "
+         "= %.2f GiB, %ld streams\n",
+         device, ntiles, (double)ntiles * (double)tile_bytes / (1 << 30), nstreams);
+  float **tiles = calloc(ntiles, sizeof *tiles);
+  float *host = malloc(tile_bytes);
+  if (!tiles || !host) {
+    fprintf(stderr, "cublas_gemm: out of host memory\n");
+    exit(1);
+  }
+  float **A = tiles, **B = tiles + T, **C = tiles + 2 * T;
+  for (size_t t = 0; t < ntiles; t++) {
+    ce = cudaMalloc((void **)&tiles[t], tile_bytes);
+    if (ce != cudaSuccess) {
+      (void)cudaGetLastError();
+      for (size_t u = 0; u < t; u++) cudaFree(tiles[u]);
+      free(tiles);
+      free(host);
+      *ok_out = -1;
+      return 0;
+    }
+  }
+  cudaStream_t streams[MAX_STREAMS];
+  gemm_t gemms[MAX_STREAMS];
+  for (long s = 0; s < nstreams; s++) {
+    cuda_check("cudaStreamCreateWithFlags",
+               cudaStreamCreateWithFlags(&streams[s], cudaStreamNonBlocking));
+    if (cublasCreate(&gemms[s].handle) != CUBLAS_STATUS_SUCCESS) {
+      fprintf(stderr, "cublas_gemm: cublasCreate failed\n");
+      exit(1);
+    }
+    gemms[s].n = (int)n;
+  }
+  double t0 = now_s();
+  for (int t = 0; t < 2 * T; t++) {
+    make_tile(host, t < T ? 1u : 2u, t % T, n);
+    cuda_check("cudaMemcpy", cudaMemcpy(tiles[t], host, tile_bytes, cudaMemcpyHostToDevice));
+  }
+  double t_fill = now_s() - t0;
+  /* the same untimed warm-up as run(): C[0][0] once on every stream */
+  for (long s = 0; s < nstreams; s++) {
+    void *ptrs[3] = {A[0], B[0], C[0]};
+    if (gemm_launch(&gemms[s], (dmem_stream_t)streams[s], ptrs, 3) != DMEM_OK) exit(1);
+    cuda_check("cudaStreamSynchronize", cudaStreamSynchronize(streams[s]));
+  }
+  t0 = now_s();
+  for (int i = 0; i < T; i++) {
+    for (int j = 0; j < T; j++) {
+      size_t k = (size_t)i * (size_t)T + (size_t)j;
+      long s = (long)(k % (size_t)nstreams);
+      void *ptrs[3] = {A[i], B[j], C[k]};
+      if (gemm_launch(&gemms[s], (dmem_stream_t)streams[s], ptrs, 3) != DMEM_OK) exit(1);
+    }
+  }
+  for (long s = 0; s < nstreams; s++)
+    cuda_check("cudaStreamSynchronize", cudaStreamSynchronize(streams[s]));
+  double t_gemm = now_s() - t0;
+  double flops = 2.0 * (double)n * (double)n * (double)n * (double)(T * T);
+  printf("  fill %.2f s; %d SGEMMs in %.2f s (%.1f TFLOP/s, plain cudaMalloc)\n", t_fill, T * T,
+         t_gemm, flops / t_gemm * 1e-12);
+  plain_ctx_t pc = {C};
+  tile_source_t src = {plain_tile_get, plain_tile_put, &pc};
+  long bad = check_tiles(o, &src);
+  for (long s = 0; s < nstreams; s++) {
+    cublasDestroy(gemms[s].handle);
+    cuda_check("cudaStreamDestroy", cudaStreamDestroy(streams[s]));
+  }
+  for (size_t t = 0; t < ntiles; t++) cuda_check("cudaFree", cudaFree(tiles[t]));
+  free(tiles);
+  free(host);
+  *ok_out = bad == 0;
+  return flops / t_gemm * 1e-12;
+}
+
+static double run(const opts_t *o, size_t limit, size_t host_reserve, int *ok_out) {
+  const size_t n = o->n, tile_bytes = o->tile_bytes;
+  const long nstreams = o->nstreams;
   const int tiles = o->T;
   dmem_config_t cfg;
   dmem_config_init(&cfg);
@@ -355,90 +587,10 @@ static double run(const opts_t *o, size_t limit, size_t host_reserve, int check,
   print_stats(rt, "after GEMMs");
 
   double tflops = flops / t_gemm * 1e-12;
-  if (!check) {
-    for (size_t k = 0; k < (size_t)T * (size_t)T; k++) TRY(dmem_free(rt, C[k]));
-    for (int t = 0; t < T; t++) {
-      TRY(dmem_free(rt, A[t]));
-      TRY(dmem_free(rt, B[t]));
-    }
-    for (long q = 0; q < nstreams; q++) {
-      cublasDestroy(gemms[q].handle);
-      TRY(dmem_stream_destroy(rt, streams[q]));
-    }
-    dmem_runtime_destroy(rt);
-    free(A);
-    free(B);
-    free(C);
-    free(host);
-    *ok_out = 1;
-    return tflops;
-  }
   /* check every C tile against the CPU */
-  t0 = now_s();
-  long bad = 0, checked = 0;
-  float *a_tile = full ? malloc(tile_bytes) : NULL;
-  float *b_tile = full ? malloc(tile_bytes) : NULL;
-  float *got = malloc((size_t)samples * sizeof *got);
-  size_t *rows = malloc((size_t)samples * sizeof *rows), *cols = malloc((size_t)samples * sizeof *cols);
-  if ((full && (!a_tile || !b_tile)) || !got || !rows || !cols) {
-    fprintf(stderr, "cublas_gemm: out of host memory\n");
-    exit(1);
-  }
-  uint32_t rng = 12345;
-  for (int i = 0; i < T; i++) {
-    if (full) make_tile(a_tile, 1u, i, n);
-    for (int j = 0; j < T; j++) {
-      size_t k = (size_t)i * (size_t)T + (size_t)j;
-      void *dev;
-      TRY(dmem_lock(rt, C[k], streams[0], &dev)); /* retrieves it if spilled */
-      const float *cdev = (const float *)dev;
-      if (full) {
-        TRY(dmem_copy(rt, host, cdev, tile_bytes, streams[0]));
-      } else {
-        for (long q = 0; q < samples; q++) {
-          rng = mix(rng + 0x9E3779B9u);
-          rows[q] = q == 0 ? 0 : q == 1 ? n - 1 : rng % n;
-          rng = mix(rng + 0x9E3779B9u);
-          cols[q] = q == 0 ? 0 : q == 1 ? n - 1 : rng % n;
-          TRY(dmem_copy(rt, &got[q], cdev + cols[q] * n + rows[q], sizeof(float), streams[0]));
-        }
-      }
-      TRY(dmem_stream_synchronize(rt, streams[0]));
-      TRY(dmem_unlock(rt, C[k]));
-      if (full) {
-        make_tile(b_tile, 2u, j, n);
-        for (size_t c = 0; c < n; c++) {
-          for (size_t r = 0; r < n; r++) {
-            double ref = 0;
-            for (size_t kk = 0; kk < n; kk++)
-              ref += (double)a_tile[kk * n + r] * (double)b_tile[c * n + kk];
-            checked++;
-            if ((double)host[c * n + r] != ref) {
-              if (bad < 10)
-                fprintf(stderr, "C[%d][%d](%zu, %zu) = %g, want %g\n", i, j, r, c,
-                        (double)host[c * n + r], ref);
-              bad++;
-            }
-          }
-        }
-      } else {
-        for (long q = 0; q < samples; q++) {
-          double ref = 0;
-          for (size_t kk = 0; kk < n; kk++)
-            ref += (double)entry(1u, i, rows[q], kk) * (double)entry(2u, j, kk, cols[q]);
-          checked++;
-          if ((double)got[q] != ref) {
-            if (bad < 10)
-              fprintf(stderr, "C[%d][%d](%zu, %zu) = %g, want %g\n", i, j, rows[q], cols[q],
-                      (double)got[q], ref);
-            bad++;
-          }
-        }
-      }
-    }
-  }
-  printf("  checked %ld entries (%s) in %.2f s: %ld wrong\n", checked,
-         full ? "every entry" : "sampled", now_s() - t0, bad);
+  dmem_check_ctx_t cc = {rt, C, streams[0]};
+  tile_source_t src = {dmem_tile_get, dmem_tile_put, &cc};
+  long bad = check_tiles(o, &src);
   print_stats(rt, "after check");
 
   dmem_stats_t s;
@@ -462,11 +614,6 @@ static double run(const opts_t *o, size_t limit, size_t host_reserve, int check,
   free(B);
   free(C);
   free(host);
-  free(a_tile);
-  free(b_tile);
-  free(got);
-  free(rows);
-  free(cols);
   *ok_out = ok;
   return tflops;
 }

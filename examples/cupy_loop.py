@@ -12,19 +12,27 @@ buffers on a stream of their own (``Buffer.prefetch``), so that their
 host->device copies run while the current kernel does and the spills of
 older buffers run on the other copy engine at the same time. Each lock
 ends with a synchronise of the kernel's stream, so the copies of the
-buffers prefetched ahead are what keeps the link busy across it: on the
-lent H200 (256 MiB buffers), depth 2 gave 0.59-0.84 of link-bound from run
-to run, depth 3 0.87 and depth 4 0.97 (docs/benchmarks.md), hence the
-default of 4 (1 GiB in flight each way, a quarter of the 4 GiB limit).
+buffers prefetched ahead are what keeps the link busy across it (the
+default depth of 4 keeps 1 GiB in flight each way, a quarter of the 4 GiB
+limit; docs/benchmarks.md has the depths measured).
 
-Such a loop is bound by the PCIe link, not by the kernels: the time it
-cannot beat is what moving dmem's own byte counts (``bytes_spilled``,
-``bytes_unspilled`` from ``Runtime.stats()``) takes at the pinned copy
-bandwidth measured in this process (each direction alone, and both at
-once). The script prints that link-bound time, the loop's time and their
-ratio (1.0 = at the speed of the link). It checks every buffer's first and
-last element at the end; exit status 1 if one is wrong, 77 without CuPy or
-a CUDA device.
+Such a loop is bound by the PCIe link, not by the kernels. The time it
+cannot beat is what moving the FEWEST bytes its access pattern allows
+takes at the raw pinned copy bandwidth measured in this process (each
+direction alone, and both at once): the fewest buffers any schedule must
+bring in for this trace (``passes`` cyclic passes over the buffers) with
+room for ``limit // buffer`` of them, by Belady's MIN (examples/
+linkbound.py, starting from the best resident set), each load writing one
+dirty buffer back. dmem's own byte counts (``bytes_spilled``,
+``bytes_unspilled``) are printed against that minimum: moving more than
+needed lowers the ratio instead of raising the bound. The script prints
+the loop's time, the link-bound time and their ratio (1.0 = the minimum
+bytes at the speed of the link), and the ratio for the bytes dmem did move
+(how well it kept the link busy), plus ``RESULT name=value`` lines for
+scripts/gpu-test: ``cupy_loop.ratio``, ``cupy_loop.ratio_moved``,
+``cupy_loop.moved_over_min``. It checks every buffer's first and last
+element at the end; exit status 1 if one is wrong, 77 without CuPy or a
+CUDA device.
 """
 import argparse
 import sys
@@ -37,6 +45,7 @@ except ImportError:  # pragma: no cover
     sys.exit(77)
 
 import dmem
+from linkbound import cyclic_trace, link_bound_seconds, min_transfers
 
 
 def parse_size(s):
@@ -140,8 +149,14 @@ def main():
         s1 = rt.stats()
         spilled = s1["bytes_spilled"] - s0["bytes_spilled"]
         unspilled = s1["bytes_unspilled"] - s0["bytes_unspilled"]
-        bound = max(spilled / (d2h_bw * 1e9), unspilled / (h2d_bw * 1e9),
-                    (spilled + unspilled) / (both_bw * 1e9))
+        # the fewest bytes this loop's accesses must move under the limit
+        slots = max(1, limit // size)
+        loads, evictions = min_transfers(cyclic_trace(nbuf, a.passes), slots)
+        min_in, min_out = loads * size, evictions * size
+        bound = link_bound_seconds(min_out, min_in, d2h_bw, h2d_bw, both_bw)
+        bound_moved = link_bound_seconds(spilled, unspilled, d2h_bw, h2d_bw, both_bw)
+        moved_over_min = ((spilled + unspilled) / (min_in + min_out)
+                          if min_in + min_out else float("inf"))
         bad = 0
         with cs:
             for i, b in enumerate(bufs):
@@ -159,8 +174,17 @@ def main():
                  s1["ahead_evictions"] - s0["ahead_evictions"],
                  s1["room_waits"] - s0["room_waits"],
                  s1["seconds_waiting_for_room"] - s0["seconds_waiting_for_room"]))
-        print("cupy_loop: loop %.3f s, link-bound %.3f s: %.2f of link-bound"
-              % (elapsed, bound, bound / elapsed if elapsed > 0 else 0.0))
+        print("cupy_loop: minimum %.2f GiB out, %.2f GiB in (Belady MIN: %d loads with room for "
+              "%d of %d buffers); dmem moved %.2fx the minimum"
+              % (min_out / 2**30, min_in / 2**30, loads, slots, nbuf, moved_over_min))
+        ratio = bound / elapsed if elapsed > 0 else 0.0
+        ratio_moved = bound_moved / elapsed if elapsed > 0 else 0.0
+        print("cupy_loop: loop %.3f s, link-bound %.3f s (minimum bytes at the raw bandwidth): "
+              "%.2f of link-bound; for the bytes dmem moved %.3f s: %.2f"
+              % (elapsed, bound, ratio, bound_moved, ratio_moved))
+        print("RESULT cupy_loop.ratio=%.4f" % ratio)
+        print("RESULT cupy_loop.ratio_moved=%.4f" % ratio_moved)
+        print("RESULT cupy_loop.moved_over_min=%.4f" % moved_over_min)
         print("cupy_loop: %s" % ("OK" if bad == 0 else "FAILED (%d buffers wrong)" % bad))
         view = None  # the last view: its export holds the buffer
         for b in bufs:

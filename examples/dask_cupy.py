@@ -20,7 +20,10 @@ Prints, for each cluster: the time to fill x, the time for the transpose-add
 and the sum, the bytes dmem moved across PCIe (dmem's statistics; NVML's PCIe
 byte counters too, when the driver has them), and the peak RSS of the
 worker processes. Needs a GPU, CuPy, dask and distributed (and dask-cuda for
-the comparison).
+the comparison). Exit status: 0 when every cluster asked for ran and got
+exact sums; 1 when a sum is wrong; 2 when a cluster could not run (a
+library missing, a cluster that failed to start or died: the error is
+printed). bench/dask_compare.py runs this script in alternated pairs.
 """
 
 import argparse
@@ -255,15 +258,16 @@ def main(argv=None):
     kinds = ("dmem", "dask-cuda") if args.cluster == "both" else (args.cluster,)
     if args.cluster == "both" and args.first == "dask-cuda":
         kinds = kinds[::-1]
-    results, ok = [], True
+    results, wrong, failed = [], False, False
     for kind in kinds:
         try:
             r = run(kind, args)
-        except ImportError as e:
-            r = {"cluster": kind, "error": f"cannot run: {e}"}
+        except Exception as e:  # a missing library, a cluster that failed to start or died
+            r = {"cluster": kind, "error": f"cannot run: {type(e).__name__}: {e}"}
         r["expected_sum"] = want
         r["correct"] = r.get("sum") == want and r.get("small_exact", False)
-        ok &= r["correct"] or "error" in r
+        failed |= "error" in r
+        wrong |= "error" not in r and not r["correct"]
         results.append(r)
         print(json.dumps(r, indent=1, default=str), flush=True)
     if len(results) == 2 and all("total_s" in r for r in results):
@@ -281,8 +285,15 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)
-    print("dask_cupy: OK" if ok else "dask_cupy: WRONG RESULT")
-    return 0 if ok else 1
+    if wrong:
+        print("dask_cupy: WRONG RESULT")
+        return 1
+    if failed:
+        print("dask_cupy: FAILED (%s could not run)"
+              % ", ".join(r["cluster"] for r in results if "error" in r))
+        return 2
+    print("dask_cupy: OK")
+    return 0
 
 
 if __name__ == "__main__":

@@ -148,7 +148,11 @@ typedef struct pyd_ctx {
 
 extern _Thread_local pyd_ctx_t *pyd_tls_ctx;
 
-/* Start a call on rt: push the context, count it, release the GIL. */
+/* Start a call on rt: push the context, count it, release the GIL.
+ * DMEM_PY_HOLD_GIL (the CMake option of that name; to test the tests only,
+ * never in a build anyone uses): keep the GIL, as an extension that never
+ * released it would. tests/python/test_threads.py's GIL test must fail
+ * against such a build. */
 static inline void pyd_enter(pyd_ctx_t *c, pyd_runtime_t *rt, int accept) {
   c->prev = pyd_tls_ctx;
   c->rt = rt;
@@ -156,12 +160,18 @@ static inline void pyd_enter(pyd_ctx_t *c, pyd_runtime_t *rt, int accept) {
   c->accept = accept;
   pyd_tls_ctx = c;
   rt->active++;
+#ifdef DMEM_PY_HOLD_GIL
+  c->ts = NULL;
+#else
   c->ts = PyEval_SaveThread();
+#endif
 }
 
 /* End it: take the GIL back, uncount, pop the context. */
 static inline void pyd_leave(pyd_ctx_t *c) {
+#ifndef DMEM_PY_HOLD_GIL
   PyEval_RestoreThread(c->ts);
+#endif
   c->rt->active--;
   pyd_tls_ctx = c->prev;
 }

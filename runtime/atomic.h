@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/sched.h"
+
 #define dmem_atomic_load_relaxed(p) atomic_load_explicit((p), memory_order_relaxed)
 #define dmem_atomic_load_acquire(p) atomic_load_explicit((p), memory_order_acquire)
 #define dmem_atomic_store_relaxed(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
@@ -25,13 +27,17 @@
 #define dmem_atomic_and_acq_rel(p, v) atomic_fetch_and_explicit((p), (v), memory_order_acq_rel)
 #define dmem_atomic_exchange_acq_rel(p, v) atomic_exchange_explicit((p), (v), memory_order_acq_rel)
 /* Compare-and-swap: acq_rel on success, acquire on failure (the failing load
- * re-reads the word that a partner published with release). */
-#define dmem_atomic_cas_acq_rel(p, expected, desired)                                      \
-  atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_acq_rel, \
-                                        memory_order_acquire)
-#define dmem_atomic_cas_strong_acq_rel(p, expected, desired)                                 \
-  atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_acq_rel, \
-                                          memory_order_acquire)
+ * re-reads the word that a partner published with release). These are the
+ * state-word transitions: the schedule fuzzer (base/sched.h) may yield
+ * before each one. */
+#define dmem_atomic_cas_acq_rel(p, expected, desired)                                       \
+  (DMEM_SCHED_POINT(),                                                                      \
+   atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_acq_rel, \
+                                         memory_order_acquire))
+#define dmem_atomic_cas_strong_acq_rel(p, expected, desired)                                  \
+  (DMEM_SCHED_POINT(),                                                                        \
+   atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_acq_rel, \
+                                           memory_order_acquire))
 /* Relaxed CAS, for counters that order nothing (accounting). */
 #define dmem_atomic_cas_relaxed(p, expected, desired)                                      \
   atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_relaxed, \

@@ -417,6 +417,10 @@ dmem_status_t dmem__registry_init(dmem__registry_t *r);
 void dmem__registry_fini(dmem_runtime_t *rt);
 dmem_status_t dmem__registry_add(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
                                  size_t n);
+/* Register the locks of a launch whose function has returned; if the
+ * registry cannot grow, wait for the stream and unlock them instead. */
+void dmem__registry_commit(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
+                           size_t n);
 dmem_status_t dmem__registry_take(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
                                   size_t *n_out);
 bool dmem__registry_has(dmem_runtime_t *rt, void *stream);

@@ -107,7 +107,9 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
     lockset_fini(&ls);
     return st;
   }
+  DMEM_SCHED_POINT(); /* callbacks: the schedule fuzzer may yield around them */
   dmem_status_t fst = fn(user, NULL, ls.ptrs, n);
+  DMEM_SCHED_POINT();
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, NULL));
   unlock_n(rt, ls.ents, n);
   lockset_fini(&ls);
@@ -130,15 +132,18 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
     st = enter_device(rt);
     if (st != DMEM_OK) unlock_n(rt, ls.ents, n);
   }
-  if (st == DMEM_OK && n > 0) {
-    st = dmem__registry_add(rt, stream, ls.ents, n);
-    if (st != DMEM_OK) unlock_n(rt, ls.ents, n);
-  }
   if (st != DMEM_OK) {
     lockset_fini(&ls);
     return st;
   }
+  /* The locks belong to this call until fn has enqueued its work: only then
+   * do they go into the stream's registry, so that a sync or release of the
+   * stream on another thread (or inside fn) cannot unlock them before the
+   * work that uses them is on the stream (launch.h). */
+  DMEM_SCHED_POINT();
   st = fn(user, stream, ls.ptrs, n);
+  DMEM_SCHED_POINT();
+  if (n > 0) dmem__registry_commit(rt, stream, ls.ents, n);
   lockset_fini(&ls);
   return st;
 }
@@ -147,15 +152,23 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_sync_and_unlock: rt is NULL");
   dmem_status_t st = dmem__check_forked(rt);
   if (st != DMEM_OK) return st;
+  /* What is registered now is what this call covers: launches registered
+   * later (their work may be enqueued after the synchronisation began) stay
+   * for a later sync or release. */
+  dmem__reg_entry_t *v;
+  size_t n;
+  (void)dmem__registry_take(rt, stream, &v, &n);
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
   /* A lost context runs nothing more: the buffers are unlocked as after a
    * successful synchronisation (else the stream could never be destroyed).
-   * Any other failure leaves them locked: the work may still run. */
-  if (st != DMEM_OK && st != DMEM_ERR_DEVICE_FATAL) return st;
-  dmem__reg_entry_t *v;
-  size_t n;
-  (void)dmem__registry_take(rt, stream, &v, &n);
+   * Any other failure leaves them locked and registered: the work may still
+   * run. */
+  if (st != DMEM_OK && st != DMEM_ERR_DEVICE_FATAL) {
+    if (n > 0) dmem__registry_commit(rt, stream, v, n);
+    free(v);
+    return st;
+  }
   unlock_n(rt, v, n);
   free(v);
   return st;

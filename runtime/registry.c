@@ -74,6 +74,17 @@ oom:
   return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "lock registry could not grow");
 }
 
+void dmem__registry_commit(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
+                           size_t n) {
+  if (dmem__registry_add(rt, stream, e, n) == DMEM_OK) return;
+  /* No memory to register them: their work is on the stream already, so
+   * they may only be unlocked once it has run. Wait for it here. */
+  DMEM_LOG_AT(DMEM_LOG_WARN, "lock registry could not grow: waiting for stream %p before unlocking "
+              "%zu buffers", stream, n);
+  (void)rt->be->stream_synchronize(rt->be, stream);
+  unlock_entries(rt, (dmem__reg_entry_t *)e, n);
+}
+
 dmem_status_t dmem__registry_take(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
                                   size_t *n_out) {
   dmem__registry_t *r = &rt->reg;

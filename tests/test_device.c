@@ -927,8 +927,27 @@ static double pair_ns(dmem_runtime_t *rt, size_t size, int n) {
   return ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / n;
 }
 
-/* Prints the 4 KiB raw pair; fails on speed only with DMEM_CHECK_TIMING=1
- * (the CI machine is shared and noisy). */
+/* ns per malloc(4 KiB) + free pair: the same-run baseline of raw_pair_cost
+ * (a loaded machine slows both alike). */
+static double malloc_pair_ns(long n) {
+  double best = 1e9;
+  for (int r = 0; r < 5; r++) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < n; i++) {
+      void *volatile q = malloc(4 * KiB);
+      free(q);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double v = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (double)n;
+    if (v < best) best = v;
+  }
+  return best;
+}
+
+/* The 4 KiB raw pair, checked against 10 times a malloc+free pair of the
+ * same run (measured 3.4-4.4x on the loaded 2-core CI machine), and against
+ * 150 ns only with DMEM_CHECK_TIMING=1 (an idle machine). */
 TEST_CASE(raw_pair_cost) {
   dmem_runtime_t *rt = check_runtime(256 * MiB);
   (void)pair_ns(rt, 4 * KiB, 10000); /* warm */
@@ -945,8 +964,13 @@ TEST_CASE(raw_pair_cost) {
   }
   for (int i = 0; i < 1000; i++) CHECK_OK(dmem_device_free(rt, live[i], NULL));
   free(live);
-  fprintf(stderr, "4 KiB raw alloc+free pair: %.1f ns, %.1f ns with 1000 live blocks\n", best0,
-          best1);
+  double base = malloc_pair_ns(100000);
+  fprintf(stderr,
+          "4 KiB raw alloc+free pair: %.1f ns, %.1f ns with 1000 live blocks; malloc+free "
+          "pair %.1f ns (%.2fx, %.2fx)\n",
+          best0, best1, base, best0 / base, best1 / base);
+  CHECK_LE(best0, 10 * base);
+  CHECK_LE(best1, 10 * base);
   const char *strict = getenv("DMEM_CHECK_TIMING");
   if (strict && strcmp(strict, "1") == 0) {
     CHECK_LE(best0, 150);

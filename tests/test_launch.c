@@ -190,6 +190,21 @@ static void *gate_open_thread(void *g) {
   return NULL;
 }
 
+static int gate_is_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  int open = g->open;
+  pthread_mutex_unlock(&g->mu);
+  return open;
+}
+
+/* Opens the gate after 100 ms. */
+static void *gate_open_later_thread(void *g) {
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  gate_open(g);
+  return NULL;
+}
+
 static dmem_status_t enqueue_gate(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
   (void)ptrs;
   (void)n;
@@ -332,7 +347,9 @@ TEST_CASE(finished_release_seen_by_free) { finished_release_seen_by(TELL_FREE); 
 
 TEST_CASE(allocation_waits_for_pending_release) {
   /* Memory is full of buffers locked by a running "kernel" whose stream was
-   * released: the allocation waits for it rather than failing. */
+   * released: the allocation waits for it rather than failing. The gate
+   * opens 100 ms after the allocation starts, and the allocation must
+   * return after it opened (it waited), not before. */
   dmem_runtime_t *rt = check_runtime(2 * MiB);
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
@@ -345,10 +362,9 @@ TEST_CASE(allocation_waits_for_pending_release) {
   CHECK_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
   CHECK_OK(dmem_stream_release(rt, s));
   pthread_t opener;
-  struct timespec ts = {0, 50 * 1000 * 1000};
-  nanosleep(&ts, NULL);
-  pthread_create(&opener, NULL, gate_open_thread, &g);
+  pthread_create(&opener, NULL, gate_open_later_thread, &g);
   CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &b));
+  CHECK_TRUE(gate_is_open(&g)); /* it returned only once the kernel was done */
   pthread_join(opener, NULL);
   CHECK_OK(dmem_free(rt, a));
   CHECK_OK(dmem_free(rt, b));
@@ -362,15 +378,10 @@ TEST_CASE(allocation_waits_for_pending_release) {
 static dmem_runtime_t *runtime_waiting(size_t limit, unsigned wait_ms) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
-  cfg.backend = DMEM_BACKEND_HOST;
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST; /* cuda.launch.*: CUDA */
   cfg.device_limit = limit;
   cfg.oom_wait_ms = wait_ms;
-  dmem_runtime_t *rt = NULL;
-  if (dmem_runtime_create(&cfg, &rt) != DMEM_OK) {
-    fprintf(stderr, "dmem_runtime_create: %s\n", dmem_last_error_detail());
-    exit(1);
-  }
-  return rt;
+  return check_runtime_cfg(&cfg);
 }
 
 static double secs(void) {
@@ -415,7 +426,9 @@ static void oom_wait_case(unsigned wait_ms, int open_after_ms, dmem_status_t wan
   dmem_runtime_destroy(rt);
 }
 
-TEST_CASE(oom_wait_ends_when_stream_finishes) { oom_wait_case(20000, 100, DMEM_OK, 0.0, 5.0); }
+/* at least the 100 ms before the stream finishes (it waited), far less than
+ * the 20 s of the wait */
+TEST_CASE(oom_wait_ends_when_stream_finishes) { oom_wait_case(20000, 100, DMEM_OK, 0.095, 5.0); }
 TEST_CASE(oom_wait_gives_up_after_its_time) {
   oom_wait_case(300, -1, DMEM_ERR_OUT_OF_MEMORY, 0.29, 5.0);
 }

@@ -8,6 +8,22 @@
  * The launch function runs with no dmem-internal mutex held and may call back
  * into the runtime. When an entry point fails before calling it, it is never
  * called. Every function here is thread-safe.
+ *
+ * Shared streams. Several threads may launch on, sync and release one stream
+ * (the default stream is shared by every thread of a process). The rule:
+ *  - a launch's buffers enter the stream's registry when its launch function
+ *    returns (its work is then on the stream); until then they are locked by
+ *    the launch alone, and no sync or release, on any thread or inside the
+ *    launch function itself, unlocks them;
+ *  - dmem_sync_and_unlock(S) and dmem_stream_release(S) cover exactly the
+ *    launches registered on S when the call begins: a launch whose function
+ *    returns while the call is under way stays registered (and locked) for a
+ *    later sync or release of S.
+ * Each registered launch is unlocked by exactly one sync or release. When two
+ * threads sync or release one stream at once, each unlocks what it took:
+ * a buffer the other call took may still be locked for as long as that call
+ * takes to finish (a completed release's buffers likewise, until the thread
+ * that found it completed has unlocked them).
  */
 #ifndef DMEM_LAUNCH_H
 #define DMEM_LAUNCH_H
@@ -40,27 +56,33 @@ DMEM_API dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handl
                                             size_t n, dmem_launch_fn fn, void *user);
 
 /**
- * Lock all `n` handles on `stream` (all or nothing), record them in the
- * stream's lock registry and call fn(user, stream, ptrs, n). The buffers stay
- * locked until dmem_sync_and_unlock(stream) or dmem_stream_release(stream).
- * If fn fails, its buffers are still registered: work it enqueued before
- * failing may use them. Duplicated handles are allowed (registered once per
- * occurrence); a bad handle anywhere in hs fails before anything is locked.
+ * Lock all `n` handles on `stream` (all or nothing), call
+ * fn(user, stream, ptrs, n), then record them in the stream's lock registry.
+ * The buffers stay locked until a dmem_sync_and_unlock(stream) or
+ * dmem_stream_release(stream) that begins after fn has returned (see
+ * "Shared streams" above). If fn fails, its buffers are still registered:
+ * work it enqueued before failing may use them. If the registry cannot grow
+ * (host memory), the call waits for the stream and unlocks them itself.
+ * Duplicated handles are allowed (registered once per occurrence); a bad
+ * handle anywhere in hs fails before anything is locked.
  *
  * @return fn's status; DMEM_ERR_INVALID_ARGUMENT (rt or fn NULL, hs NULL with
  *         n > 0, n > SIZE_MAX / 16); DMEM_ERR_STALE_HANDLE (a zero, freed,
  *         forged or another runtime's handle in hs: fn not called, nothing
- *         locked); any other status of dmem_lock (likewise);
- *         DMEM_ERR_HOST_OUT_OF_MEMORY (registry could not grow; nothing locked).
+ *         locked); any other status of dmem_lock (likewise), including
+ *         DMEM_ERR_HOST_OUT_OF_MEMORY (the lock set of n > 16 handles could
+ *         not be allocated, or no host memory to retrieve a spilled buffer;
+ *         nothing locked).
  */
 DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream,
                                          const dmem_handle_t *hs, size_t n,
                                          dmem_launch_fn fn, void *user);
 
 /**
- * Synchronise `stream`, then unlock every buffer its registry holds (RMMEP-1
- * syncAndUnlock). A stream with nothing registered is just synchronised
- * (DMEM_OK).
+ * Take the launches registered on `stream` now, synchronise the stream, then
+ * unlock them (RMMEP-1 syncAndUnlock). Launches registered after the call
+ * began stay registered. A stream with nothing registered is just
+ * synchronised (DMEM_OK).
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_DEVICE (synchronisation failed; the buffers stay
@@ -72,8 +94,8 @@ DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t strea
 DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream);
 
 /**
- * Record an event on `stream` and return at once; the buffers registered on
- * `stream` so far are unlocked once the event completes. No host stall, and
+ * Take the launches registered on `stream` now, record an event on `stream`
+ * and return at once; their buffers are unlocked once the event completes. No host stall, and
  * no background thread: a completed release unlocks its buffers as soon as
  * anyone can tell that it completed: dmem_stream_synchronize (of any
  * stream), dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,

@@ -32,6 +32,7 @@
 #include "atomic.h"
 #include "backend/backend.h"
 #include "base/error.h"
+#include "base/sched.h"
 
 #define HB_ALIGN ((size_t)256) /* device and host allocation alignment */
 #define HB_POISON 0xDB         /* fill byte of new device allocations */
@@ -310,6 +311,7 @@ static dmem_status_t hb_event_synchronize(dmem__backend_t *be, void *event) {
 /* ---- streams --------------------------------------------------------------- */
 
 static void hb_op_run(hb_op_t *op) {
+  DMEM_SCHED_POINT(); /* the schedule fuzzer may delay the stream (base/sched.h) */
   switch (op->kind) {
     case HB_OP_COPY:
       memcpy(op->u.copy.dst, op->u.copy.src, op->u.copy.n);

@@ -69,6 +69,7 @@
 #include "base/error.h"
 #include "base/nvtx.h"
 #include "base/trace.h"
+#include "base/sched.h"
 #include "dmem/dmem.h"
 
 /* ---- invariant checks ----------------------------------------------------- */
@@ -121,6 +122,7 @@ static inline void dmem__mutex_lock(pthread_mutex_t *m, dmem__rank_t rank) {
     abort();
   }
 #endif
+  DMEM_SCHED_POINT(); /* the schedule fuzzer may yield here (base/sched.h) */
   pthread_mutex_lock(m);
 #ifdef DMEM_DEBUG
   dmem__held_ranks |= 1u << rank;
@@ -135,6 +137,7 @@ static inline void dmem__mutex_unlock(pthread_mutex_t *m, dmem__rank_t rank) {
   (void)rank;
 #endif
   pthread_mutex_unlock(m);
+  DMEM_SCHED_POINT();
 }
 
 /* ---- state word ------------------------------------------------------------- */

@@ -536,19 +536,41 @@ def test_cupy_allocator_over_the_default_runtime():
 
 
 def test_cupy_allocator_is_cheap(rt):
-    # The C path: well under the 1.4 us of CuPy's own pool even with the two
-    # Python stand-ins here (measured, not asserted tightly: shared CI box).
+    # The C path against a same-run baseline: the Python code that does the
+    # least any allocator of this shape must (call the two getters, build
+    # the UnownedMemory and MemoryPointer stand-ins and an owner, drop them),
+    # with no allocation at all. The C path does that work plus dmem's raw
+    # alloc and free, and must not cost more than twice the baseline
+    # (measured on the 2-core CI-class machine under load: 0.77-1.22x; a
+    # path doing three times the work measured 4.8x and failed).
     import time
 
     alloc = fake_allocator(rt)
-    best = 1.0
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(20000):
-            alloc(256)
-        best = min(best, (time.perf_counter() - t) / 20000)
-    print(f"CupyAllocator alloc+free with Python stand-ins: {best * 1e9:.0f} ns")
-    assert best < 20e-6
+    get_device, get_stream = (lambda: 0), (lambda: 0)
+
+    def python_baseline(nbytes):
+        get_device()
+        get_stream()
+        owner = object()
+        return FakePointer(FakeUnowned(4096, nbytes, owner, 0), 0)
+
+    def best_of(fn):
+        best = 1.0
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(20000):
+                fn(256)
+            best = min(best, (time.perf_counter() - t) / 20000)
+        return best
+
+    c_path, baseline = [], []
+    for _ in range(3):  # interleaved, so that a busy moment hits both
+        c_path.append(best_of(alloc))
+        baseline.append(best_of(python_baseline))
+    c, b = min(c_path), min(baseline)
+    print(f"CupyAllocator alloc+free with Python stand-ins: {c * 1e9:.0f} ns; "
+          f"the same objects built in Python, no allocation: {b * 1e9:.0f} ns ({c / b:.2f}x)")
+    assert c < 2.0 * b, f"C path {c * 1e9:.0f} ns, Python baseline {b * 1e9:.0f} ns"
 
 
 # ---- the Numba EMM plugin over a stand-in numba package ----------------------------------------

@@ -6,6 +6,7 @@ import faulthandler
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -243,26 +244,54 @@ def test_close_while_other_threads_work(spill_dir):
     assert rt.closed
 
 
-def test_gil_released_during_blocking_calls(rt):
-    # While one thread is inside long runtime calls, another keeps running Python.
-    big = [rt.alloc(1 << 20) for _ in range(4)]
-    for b in big:
-        b.write(os.urandom(1 << 20))
-    counter = [0]
-    stop = threading.Event()
+def test_gil_released_during_blocking_calls(spill_dir):
+    # While one thread is inside long runtime calls (a 32 MiB buffer to disk
+    # and back), another keeps running Python: the spinner's timestamps fall
+    # in the middle of the calls. An extension that kept the GIL would let
+    # the spinner run only between calls (and for at most one switch
+    # interval at their edges), never in their middle half. Checked: against
+    # a build with -DDMEM_PY_HOLD_GIL=ON (pybridge/CMakeLists.txt) this test
+    # fails ("0 of N calls").
+    size = 32 << 20
+    with dmem.Runtime(backend="host", host_capacity=2 * size,
+                      spill_dir=str(spill_dir)) as r:
+        b = r.alloc(size)
+        b.write(os.urandom(size))
+        stamps = []
+        stop = threading.Event()
 
-    def spin():
-        while not stop.is_set():
-            counter[0] += 1
+        def spin():
+            clock = time.perf_counter
+            last = 0.0
+            while not stop.is_set():
+                t = clock()
+                if t - last > 2e-4:
+                    stamps.append(t)
+                    last = t
 
-    t = threading.Thread(target=spin)
-    t.start()
-    try:
-        for _ in range(5):
-            for b in big:
-                b.spill("disk")
-                b.read()
-    finally:
-        stop.set()
-        t.join()
-    assert counter[0] > 0
+        windows = []
+        t = threading.Thread(target=spin)
+        t.start()
+        try:
+            for _ in range(6):
+                for call in (lambda: b.spill("disk"), b.read):
+                    t0 = time.perf_counter()
+                    call()
+                    windows.append((t0, time.perf_counter()))
+        finally:
+            stop.set()
+            t.join()
+        b.free()
+    # calls long against the switch interval (5 ms), whose middle half a
+    # spinner time slice at an edge cannot reach
+    longest = max(t1 - t0 for t0, t1 in windows)
+    long_calls = [(t0, t1) for t0, t1 in windows if t1 - t0 >= 0.02]
+    if not long_calls:
+        pytest.skip("no call took 20 ms (longest %.1f ms): too fast to tell" % (longest * 1e3))
+    inside = sum(any(t0 + (t1 - t0) / 4 <= s <= t1 - (t1 - t0) / 4 for s in stamps)
+                 for t0, t1 in long_calls)
+    print("the other thread ran in the middle of %d of %d calls of 20 ms or more (longest "
+          "%.1f ms)" % (inside, len(long_calls), longest * 1e3))
+    assert inside * 2 >= len(long_calls), (
+        "the other thread ran in the middle of %d of %d calls of 20 ms or more"
+        % (inside, len(long_calls)))
