@@ -375,9 +375,10 @@ void dmem__fork_untrack(dmem_runtime_t *rt);
 /* Call fn(rt, arg) for each live runtime of the process, under the list's
  * mutex (fn must not create or destroy a runtime). */
 void dmem__fork_each(void (*fn)(dmem_runtime_t *rt, void *arg), void *arg);
-/* Set the process-wide log level (dmem__log_level) to the most verbose of
- * the live runtimes' (DMEM_LOG_WARN when none is live). */
-void dmem__log_level_update(void);
+/* Set rt's log level, and the process-wide one (dmem__log_level) to the
+ * most verbose of the live runtimes' (DMEM_LOG_WARN when none is live).
+ * Takes no mutex. */
+void dmem__log_level_set(dmem_runtime_t *rt, int level);
 
 /* runtime/report.c: DMEM_STATS and DMEM_TRACE. Start (at create; the
  * statistics thread when cfg->stats_interval_s, the exit handler when

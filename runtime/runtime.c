@@ -419,7 +419,6 @@ dmem_status_t dmem_runtime_set_log_level(dmem_runtime_t *rt, dmem_log_level_t le
                        (int)level);
   dmem_status_t st = dmem__check_forked(rt);
   if (st != DMEM_OK) return st;
-  dmem_atomic_store_relaxed(&rt->log_level, (int)level);
-  dmem__log_level_update();
+  dmem__log_level_set(rt, (int)level);
   return DMEM_OK;
 }

@@ -569,3 +569,42 @@ TEST_CASE(reset_peaks_log_level_and_info_race_the_movers) {
   unlink(path);
   unsetenv("DMEM_TRACE");
 }
+
+/* ---- from a controller callback ------------------------------------------------------- */
+
+typedef struct cb_ctx {
+  dmem_runtime_t *rt;
+  int calls, failures;
+} cb_ctx_t;
+
+static void on_event_set_level(void *user, const dmem_event_t *e) {
+  cb_ctx_t *c = user;
+  (void)e;
+  c->calls++;
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  if (dmem_runtime_set_log_level(c->rt, (c->calls & 1) ? DMEM_LOG_ERROR : DMEM_LOG_OFF) != DMEM_OK ||
+      dmem_runtime_info(c->rt, &info) != DMEM_OK || dmem_stats_reset_peaks(c->rt) != DMEM_OK)
+    c->failures++;
+}
+
+/* A controller's on_event may change the log level, read the info and reset
+ * the peaks (no mutex of the runtime's is held there; the level takes none). */
+TEST_CASE(log_level_info_and_reset_from_a_controller_callback) {
+  clear_env();
+  dmem_config_t cfg = host_cfg(16 * MiB);
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  cb_ctx_t c = {.rt = rt};
+  dmem_controller_t ctl;
+  memset(&ctl, 0, sizeof ctl);
+  ctl.struct_size = sizeof ctl;
+  ctl.user = &c;
+  ctl.on_event = on_event_set_level;
+  REQUIRE_OK(dmem_set_controller(rt, &ctl));
+  churn(rt, 4);
+  CHECK_GT(c.calls, 8);
+  CHECK_EQ(c.failures, 0);
+  CHECK_OK(dmem_set_controller(rt, NULL));
+  dmem_runtime_destroy(rt);
+}
