@@ -17,6 +17,9 @@ figures:
     two-gpu  --limit 4GB --host-limit 6G --host-burst 0.2, warm 24G
              (every GPU of the machine: one worker per GPU)
     one-gpu  --limit 8GB --host-limit 9G, warm 40G, CUDA_VISIBLE_DEVICES=0
+    defaults-one-gpu  --limit 8GB --threads 4 --memory-limit 100GB and
+             nothing else (dmem's defaults), warm 40G, CUDA_VISIBLE_DEVICES=0
+    defaults-two-gpu  the same on every GPU of the machine
 
 Prints the device (nvidia-smi), each exact command, and a table: wall time
 of each cluster, dask-cuda / dmem, peak worker RSS, and whether the sums
@@ -36,6 +39,12 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PRESETS = {
     "two-gpu": (["--limit", "4GB", "--host-limit", "6G", "--host-burst", "0.2"], "24G", {}),
     "one-gpu": (["--limit", "8GB", "--host-limit", "9G"], "40G", {"CUDA_VISIBLE_DEVICES": "0"}),
+    # Both clusters at their defaults (nothing of dmem's set): 4 threads,
+    # Dask's memory_limit 100GB, 8GB of device memory per worker.
+    "defaults-one-gpu": (["--limit", "8GB", "--threads", "4", "--memory-limit", "100GB"], "40G",
+                         {"CUDA_VISIBLE_DEVICES": "0"}),
+    "defaults-two-gpu": (["--limit", "8GB", "--threads", "4", "--memory-limit", "100GB"], "40G",
+                         {}),
 }
 
 

@@ -158,19 +158,21 @@ def warm_host(nbytes):
     return time.perf_counter() - t0
 
 
-def start(kind, n_workers, limit, threads, spill_dir, host_limit=None, host_burst=None):
+def start(kind, n_workers, limit, threads, spill_dir, host_limit=None, host_burst=None,
+          memory_limit=0):
     if kind == "dmem":
         from dmem.dask import LocalCluster
 
         return LocalCluster(n_workers=n_workers, device_memory_limit=limit,
                             host_memory_limit=host_limit, host_burst=host_burst,
                             spill_dir=spill_dir,
-                            threads_per_worker=threads, dashboard_address=None, memory_limit=0)
+                            threads_per_worker=threads, dashboard_address=None,
+                            memory_limit=memory_limit)
     from dask_cuda import LocalCUDACluster
 
     return LocalCUDACluster(n_workers=n_workers, device_memory_limit=limit,
                             threads_per_worker=threads, dashboard_address=None,
-                            local_directory=spill_dir, memory_limit=0)
+                            local_directory=spill_dir, memory_limit=memory_limit)
 
 
 def run(kind, args):
@@ -180,7 +182,7 @@ def run(kind, args):
     out = {"cluster": kind}
     t_start = time.perf_counter()
     with start(kind, args.workers, args.limit, args.threads, args.spill_dir,
-               args.host_limit, args.host_burst) as cluster, \
+               args.host_limit, args.host_burst, args.memory_limit) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(args.workers or 1)
         out["start_s"] = time.perf_counter() - t_start
@@ -232,6 +234,9 @@ def main(argv=None):
     p.add_argument("--host-burst", type=float, default=None,
                    help="how far past the host limit (a fraction of it) dmem's host tier may "
                         "grow while it is pushed down to disk; default dmem's 0.5")
+    p.add_argument("--memory-limit", default="0",
+                   help="Dask's memory_limit per worker, for both clusters (default 0: none; "
+                        "dmem derives its host limit from it, docs/dask.md)")
     p.add_argument("--n", type=int, default=40000)
     p.add_argument("--c", type=int, default=5000)
     p.add_argument("--check-n", type=int, default=6000)

@@ -3,12 +3,19 @@
  * (dmem_set_controller): C trampolines that take the GIL and call its
  * methods.
  *
- *   on_alloc(buf), on_free(handle), on_spill(buf, tier), on_unspill(buf),
- *   on_pressure(nbytes)          notifications (from dmem_event_t)
+ *   on_alloc(buf), on_free(handle), on_spill(buf, tier),
+ *   on_unspill(buf, tier), on_pressure(nbytes)
+ *                                notifications (from dmem_event_t); on_free
+ *                                also for each buffer alive at close;
+ *                                on_unspill's tier is where the bytes came
+ *                                from (an override taking (self, buf) only
+ *                                is called without it)
  *   select_victims(nbytes)       None (default policy) or an iterable of
  *                                Buffers / int handles
  *   store(buf, data)             data: read-only memoryview, valid during the
- *                                call only (copy it, e.g. bytes(data))
+ *                                call only (copy it, e.g. bytes(data)); what
+ *                                it returns is dropped (returning data is
+ *                                fine)
  *   retrieve(buf, out)           out: writable memoryview to fill
  *
  * Only the methods a subclass overrides are installed (a controller that
@@ -80,7 +87,10 @@ static void pyd_tramp_event(void *user, const dmem_event_t *ev) {
       break;
     case DMEM_EVENT_UNSPILL:
       buf = pyd_buffer_new(b->owner, ev->handle, ev->size, 0);
-      if (buf) r = PyObject_CallMethod(obj, "on_unspill", "O", buf);
+      if (buf && (b->mask & PYD_CB_UNSPILL_NO_TIER))
+        r = PyObject_CallMethod(obj, "on_unspill", "O", buf);
+      else if (buf)
+        r = PyObject_CallMethod(obj, "on_unspill", "Os", buf, pyd_tier_name(ev->tier));
       break;
     case DMEM_EVENT_PRESSURE:
       r = PyObject_CallMethod(obj, "on_pressure", "n", (Py_ssize_t)ev->bytes_needed);
@@ -222,6 +232,14 @@ static dmem_status_t pyd_tramp_move(pyd_binding_t *b, const char *method, dmem_h
   pyd_span_t *sp = NULL;
   PyObject *mv = buf ? pyd_span_memoryview(data, size, readonly, &sp) : NULL;
   PyObject *r = mv ? PyObject_CallMethod(obj, method, "OO", buf, mv) : NULL;
+  /* What the callback returns is dropped first: returning `data` (or a view
+   * of it) is not keeping it. */
+  int ok = r != NULL;
+  Py_CLEAR(r);
+  if (ok) {
+    Py_INCREF(Py_None);
+    r = Py_None;
+  }
   if (mv) {
     /* A controller that kept `data`/`out`, a view of it or an array made
      * from it (instead of copying) would reach the runtime's memory after the
@@ -271,6 +289,29 @@ static dmem_status_t pyd_tramp_retrieve(void *user, dmem_handle_t h, void *out, 
   return pyd_tramp_move(user, "retrieve", h, out, size, 0);
 }
 
+/* Whether m is a plain Python function of exactly one argument after self
+ * (an on_unspill written before the tier was passed). Anything else (other
+ * callables, *args, more parameters) gets the tier. */
+static int pyd_takes_one_arg(PyObject *m) {
+  PyObject *code = PyObject_GetAttrString(m, "__code__");
+  if (!code) {
+    PyErr_Clear();
+    return 0;
+  }
+  int one = 0;
+  PyObject *argc = PyObject_GetAttrString(code, "co_argcount");
+  PyObject *flags = PyObject_GetAttrString(code, "co_flags");
+  if (argc && flags) {
+    long n = PyLong_AsLong(argc), f = PyLong_AsLong(flags);
+    one = n == 2 && !(f & CO_VARARGS);
+  }
+  PyErr_Clear();
+  Py_XDECREF(argc);
+  Py_XDECREF(flags);
+  Py_DECREF(code);
+  return one;
+}
+
 /* Which callbacks the controller's class overrides. */
 static int pyd_controller_mask(PyObject *obj, unsigned *mask_out) {
   unsigned mask = 0;
@@ -289,6 +330,8 @@ static int pyd_controller_mask(PyObject *obj, unsigned *mask_out) {
       overridden = bm != m;
       Py_XDECREF(bm);
     }
+    if (overridden && strcmp(pyd_cb_names[i], "on_unspill") == 0 && pyd_takes_one_arg(m))
+      mask |= PYD_CB_UNSPILL_NO_TIER;
     Py_DECREF(m);
     if (overridden) mask |= 1u << i;
   }

@@ -80,7 +80,10 @@ enum {
   PYD_CB_SELECT_VICTIMS = 1u << 5,
   PYD_CB_STORE = 1u << 6,
   PYD_CB_RETRIEVE = 1u << 7,
-  PYD_CB_EVENTS = 0x1f
+  PYD_CB_EVENTS = 0x1f,
+  /* on_unspill is a plain function of (self, buf): the signature before the
+   * tier was passed; it is called without it */
+  PYD_CB_UNSPILL_NO_TIER = 1u << 8
 };
 
 typedef struct pyd_buffer {
@@ -223,7 +226,7 @@ int pyd_address_arg(PyObject *o, const char *what, void **out);
 int pyd_handle_int_arg(PyObject *o, dmem_handle_t *out);
 /* A size of Runtime(...): a non-negative int, or a str in the syntax of the
  * DMEM_* variables, parsed by the C library's dmem_size_parse ("4096",
- * "512M", "1.5G"; "80%" only when fraction != NULL). On success *bytes is
+ * "8GB" = 8e9, "8GiB" = 2^33; "80%" only when fraction != NULL). On success *bytes is
  * the byte count (0 for a percentage) and *fraction, when given, the
  * fraction (0 for a byte count); None leaves both alone. -1 on error:
  * TypeError, or ValueError carrying dmem_last_error_detail(). */
@@ -312,6 +315,11 @@ PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyOb
 /* Methods of dmem.Runtime (its method table is in runtime.c). */
 PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused);
+/* The detail of an out-of-memory error of a raw allocation of size bytes:
+ * `why` (may be NULL), then how the device limit is used: raw, locked,
+ * pinned, spillable and free bytes (dmem_stats). Writes at most n bytes. */
+void pyd_oom_detail(dmem_runtime_t *rt, size_t size, const char *why, char *out, size_t n);
+PyObject *pyd_runtime_oom_message(pyd_runtime_t *self, PyObject *arg);
 PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr);
 PyObject *pyd_runtime_adopt(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 

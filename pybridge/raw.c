@@ -25,6 +25,52 @@
  */
 #include "pydmem.h"
 
+/* ---- out of memory: how the limit is used --------------------------------------- */
+
+/* "1.50 GiB", "512.00 KiB", "12 B" */
+static const char *pyd_fmt_size(size_t b, char *out, size_t n) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0) snprintf(out, n, "%zu B", b);
+  else snprintf(out, n, "%.2f %s", v, unit[u]);
+  return out;
+}
+
+void pyd_oom_detail(dmem_runtime_t *rt, size_t size, const char *why, char *out, size_t n) {
+  dmem_stats_t s;
+  if (dmem_stats(rt, &s) != DMEM_OK) {
+    snprintf(out, n, "%s", why ? why : "");
+    return;
+  }
+  size_t fixed = s.raw_used + s.device_locked + s.device_pinned;
+  size_t spillable = s.device_used > fixed ? s.device_used - fixed : 0;
+  size_t free_b = s.device_limit > s.device_used ? s.device_limit - s.device_used : 0;
+  char a[7][32];
+  snprintf(out, n,
+           "%s%sdmem could not make room for %zu bytes (%s) under its device limit of %s: "
+           "raw %s (Numba, CuPy and PyTorch arrays: never spilled), locked %s, pinned %s, "
+           "spillable %s, free %s",
+           why ? why : "", why && *why ? "; " : "", size, pyd_fmt_size(size, a[0], 32),
+           pyd_fmt_size(s.device_limit, a[1], 32), pyd_fmt_size(s.raw_used, a[2], 32),
+           pyd_fmt_size(s.device_locked, a[3], 32), pyd_fmt_size(s.device_pinned, a[4], 32),
+           pyd_fmt_size(spillable, a[5], 32), pyd_fmt_size(free_b, a[6], 32));
+}
+
+/* The exception of a failed raw allocation: for DMEM_ERR_OUT_OF_MEMORY the
+ * detail says how the limit is used. */
+static PyObject *pyd_devmem_raise(pyd_runtime_t *rt, size_t size, dmem_status_t st) {
+  if (st != DMEM_ERR_OUT_OF_MEMORY) return pyd_raise(st, NULL);
+  char why[512], detail[1024];
+  snprintf(why, sizeof why, "%s", dmem_last_error_detail());
+  pyd_oom_detail(rt->rt, size, why, detail, sizeof detail);
+  return pyd_raise(st, detail);
+}
+
 /* ---- alloc and free ------------------------------------------------------------ */
 
 PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep,
@@ -35,13 +81,14 @@ PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyOb
   if (!rt->bindings) {
     st = dedicated ? dmem_device_malloc_dedicated(rt->rt, size, s, &p)
                    : dmem_device_malloc(rt->rt, size, s, &p);
-    if (st != DMEM_OK) return pyd_raise(st, NULL);
+    if (st != DMEM_OK) return pyd_devmem_raise(rt, size, st);
   } else {
     pyd_ctx_t ctx;
     pyd_enter(&ctx, rt, 1);
     st = dedicated ? dmem_device_malloc_dedicated(rt->rt, size, s, &p)
                    : dmem_device_malloc(rt->rt, size, s, &p);
     pyd_leave(&ctx);
+    if (!ctx.exc && st == DMEM_ERR_OUT_OF_MEMORY) return pyd_devmem_raise(rt, size, st);
     if (pyd_finish(&ctx, st) < 0) {
       if (st == DMEM_OK) dmem_device_free(rt->rt, p, s);
       return NULL;
@@ -255,6 +302,23 @@ PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObjec
   }
   Py_XDECREF(keep);
   return r;
+}
+
+PyObject *pyd_runtime_oom_message(pyd_runtime_t *self, PyObject *arg) {
+  if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "nbytes must be an int, not %.100s", Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  size_t size = PyLong_AsSize_t(arg);
+  if (size == (size_t)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "nbytes must be a non-negative int that fits size_t");
+    return NULL;
+  }
+  if (pyd_runtime_check(self) < 0) return NULL;
+  char detail[1024];
+  pyd_oom_detail(self->rt, size, NULL, detail, sizeof detail);
+  return PyUnicode_FromString(detail);
 }
 
 PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused) {

@@ -848,6 +848,9 @@ static PyMethodDef pyd_runtime_methods[] = {
      "dedicated=True: a whole cudaMalloc of its own (dmem_device_malloc_dedicated), for\n"
      "code that asks the driver for the allocation's extent or opens its IPC handle at\n"
      "offset 0; freed blocks are cached by size."},
+    {"_oom_message", (PyCFunction)pyd_runtime_oom_message, METH_O,
+     "_oom_message(nbytes) -> str: what an out-of-memory error of a raw allocation of\n"
+     "nbytes says about the device limit now (raw, locked, pinned, spillable, free)."},
     {"memory_info", (PyCFunction)pyd_runtime_memory_info, METH_NOARGS,
      "memory_info() -> (free, total): total is the device limit; free counts the bytes\n"
      "that spilling unlocked buffers would give (dmem_device_memory_info)."},
@@ -902,13 +905,15 @@ PyTypeObject pyd_runtime_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
               "        spill_dir=None, host_capacity=None, host_reserve=None, host_burst=None)\n\n"
-              "A dmem runtime. device_limit: bytes, '512M', '1.5G' or '80%'; host_limit: bytes\n"
+              "A dmem runtime. device_limit: bytes, '8GB' (8e9), '8GiB' (2**33) or '80%'; host_limit: bytes\n"
               "of spilled data kept in host memory (None: unlimited); host_burst: how far past\n"
               "host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow while\n"
               "it is pushed down to disk (dmem_config_t.host_burst); host_reserve: pinned host\n"
               "memory taken at creation and kept (dmem_config_t.host_reserve); host_capacity: simulated\n"
               "device memory of the host backend. Strings are read as the DMEM_* variables\n"
-              "are. Context manager; close() destroys it.",
+              "are, which is as dask.utils.parse_bytes reads them: K/M/G/T/P alone or with B\n"
+              "are powers of 1000 ('8G' = '8GB' = 8e9), Ki/Mi/Gi/Ti/Pi alone or with B powers\n"
+              "of 1024. Context manager; close() destroys it.",
     .tp_traverse = (traverseproc)pyd_runtime_traverse,
     .tp_clear = (inquiry)pyd_runtime_clear,
     .tp_weaklistoffset = offsetof(pyd_runtime_t, weakreflist),

@@ -314,6 +314,24 @@ fail_rt:
   return st;
 }
 
+/* The FREE event of every buffer still alive at destroy, as dmem_free gives
+ * it (the tier its bytes are in), so that a controller holding the bytes of
+ * some can drop them. Nothing is torn down yet: the callbacks see a whole
+ * runtime (the caller's guarantee that no other thread uses it holds). */
+static void emit_frees_at_destroy(dmem_runtime_t *rt) {
+  if (!dmem_atomic_load_relaxed(&rt->has_ctl_events)) return;
+  uint32_t hw = dmem_atomic_load_relaxed(&rt->table->high_water);
+  for (uint32_t slot = 0; slot < hw; slot++) {
+    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
+    if (!b) break;
+    /* acquire: partner is the release in dmem__buffer_publish */
+    uint64_t w = dmem_atomic_load_acquire(&b->word);
+    if (dmem__w_state(w) == DMEM__STATE_FREE || (w & DMEM__F_FREED)) continue;
+    dmem__emit(rt, DMEM_EVENT_FREE, dmem__handle_of(b, w), dmem__bsize(b),
+               dmem__tier_public(dmem__w_state(w)), 0);
+  }
+}
+
 void dmem_runtime_destroy(dmem_runtime_t *rt) {
   if (!rt) return;
   /* Inherited by a forked child (runtime/fork.c): its threads are not
@@ -324,6 +342,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   dmem__fork_untrack(rt); /* the exit handler of DMEM_STATS no longer sees it */
   dmem__report_stop(rt);  /* the DMEM_STATS=N thread */
   dmem__ahead_stop(rt);   /* first of the movers */
+  emit_frees_at_destroy(rt);
   /* The I/O threads first: a push-down in progress stops at its next
    * chunk. Nothing reads or writes the disk after this. */
   dmem__io_destroy(rt->io);

@@ -164,8 +164,14 @@ dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t
     free(d);
     return st;
   }
+  /* The file has no name: the directory is no longer needed, and removing it
+   * now means nothing is left behind, whether the runtime is destroyed or
+   * not (the default runtimes never are) and however the process ends. A
+   * process killed between mkdtemp and this rmdir leaves the empty
+   * directory. d->dir stays for messages. */
+  rmdir(d->dir);
   pthread_mutex_init(&d->mu, NULL);
-  DMEM_LOG_AT(DMEM_LOG_INFO, "disk tier in %s (%s I/O)", d->dir,
+  DMEM_LOG_AT(DMEM_LOG_INFO, "disk tier in an unnamed file under %s (%s I/O)", parent,
               dmem_atomic_load_relaxed(&d->direct) ? "direct" : "buffered");
   *disk_out = d;
   return DMEM_OK;
@@ -173,8 +179,7 @@ dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t
 
 void dmem__disk_destroy(dmem__disk_t *d) {
   if (!d) return;
-  close(d->fd);
-  rmdir(d->dir);
+  close(d->fd); /* the directory went when the file was opened */
   for (extent_t *x = d->free, *nx; x; x = nx) {
     nx = x->next;
     free(x);

@@ -16,10 +16,13 @@
 #ifndef DMEM_TEST_CHECK_H
 #define DMEM_TEST_CHECK_H
 
+#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <dmem/dmem.h>
 
@@ -113,6 +116,54 @@ static inline void check_register_(const char *name, check_fn fn) {
     check_skipped_ = 1;                    \
     return;                                \
   } while (0)
+
+/* mkdtemp of "$TMPDIR/<prefix>XXXXXX" ($TMPDIR unset or empty: /tmp) into
+ * buf, or abort: the tests make their folders where the test run says, so
+ * that scripts/test can check that a run leaves nothing behind. Whatever is
+ * still under such a folder when the process exits (a case that stopped
+ * early: SKIP, a failed REQUIRE) is removed then, by the process that made
+ * it (not by a forked child). */
+static char check_tmp_dirs_[16][512];
+static int check_ntmp_dirs_;
+static pid_t check_tmp_pid_;
+
+static inline int check_rm_entry_(const char *path, const struct stat *st, int flag,
+                                  struct FTW *ftw) {
+  (void)st;
+  (void)ftw;
+  if (flag == FTW_DP || flag == FTW_D) {
+    chmod(path, 0700);
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+  return 0;
+}
+
+static inline void check_rm_tmp_dirs_(void) {
+  if (getpid() != check_tmp_pid_) return;
+  for (int i = 0; i < check_ntmp_dirs_; i++) {
+    /* a folder made unreadable by a test: make it readable first */
+    chmod(check_tmp_dirs_[i], 0700);
+    nftw(check_tmp_dirs_[i], check_rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
+  }
+}
+
+static inline char *check_mkdtemp(char *buf, size_t n, const char *prefix) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(buf, n, "%s/%sXXXXXX", tmp && *tmp ? tmp : "/tmp", prefix);
+  if (!mkdtemp(buf)) {
+    fprintf(stderr, "mkdtemp(%s) failed\n", buf);
+    abort();
+  }
+  if (check_ntmp_dirs_ == 0) {
+    check_tmp_pid_ = getpid();
+    atexit(check_rm_tmp_dirs_);
+  }
+  if (check_ntmp_dirs_ < 16 && strlen(buf) < sizeof check_tmp_dirs_[0])
+    strcpy(check_tmp_dirs_[check_ntmp_dirs_++], buf);
+  return buf;
+}
 
 /* Deterministic fill and verification of a byte pattern keyed by `seed`. */
 static inline void check_fill(void *p, size_t n, uint64_t seed) {

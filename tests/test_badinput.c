@@ -185,8 +185,7 @@ static dmem_runtime_t *fixture_runtime(const char *spill_dir) {
 
 static void fixture_init(fx_t *f) {
   memset(f, 0, sizeof *f);
-  snprintf(f->spill_dir, sizeof f->spill_dir, "/tmp/dmem-badXXXXXX");
-  if (!mkdtemp(f->spill_dir)) abort();
+  check_mkdtemp(f->spill_dir, sizeof f->spill_dir, "dmem-bad");
   f->rt = fixture_runtime(f->spill_dir);
   f->other = fixture_runtime(f->spill_dir);
   for (int i = 0; i < NBUF; i++) {
@@ -328,7 +327,9 @@ ROW(dmem_size_parse, "2^64 bytes", DMEM_ERR_CONFIG,
     dmem_size_parse("18446744073709551616", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "SIZE_MAX bytes", DMEM_ERR_CONFIG,
     dmem_size_parse("18446744073709551615", &f->size_out, &f->frac_out))
-ROW(dmem_size_parse, "16777216T", DMEM_ERR_CONFIG, dmem_size_parse("16777216T", &f->size_out, &f->frac_out))
+ROW(dmem_size_parse, "16777216Ti", DMEM_ERR_CONFIG,
+    dmem_size_parse("16777216Ti", &f->size_out, &f->frac_out))
+ROW(dmem_size_parse, "18447PB", DMEM_ERR_CONFIG, dmem_size_parse("18447PB", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "inf", DMEM_ERR_CONFIG, dmem_size_parse("inf", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "nan", DMEM_ERR_CONFIG, dmem_size_parse("nan", &f->size_out, &f->frac_out))
 ROW(dmem_size_parse, "0%", DMEM_ERR_CONFIG, dmem_size_parse("0%", &f->size_out, &f->frac_out))
@@ -952,9 +953,8 @@ static void expect_unlocked_resident(dmem_runtime_t *rt, dmem_handle_t h, size_t
 }
 
 TEST_CASE(duplicate_handles_of_spilled_buffers) {
-  char dir[64];
-  snprintf(dir, sizeof dir, "/tmp/dmem-dupXXXXXX");
-  REQUIRE_TRUE(mkdtemp(dir) != NULL);
+  char dir[512];
+  check_mkdtemp(dir, sizeof dir, "dmem-dup");
   dmem_runtime_t *rt = fixture_runtime(dir);
   dup_check_t c = {.rt = rt};
   REQUIRE_OK(dmem_alloc(rt, BUF, 0, &c.h));

@@ -43,8 +43,8 @@ TEST_CASE(defaults) {
 TEST_CASE(env_values_applied) {
   clear_env();
   setenv("DMEM_BACKEND", "host", 1);
-  setenv("DMEM_DEVICE_LIMIT", "64M", 1);
-  setenv("DMEM_HOST_LIMIT", "1g", 1);
+  setenv("DMEM_DEVICE_LIMIT", "64Mi", 1);
+  setenv("DMEM_HOST_LIMIT", "1g", 1); /* as Dask reads it: 10^9 */
   setenv("DMEM_HOST_CAPACITY", "256MiB", 1);
   setenv("DMEM_LOG", "error", 1);
   setenv("DMEM_STATS", "0", 1);
@@ -52,7 +52,7 @@ TEST_CASE(env_values_applied) {
   dmem_config_init(&cfg);
   CHECK_EQ(cfg.backend, DMEM_BACKEND_HOST);
   CHECK_UEQ(cfg.device_limit, 64u << 20);
-  CHECK_UEQ(cfg.host_limit, (size_t)1 << 30);
+  CHECK_UEQ(cfg.host_limit, (size_t)1000000000);
   CHECK_UEQ(cfg.host_backend_capacity, 256u << 20);
   CHECK_EQ(cfg.log_level, DMEM_LOG_ERROR);
   dmem_runtime_t *rt = NULL;
@@ -69,7 +69,7 @@ TEST_CASE(env_values_applied) {
 TEST_CASE(env_percent_limit) {
   dmem_runtime_t *rt = NULL;
   clear_env();
-  setenv("DMEM_HOST_CAPACITY", "100M", 1);
+  setenv("DMEM_HOST_CAPACITY", "100MiB", 1);
   setenv("DMEM_BACKEND", "host", 1);
   setenv("DMEM_DEVICE_LIMIT", "80%", 1);
   dmem_config_t cfg;
@@ -206,10 +206,10 @@ TEST_CASE(destroy_null_and_backend_of_null) {
 TEST_CASE(size_parse_matches_env) {
   size_t b = 1;
   double f = 1;
-  CHECK_STATUS(dmem_size_parse("1.5G", &b, &f), DMEM_OK);
+  CHECK_STATUS(dmem_size_parse("1.5Gi", &b, &f), DMEM_OK);
   CHECK_UEQ(b, (size_t)3 << 29);
   CHECK_TRUE(f == 0);
-  CHECK_STATUS(dmem_size_parse("512M", &b, NULL), DMEM_OK);
+  CHECK_STATUS(dmem_size_parse("512MiB", &b, NULL), DMEM_OK);
   CHECK_UEQ(b, (size_t)512 << 20);
   CHECK_STATUS(dmem_size_parse("80%", &b, &f), DMEM_OK);
   CHECK_UEQ(b, 0);
@@ -232,6 +232,59 @@ TEST_CASE(size_parse_matches_env) {
   REQUIRE_EQ(dmem_stats(rt, &s), DMEM_OK);
   CHECK_TRUE(dmem_size_parse("1.5M", &b, NULL) == DMEM_OK && s.device_limit == b);
   dmem_runtime_destroy(rt);
+  clear_env();
+}
+
+/* Sizes are read as dask.utils.parse_bytes reads them: K/M/G/T/P (alone or
+ * with B) are powers of 1000, Ki..Pi (alone or with B) powers of 1024. */
+TEST_CASE(size_parse_reads_sizes_as_dask) {
+  static const struct {
+    const char *text;
+    unsigned long long bytes;
+  } ok[] = {
+      {"100", 100ull},
+      {"100B", 100ull},
+      {"8G", 8000000000ull},
+      {"8GB", 8000000000ull},
+      {"8 GB", 8000000000ull},
+      {"8gb", 8000000000ull},
+      {"8Gi", 8ull << 30},
+      {"8GiB", 8ull << 30},
+      {"8gib", 8ull << 30},
+      {"1.5kB", 1500ull},
+      {"5K", 5000ull},
+      {"2KiB", 2048ull},
+      {"512MiB", 512ull << 20},
+      {"100MB", 100000000ull},
+      {"1e6", 1000000ull},
+      {"2TB", 2000000000000ull},
+      {"1Ti", 1ull << 40},
+      {"3PB", 3000000000000000ull},
+      {"2PiB", 2ull << 50},
+  };
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    size_t b = 0;
+    CHECK_STATUS(dmem_size_parse(ok[i].text, &b, NULL), DMEM_OK);
+    CHECK_UEQ(b, (size_t)ok[i].bytes);
+  }
+  static const char *const bad[] = {"8GiBB", "8iB", "8Bi", "8 G B", "1.5", "0.5KiB x", "GB", "8E"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    size_t b = 7;
+    CHECK_STATUS(dmem_size_parse(bad[i], &b, NULL), DMEM_ERR_CONFIG);
+    CHECK_UEQ(b, 7);
+  }
+  size_t b = 0;
+  CHECK_STATUS(dmem_size_parse("8Q", &b, NULL), DMEM_ERR_CONFIG);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "powers of 1000") != NULL);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "KiB") != NULL);
+  /* DMEM_DEVICE_LIMIT=8GB is 8 * 10^9 bytes, as device_memory_limit="8GB" is for Dask */
+  clear_env();
+  setenv("DMEM_DEVICE_LIMIT", "8GB", 1);
+  setenv("DMEM_HOST_LIMIT", "2GiB", 1);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.device_limit, (size_t)8000000000ull);
+  CHECK_UEQ(cfg.host_limit, (size_t)2 << 30);
   clear_env();
 }
 
@@ -268,7 +321,7 @@ TEST_CASE(host_reserve_and_pin_from_env) {
   dmem_config_init(&cfg);
   CHECK_UEQ(cfg.host_reserve, 0);
   CHECK_EQ(cfg.host_pin, DMEM_HOST_PIN_AUTO);
-  setenv("DMEM_HOST_RESERVE", "1.5G", 1);
+  setenv("DMEM_HOST_RESERVE", "1.5GiB", 1);
   setenv("DMEM_HOST_PIN", "register", 1);
   dmem_config_init(&cfg);
   CHECK_UEQ(cfg.host_reserve, (size_t)3 << 29);
@@ -292,7 +345,7 @@ TEST_CASE(host_reserve_and_pin_from_env) {
   }
   /* the host backend takes the reserve from the heap at create */
   dmem_runtime_t *rt = NULL;
-  REQUIRE_OK(create_with_env("DMEM_HOST_RESERVE", "6M", &rt));
+  REQUIRE_OK(create_with_env("DMEM_HOST_RESERVE", "6MiB", &rt));
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_GE(s.host_pool_reserved, (size_t)6 << 20);

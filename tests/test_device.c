@@ -847,14 +847,15 @@ TEST_CASE(default_runtime_configure_before_first_use) {
   cfg.host_backend_capacity = 64 * MiB;
   cfg.device_limit = 3 * MiB;
   cfg.device = 7; /* ignored: each device gets its own ordinal */
-  char dir[] = "/tmp/dmem-cfg-XXXXXX";
-  REQUIRE_TRUE(mkdtemp(dir) != NULL);
+  char dir[512], saved[512];
+  check_mkdtemp(dir, sizeof dir, "dmem-cfg-");
+  memcpy(saved, dir, sizeof dir);
   cfg.spill_dir = dir;
   dmem_config_t bad = cfg;
   bad.struct_size = 8;
   CHECK_STATUS(dmem_runtime_default_configure(&bad), DMEM_ERR_INVALID_ARGUMENT);
   REQUIRE_OK(dmem_runtime_default_configure(&cfg));
-  memset(dir + 5, 'x', 3); /* the runtime must have copied the string */
+  memset(dir, 'x', strlen(dir)); /* the runtime must have copied the string */
   dmem_runtime_t *rt = NULL;
   REQUIRE_OK(dmem_runtime_default(0, &rt));
   CHECK_UEQ(stats_of(rt).device_limit, 3 * MiB);
@@ -869,8 +870,7 @@ TEST_CASE(default_runtime_configure_before_first_use) {
   REQUIRE_OK(dmem_runtime_default(1, &rt1)); /* another device: the same configuration */
   CHECK_TRUE(rt1 != rt);
   CHECK_UEQ(stats_of(rt1).device_limit, 3 * MiB);
-  memcpy(dir + 5, "cfg", 3);
-  rmdir(dir);
+  CHECK_EQ(rmdir(saved), 0); /* nothing left in it */
 }
 
 /* A forked child does not inherit the parent's default runtime (its threads

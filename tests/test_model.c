@@ -757,19 +757,14 @@ static void *watchdog(void *arg) {
   return NULL;
 }
 
-/* One seed, in this (child) process. */
-static int run_model(uint64_t seed, int steps) {
+/* One seed, in this (child) process; spill files under `dir`. */
+static int run_model(uint64_t seed, int steps, const char *dir) {
   static world_t w; /* large: keep it off the stack */
   memset(&w, 0, sizeof w);
   w.seed = seed;
   w.steps = steps;
   pthread_mutex_init(&w.ctl_mu, NULL);
-  char dir[] = "dmem-model-XXXXXX";
-  char path[4096];
-  const char *tmp = getenv("TMPDIR");
-  snprintf(path, sizeof path, "%s/%s", tmp && *tmp ? tmp : "/tmp", dir);
-  if (!mkdtemp(path)) return 2;
-  w.rt = host_runtime(2 * MiB, 512 * KiB, path);
+  w.rt = host_runtime(2 * MiB, 512 * KiB, dir);
   for (int si = 1; si < NSTREAMS; si++)
     if (dmem_stream_create(w.rt, &w.streams[si]) != DMEM_OK) return 2;
   for (int a = 0; a < NAUX; a++)
@@ -803,7 +798,6 @@ static int run_model(uint64_t seed, int steps) {
   pthread_join(wd, NULL);
   dmem_runtime_destroy(w.rt);
   for (int i = 0; i < MAXSTORED; i++) free(w.stored[i].bytes);
-  rmdir(path);
   return atomic_load(&w.failures) ? 1 : 0;
 }
 
@@ -838,6 +832,8 @@ TEST_CASE(model_fixed_seeds) {
   const char *st = getenv("DMEM_MODEL_STEPS");
   int steps = st && *st ? atoi(st) : 300;
   int failed = 0;
+  char dir[512]; /* removed at exit by this process, whatever the children left */
+  check_mkdtemp(dir, sizeof dir, "dmem-model-");
   for (int i = 0; i < n; i++) {
     fflush(stderr);
     pid_t pid = fork();
@@ -846,7 +842,7 @@ TEST_CASE(model_fixed_seeds) {
       snprintf(buf, sizeof buf, "%llu", (unsigned long long)seeds[i]);
       setenv("DMEM_SCHED_SEED", buf, 1);
       alarm(120); /* the watchdog catches a stuck call first; this, anything else */
-      _exit(run_model(seeds[i], steps));
+      _exit(run_model(seeds[i], steps, dir));
     }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {

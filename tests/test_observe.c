@@ -111,7 +111,7 @@ TEST_CASE(explicit_field_wins_over_malformed_env) {
   free(err);
   /* a well-formed variable loses to the field too */
   clear_env();
-  setenv("DMEM_DEVICE_LIMIT", "8M", 1);
+  setenv("DMEM_DEVICE_LIMIT", "8Mi", 1);
   cfg = host_cfg(64 * MiB);
   CHECK_UEQ(cfg.device_limit, 8 * MiB);
   cfg.device_limit = 2 * MiB;

@@ -35,14 +35,13 @@
 #define UNDER_SANITIZER 0
 #endif
 
-static char spill_parent[64];
+static char spill_parent[512];
 
 /* A host-backend runtime with every background thread there is: stream
  * workers, spill-ahead (at 95 %), and, once a buffer is on disk, the I/O
  * threads. */
 static dmem_runtime_t *busy_runtime(size_t limit) {
-  snprintf(spill_parent, sizeof spill_parent, "/tmp/dmem-forkXXXXXX");
-  if (!mkdtemp(spill_parent)) abort();
+  check_mkdtemp(spill_parent, sizeof spill_parent, "dmem-fork");
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;

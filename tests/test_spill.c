@@ -428,6 +428,33 @@ static void ctl_fini(ctl_t *c) {
   pthread_mutex_destroy(&c->mu);
 }
 
+/* dmem_runtime_destroy tells the controller of every buffer still alive
+ * (DMEM_EVENT_FREE), those whose bytes it holds included, and only once for
+ * a buffer freed before. */
+TEST_CASE(controller_hears_free_of_every_buffer_at_destroy) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  ctl_t c;
+  dmem_controller_t dc;
+  ctl_init(&c, rt, &dc);
+  CHECK_OK(dmem_set_controller(rt, &dc));
+  dmem_handle_t held, other, gone, locked;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &held));
+  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &other));
+  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &gone));
+  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &locked));
+  check_put(rt, held, MiB, 5);
+  CHECK_OK(dmem_spill(rt, held, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_spill(rt, other, DMEM_TIER_HOST));
+  void *p;
+  CHECK_OK(dmem_lock(rt, locked, NULL, &p));
+  CHECK_OK(dmem_free(rt, gone));
+  CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
+  CHECK_UEQ(c.nkv, 1);
+  dmem_runtime_destroy(rt);
+  CHECK_EQ(c.events[DMEM_EVENT_FREE], 4); /* held, other and locked at destroy */
+  ctl_fini(&c);
+}
+
 TEST_CASE(controller_events_and_tier) {
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   ctl_t c;

@@ -12,20 +12,24 @@
  * config's log_level allows). A field set explicitly to its default value
  * cannot be told from one left alone: the malformed variable is an error
  * then. DMEM_FAULT_INJECT, which has no field, is an error when malformed.
+ * Sizes are read as Dask's parse_bytes reads them (dmem_size_parse): a
+ * K/M/G/T/P suffix alone or with B is a power of 1000 ("8G" = "8GB" =
+ * 8 * 10^9 bytes), Ki/Mi/Gi/Ti/Pi alone or with B a power of 1024 ("8GiB" =
+ * 8 * 2^30); no suffix or "B": bytes.
  *   DMEM_BACKEND       auto | cuda | host
  *   DMEM_DEVICE        device ordinal (non-negative integer)
- *   DMEM_DEVICE_LIMIT  bytes, with optional K/M/G/T suffix (powers of 1024),
+ *   DMEM_DEVICE_LIMIT  bytes, with an optional unit suffix ("40GB", "40GiB"),
  *                      or "N%" of the device's capacity (0 < N <= 100); a
  *                      limit above the capacity is clamped to it (logged at
  *                      warn)
- *   DMEM_HOST_LIMIT    bytes, with optional K/M/G/T suffix; 0 = unlimited:
+ *   DMEM_HOST_LIMIT    bytes, with an optional unit suffix; 0 = unlimited:
  *                      the host tier's size, beyond which the least recently
  *                      used host-tier buffers are pushed down to disk
  *                      (see dmem_config_t.host_limit)
  *   DMEM_HOST_BURST    N% (0 <= N <= 100): how far past host_limit the host
  *                      tier may grow while the push-down to disk catches up
  *                      (see dmem_config_t.host_burst; default 50%)
- *   DMEM_HOST_RESERVE  bytes, with optional K/M/G/T suffix; 0 = none: pinned
+ *   DMEM_HOST_RESERVE  bytes, with an optional unit suffix; 0 = none: pinned
  *                      host memory taken at creation and kept until destroy
  *                      (see dmem_config_t.host_reserve)
  *   DMEM_HOST_PIN      auto | malloc_host | register: how the CUDA backend
@@ -51,7 +55,7 @@
  *                      is written whole at each runtime's destroy and at
  *                      exit (docs/observability.md)
  *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
- *                      K/M/G/T suffix)
+ *                      with an optional unit suffix)
  *   DMEM_OOM_WAIT      milliseconds an allocation waits for moves and stream
  *                      releases in flight before DMEM_ERR_OUT_OF_MEMORY
  *                      (0..3600000; see dmem_config_t.oom_wait_ms)
@@ -126,8 +130,10 @@ typedef struct dmem_config {
    *  bytes in one file there that has no name (O_TMPFILE, or unlinked as
    *  soon as it is open; mode 0600), read and written with O_DIRECT where
    *  the filesystem allows it: nothing is left on disk when the process
-   *  ends, even by SIGKILL (but the empty directory). dmem_runtime_create
-   *  checks that it (or $TMPDIR, /tmp) is a directory it may write. */
+   *  ends, even by SIGKILL; the directory is removed once the file is open,
+   *  so at most a process killed in between leaves it, empty).
+   *  dmem_runtime_create checks that it (or $TMPDIR, /tmp) is a directory
+   *  it may write. */
   const char *spill_dir;
   /** The runtime's own log level (default DMEM_LOG_WARN); messages go to
    *  stderr as "dmem[level]: ...". dmem_runtime_set_log_level changes it. */
@@ -203,11 +209,18 @@ typedef struct dmem_config {
 DMEM_API void dmem_config_init(dmem_config_t *cfg);
 
 /**
- * Parse a size the way the DMEM_* environment variables are parsed: a
- * non-negative number of bytes, optionally fractional, with an optional
- * K/M/G/T suffix (powers of 1024; "KiB"/"KB"/"k" spellings accepted), e.g.
- * "4096", "512M", "1.5G"; or, when fraction_out is not NULL, a percentage
- * "N%" with 0 < N <= 100. The result must be a whole number of bytes.
+ * Parse a size the way the DMEM_* environment variables are parsed, which is
+ * how Dask's dask.utils.parse_bytes reads sizes: a non-negative number
+ * (optionally fractional or with an exponent), optionally followed by a unit,
+ * case-insensitive, spaces allowed before it:
+ *   - none or "B": bytes ("4096");
+ *   - K, M, G, T, P alone or followed by B: powers of 1000 (SI, as Dask
+ *     means them): "8G" = "8GB" = 8 * 10^9, "1.5MB" = 1500000;
+ *   - Ki, Mi, Gi, Ti, Pi alone or followed by B: powers of 1024 (IEC):
+ *     "8Gi" = "8GiB" = 8 * 2^30, "512MiB" = 2^29;
+ * or, when fraction_out is not NULL, a percentage "N%" with 0 < N <= 100.
+ * The result must be a whole number of bytes below 2^64. (K/M/G/T used to
+ * mean powers of 1024: write "8GiB" for what "8G" meant then.)
  *
  * On success *bytes_out is the byte count (0 for a percentage) and, when
  * fraction_out is not NULL, *fraction_out is the fraction (0 for a byte

@@ -20,7 +20,8 @@ extern "C" {
 
 typedef enum dmem_event_kind {
   DMEM_EVENT_ALLOC = 0,    /**< handle, size */
-  DMEM_EVENT_FREE = 1,     /**< handle, size, tier the bytes were in */
+  DMEM_EVENT_FREE = 1,     /**< handle, size, tier the bytes were in; also for each
+                                buffer still alive when the runtime is destroyed */
   DMEM_EVENT_SPILL = 2,    /**< handle, size, tier moved to */
   DMEM_EVENT_UNSPILL = 3,  /**< handle, size, tier moved from */
   DMEM_EVENT_PRESSURE = 4  /**< bytes_needed: an allocation needs room (before eviction) */

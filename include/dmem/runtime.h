@@ -64,7 +64,11 @@ DMEM_API dmem_status_t dmem_runtime_create(const dmem_config_t *cfg,
                                            dmem_runtime_t **rt_out);
 
 /**
- * Destroy a runtime: stops and joins its I/O threads (a push-down to disk in
+ * Destroy a runtime: first tells the controller (if it listens to events) of
+ * every buffer still alive, with the DMEM_EVENT_FREE that dmem_free would
+ * give (the tier its bytes are in: a controller holding the bytes of some
+ * drops them then; the callback must not call the runtime), then stops and
+ * joins its I/O threads (a push-down to disk in
  * progress stops at its next chunk; the buffer stays in the host tier),
  * waits for the runtime's streams, frees every buffer (locked ones too), the
  * pinned host pool, and removes the spill directory (its one file has no

@@ -38,13 +38,17 @@ class Controller:
         """A buffer was allocated (resident)."""
 
     def on_free(self, handle):
-        """The buffer with this handle (int) was freed."""
+        """The buffer with this handle (int) was freed; also called for every
+        buffer still alive when the runtime closes (drop any bytes kept for
+        it in :meth:`store`)."""
 
     def on_spill(self, buf, tier):
         """buf was moved to tier: 'host', 'disk' or 'controller'."""
 
-    def on_unspill(self, buf):
-        """buf was brought back to the device."""
+    def on_unspill(self, buf, tier):
+        """buf was brought back to the device from tier: 'host', 'disk' or
+        'controller'. (An override taking only ``buf`` is still called, without
+        the tier.)"""
 
     def on_pressure(self, nbytes):
         """An allocation needs nbytes of room (called before eviction)."""
@@ -59,6 +63,7 @@ class Controller:
     def store(self, buf, data):
         """Keep a copy of a spilled buffer's bytes. ``data`` is a read-only
         memoryview valid only during the call: copy it (``bytes(data)``).
+        The return value is ignored (returning ``data`` is fine).
         Override together with :meth:`retrieve` to enable the controller tier
         (``buf.spill("controller")``)."""
         raise NotImplementedError

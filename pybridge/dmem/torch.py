@@ -1,35 +1,51 @@
-"""dmem as PyTorch's CUDA allocator (torch.cuda.memory.CUDAPluggableAllocator).
+"""dmem as PyTorch's CUDA memory (a torch.cuda.MemPool over dmem's allocator).
 
     import torch, dmem.torch
-    dmem.torch.use_dmem_for_torch()   # before PyTorch's first CUDA allocation
+    dmem.torch.use_dmem_for_torch()
 
 Tensors then take their memory from the process-wide dmem runtime of their
 device (``dmem.default_runtime(device)``), through the C symbols
 ``dmem_torch_alloc`` / ``dmem_torch_free`` of the very libdmem this package
 has loaded: the same runtime as the Numba and CuPy hooks and Python code, one
-device limit for all, spillable buffers spilled to make room. Allocation is
-in the tensor's stream order and frees go back on the stream PyTorch names.
+device limit for all, spillable buffers spilled to make room.
 
-Limits (PyTorch's, for any pluggable allocator):
+How: a ``torch.cuda.MemPool`` over a ``CUDAPluggableAllocator`` of those
+symbols, to which every allocation of the device is routed, from every
+thread (``torch._C._cuda_beginAllocateToPool``). PyTorch's own caching
+allocator stays in front: it asks dmem for segments, checks each answer,
+and when dmem cannot make room (spilling whatever it can) raises
+``torch.OutOfMemoryError``, after which the process goes on as usual (the
+next smaller allocation works). The error's message says how dmem's limit
+is used (raw, locked, pinned, spillable, free). A plain pluggable allocator
+(``change_current_allocator``) does not check for NULL: a tensor at address
+0 and an illegal memory access at its first use; dmem does not use it.
 
-- Set it before PyTorch's first CUDA allocation: once its caching allocator
-  has been used, ``change_current_allocator`` refuses to swap it.
-- ``torch.cuda.memory_stats()``, ``memory_allocated()`` and friends do not
-  cover it (they report PyTorch's own caching allocator); read
-  ``dmem.default_runtime(device).stats()`` (``raw_used``, ``device_used``,
-  ``device_limit``) instead. ``torch.cuda.empty_cache()`` does nothing to it.
-- CUDA graphs capture and ``torch.cuda.MemPool`` work only with PyTorch's own
-  allocator.
+What follows from PyTorch's caching (read before relying on it):
 
-Importing this module imports neither PyTorch nor CUDA; ``allocator()``
-raises ImportError naming PyTorch when it is missing.
+- Freed tensors go back to PyTorch's pool, not to dmem: the pool keeps its
+  segments for reuse, and dmem counts them as raw (``raw_used``), not as
+  room for spillable buffers. ``dmem.torch.empty_cache()`` starts a new
+  pool and gives the old one's free segments back to dmem.
+- ``torch.cuda.memory_allocated()`` / ``memory_stats()`` cover it again.
+- It may be called at any time (also after PyTorch allocated on its own:
+  those allocations stay where they are).
+
+Needs PyTorch 2.8 or later (MemPool, routing of every thread); with an older
+one ``use_dmem_for_torch`` raises RuntimeError. Importing this module imports
+neither PyTorch nor CUDA; ``allocator()`` raises ImportError naming PyTorch
+when it is missing.
 """
+
+import threading
 
 from . import _dmem
 
-__all__ = ["allocator", "library_path", "use_dmem_for_torch"]
+__all__ = ["allocator", "empty_cache", "library_path", "oom_message", "use_dmem_for_torch"]
 
 _alloc = None
+_pools = {}  # device ordinal -> the torch.cuda.MemPool allocations go to
+_observer = False
+_mu = threading.Lock()
 
 
 def library_path():
@@ -50,9 +66,98 @@ def allocator():
     return _alloc
 
 
-def use_dmem_for_torch():
-    """torch.cuda.memory.change_current_allocator(dmem.torch.allocator())."""
-    alloc = allocator()
+def _api(torch):
+    missing = [n for n in ("_cuda_beginAllocateToPool", "_cuda_endAllocateToPool",
+                           "_cuda_releasePool", "_cuda_attach_out_of_memory_observer")
+               if not hasattr(torch._C, n)]
+    if not hasattr(torch.cuda, "MemPool"):
+        missing.append("torch.cuda.MemPool")
+    if missing:
+        raise RuntimeError(f"dmem.torch needs PyTorch 2.8 or later (torch {torch.__version__} "
+                           f"lacks {', '.join(missing)})")
+
+
+def _devices(torch, device):
+    if device is None:
+        return list(range(torch.cuda.device_count()))
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, not {device!r}")
+    return [d.index if d.index is not None else torch.cuda.current_device()]
+
+
+def _route(torch, d):
+    """A new pool over dmem for device d, every allocation of d going to it."""
+    with torch.cuda.device(d):
+        pool = torch.cuda.MemPool(allocator().allocator())
+    torch._C._cuda_beginAllocateToPool(d, pool.id)
+    return pool
+
+
+def oom_message(device, nbytes):
+    """What dmem's out-of-memory error says for nbytes on device: how the
+    device limit of dmem.default_runtime(device) is used."""
+    import dmem
+
+    return dmem.default_runtime(device)._oom_message(int(nbytes))
+
+
+def _on_oom(device, alloc, device_allocated, device_free):
+    """PyTorch's out-of-memory observer, called just before it raises
+    OutOfMemoryError: for a device routed to dmem, raise it here instead,
+    with dmem's account of the limit. Anything going wrong here lets
+    PyTorch raise its own."""
+    if device not in _pools:
+        return None
+    try:
+        import torch
+
+        msg = (f"CUDA out of memory on device {device}: PyTorch asked dmem for {alloc} bytes "
+               f"(dmem.torch); {oom_message(device, alloc)}")
+        err = torch.OutOfMemoryError(msg)
+    except Exception:
+        return None
+    raise err
+
+
+def use_dmem_for_torch(device=None):
+    """Route PyTorch's CUDA allocations of device (an ordinal, "cuda:N" or a
+    torch.device; None: every device PyTorch sees) to dmem, from every
+    thread. Calling it again for a device already routed does nothing.
+    Raises RuntimeError with a PyTorch older than 2.8."""
+    global _observer
+    allocator()  # ImportError naming PyTorch when it is missing
     import torch
 
-    torch.cuda.memory.change_current_allocator(alloc)
+    _api(torch)
+    with _mu:
+        for d in _devices(torch, device):
+            if d not in _pools:
+                _pools[d] = _route(torch, d)
+        if not _observer:
+            torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+            _observer = True
+
+
+def empty_cache(device=None):
+    """Give the free segments PyTorch keeps in dmem's pools back to dmem:
+    each routed device (or only device) gets a new pool, the old one is
+    released as ``torch.cuda.use_mem_pool`` releases a pool at its exit,
+    and torch.cuda.empty_cache() frees its segments that no tensor uses
+    (the others go when their tensors do, at a later empty_cache). Tensors
+    stay valid. Returns the devices done."""
+    import torch
+
+    done = []
+    with _mu:
+        for d in _devices(torch, device) if device is not None else list(_pools):
+            old = _pools.get(d)
+            if old is None:
+                continue
+            torch._C._cuda_endAllocateToPool(d, old.id)
+            torch._C._cuda_releasePool(d, old.id)
+            _pools[d] = _route(torch, d)
+            done.append(d)
+            del old  # the MemPool's own reference goes with it
+    torch.cuda.empty_cache()
+    return done

@@ -6,7 +6,8 @@
  *
  * Conventions:
  *  - Every function returns dmem_status_t and records the detail with
- *    dmem__set_error() at the place the failure is first detected.
+ *    dmem__error() (runtime/base/error.h) at the place the failure is
+ *    first detected.
  *  - Outputs are written only on success.
  *  - `stream` NULL means the backend's default stream.
  *  - Every function is thread-safe.

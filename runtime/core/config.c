@@ -11,8 +11,15 @@
 #include <strings.h>
 
 
-/* Parse "123", "64K", "1.5G", "80%" (fraction_out may be NULL: then % is an
- * error). Records no detail: callers name the variable or argument. */
+/* Parse "123", "64K", "1.5GB", "8GiB", "80%" (fraction_out may be NULL:
+ * then % is an error) as dask.utils.parse_bytes reads sizes: a unit letter
+ * K/M/G/T/P alone or followed by B is a power of 1000 ("8G" = "8GB" =
+ * 8*10^9); followed by i or iB a power of 1024 ("8Gi" = "8GiB" = 2^33); a
+ * bare "B" or no unit is bytes. Case-insensitive. Records no detail:
+ * callers name the variable or argument. */
+/* How sizes are read, for the details of DMEM_ERR_CONFIG. */
+#define SIZE_UNITS "K/M/G/T/P or KB..PB: powers of 1000; Ki..Pi or KiB..PiB: powers of 1024"
+
 static dmem_status_t parse_size(const char *s, size_t *bytes_out, double *fraction_out) {
   if (!s) return DMEM_ERR_CONFIG;
   while (isspace((unsigned char)*s)) s++;
@@ -22,7 +29,6 @@ static dmem_status_t parse_size(const char *s, size_t *bytes_out, double *fracti
   double v = strtod(s, &end);
   if (end == s || errno != 0 || !(v >= 0) || isinf(v)) return DMEM_ERR_CONFIG;
   while (isspace((unsigned char)*end)) end++;
-  double mult = 1;
   if (*end == '%') {
     if (!fraction_out || v <= 0 || v > 100) return DMEM_ERR_CONFIG;
     end++;
@@ -32,15 +38,19 @@ static dmem_status_t parse_size(const char *s, size_t *bytes_out, double *fracti
     *bytes_out = 0;
     return DMEM_OK;
   }
-  switch (toupper((unsigned char)*end)) {
-    case '\0': break;
-    case 'K': mult = 1024.0; end++; break;
-    case 'M': mult = 1024.0 * 1024; end++; break;
-    case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
-    case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: return DMEM_ERR_CONFIG;
+  static const char units[] = "KMGTP";
+  double mult = 1;
+  const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+  if (u) {
+    int power = (int)(u - units) + 1;
+    end++;
+    double base = 1000.0;
+    if (*end == 'i' || *end == 'I') {
+      base = 1024.0;
+      end++;
+    }
+    for (int i = 0; i < power; i++) mult *= base;
   }
-  if (*end == 'i' || *end == 'I') end++;
   if (*end == 'b' || *end == 'B') end++;
   while (isspace((unsigned char)*end)) end++;
   if (*end != '\0') return DMEM_ERR_CONFIG;
@@ -59,7 +69,7 @@ dmem_status_t dmem_size_parse(const char *text, size_t *bytes_out, double *fract
   /* The "N%" below goes through %s, so it is written with a single '%'. */
   if (parse_size(text, &bytes, fraction_out ? &frac : NULL) != DMEM_OK)
     return dmem__error(DMEM_ERR_CONFIG,
-                       "\"%s\": expected bytes (K/M/G/T suffix, powers of 1024)%s", text,
+                       "\"%s\": expected bytes, as Dask reads them (" SIZE_UNITS ")%s", text,
                        fraction_out ? " or N% with 0 < N <= 100" : "");
   *bytes_out = bytes;
   if (fraction_out) *fraction_out = frac;
@@ -206,7 +216,7 @@ static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
     if (parse_size(v, &bytes, &frac) != DMEM_OK)
       ENV_FAIL(!given || (given->device_limit == d.device_limit &&
                           given->device_limit_fraction == d.device_limit_fraction),
-               "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (K/M/G/T suffix) or N%% "
+               "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ") or N%% "
                "with 0 < N <= 100",
                v);
     else if (cfg) {
@@ -218,14 +228,14 @@ static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
     size_t bytes;
     if (parse_size(v, &bytes, NULL) != DMEM_OK)
       ENV_FAIL(!given || given->host_limit == d.host_limit,
-               "DMEM_HOST_LIMIT=\"%s\": expected bytes (K/M/G/T suffix)", v);
+               "DMEM_HOST_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ")", v);
     else if (cfg) cfg->host_limit = bytes;
   }
   if (ENV("DMEM_HOST_RESERVE")) {
     size_t bytes;
     if (parse_size(v, &bytes, NULL) != DMEM_OK)
       ENV_FAIL(!given || given->host_reserve == d.host_reserve,
-               "DMEM_HOST_RESERVE=\"%s\": expected bytes (K/M/G/T suffix)", v);
+               "DMEM_HOST_RESERVE=\"%s\": expected bytes (" SIZE_UNITS ")", v);
     else if (cfg) cfg->host_reserve = bytes;
   }
   if (ENV("DMEM_HOST_BURST")) {
@@ -246,7 +256,7 @@ static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
     size_t bytes;
     if (parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
       ENV_FAIL(!given || given->host_backend_capacity == d.host_backend_capacity,
-               "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (K/M/G/T suffix)", v);
+               "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (" SIZE_UNITS ")", v);
     else if (cfg) cfg->host_backend_capacity = bytes;
   }
   if (ENV("DMEM_SPILL_DIR")) {

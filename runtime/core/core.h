@@ -41,9 +41,10 @@
  *   8 hostpool  the pinned host pool's mutex
  *   9 events    rt->evpool_mu
  *  10 raw       a shard of the raw-allocation table (memory/raw.c)
- *  11 io        the I/O threads' queue (spill/io.c)
- *  12 diskspace the disk tier's extents and bounce buffers (spill/disk.c)
- *  13 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
+ *  11 blocks    the dedicated blocks' lists (memory/blocks.c)
+ *  12 io        the I/O threads' queue (spill/io.c)
+ *  13 diskspace the disk tier's extents and bounce buffers (spill/disk.c)
+ *  14 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
  *                                 is taken under it)
  *
  * The device pool's mutexes (memory/pool.c) and the backends' own are

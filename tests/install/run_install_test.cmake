@@ -2,6 +2,8 @@
 # temporary prefix, then build and run a consumer against it twice:
 #   1. CMake: find_package(dmem CONFIG REQUIRED) + dmem::dmem
 #   2. pkg-config (if installed): cc $(pkg-config --cflags --libs dmem)
+#      -Wl,-rpath,$(pkg-config --variable=libdir dmem)
+# as README.md ("Use dmem from C") tells a user to, with LD_LIBRARY_PATH unset.
 #
 # cmake -DBUILD_DIR=... -DSOURCE_DIR=<tests/install> -DWORK_DIR=... -DLIBDIR=lib
 #       -DC_COMPILER=cc -DGENERATOR=... [-DCONFIG=...] [-DSANITIZE=...]
@@ -74,7 +76,11 @@ set(app "${consumer_build}/app")
 if(CONFIG AND EXISTS "${consumer_build}/${CONFIG}/app")
   set(app "${consumer_build}/${CONFIG}/app")
 endif()
+# (no LD_LIBRARY_PATH: the rpath CMake gives the program finds libdmem)
+set(saved_ld "$ENV{LD_LIBRARY_PATH}")
+unset(ENV{LD_LIBRARY_PATH})
 run("run the CMake consumer" "${app}")
+set(ENV{LD_LIBRARY_PATH} "${saved_ld}")
 message(STATUS "${run_output}")
 
 # ---- 3. pkg-config ---------------------------------------------------------------
@@ -119,11 +125,18 @@ else()
   endif()
   separate_arguments(pc_list UNIX_COMMAND "${pc_flags}")
   separate_arguments(extra_list UNIX_COMMAND "${extra_flags}")
-  run("cc $(pkg-config --cflags --libs dmem) main.c"
+  # The README's command: the rpath from pkg-config's libdir, nothing else
+  # tells the program where libdmem.so is (LD_LIBRARY_PATH is cleared).
+  run("pkg-config --variable=libdir dmem" "${PKG_CONFIG}" ${define_prefix} --variable=libdir dmem)
+  string(STRIP "${run_output}" pc_libdir)
+  run("cc main.c -o app $(pkg-config --cflags --libs dmem) -Wl,-rpath,$(pkg-config --variable=libdir dmem)"
     "${C_COMPILER}" -std=c11 -Wall -Wextra -Werror ${extra_list}
     "${SOURCE_DIR}/consumer/main.c" -o "${WORK_DIR}/app_pc" ${pc_list}
-    "-Wl,-rpath,${prefix}/${LIBDIR}")
+    "-Wl,-rpath,${pc_libdir}")
+  set(saved_ld "$ENV{LD_LIBRARY_PATH}")
+  unset(ENV{LD_LIBRARY_PATH})
   run("run the pkg-config consumer" "${WORK_DIR}/app_pc")
+  set(ENV{LD_LIBRARY_PATH} "${saved_ld}")
 endif()
 
 if(failures)

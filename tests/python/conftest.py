@@ -3,6 +3,7 @@ device, so the tests run without a GPU (CTest sets PYTHONPATH to the build
 tree's package)."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,27 @@ except ImportError:
     pass
 
 CAPACITY = 8 << 20  # simulated device memory of the host backend
+
+
+_dask_tmp = None
+
+
+def pytest_configure(config):
+    """Dask's workers (in this process, spawned, or started as programs)
+    make their dask-scratch-space under DASK_TEMPORARY_DIRECTORY, else under
+    $TMPDIR: give them a folder of their own, removed at the end, so that a
+    test run leaves nothing behind."""
+    global _dask_tmp
+    if "DASK_TEMPORARY_DIRECTORY" not in os.environ:
+        import tempfile
+
+        _dask_tmp = tempfile.mkdtemp(prefix="dmem-test-dask-")
+        os.environ["DASK_TEMPORARY_DIRECTORY"] = _dask_tmp
+
+
+def pytest_unconfigure(config):
+    if _dask_tmp:
+        shutil.rmtree(_dask_tmp, ignore_errors=True)
 
 
 @pytest.fixture

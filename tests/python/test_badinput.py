@@ -239,6 +239,10 @@ row("Runtime.log_level", "assigned None", TypeError, lambda f: setattr(f.rt, "lo
 row("Runtime.log_level", "deleted", AttributeError, lambda f: delattr(f.rt, "log_level"))
 row("Runtime.backend_reason", "assigned", AttributeError,
     lambda f: setattr(f.rt, "backend_reason", "x"))
+row("Runtime._oom_message", "nbytes 'x'", TypeError, lambda f: f.rt._oom_message("x"))
+row("Runtime._oom_message", "nbytes True", TypeError, lambda f: f.rt._oom_message(True))
+row("Runtime._oom_message", "nbytes -1", ValueError, lambda f: f.rt._oom_message(-1))
+row("Runtime._oom_message", "nbytes 2**64", ValueError, lambda f: f.rt._oom_message(2 ** 64))
 row("Runtime.ipc_handle", "ptr 'x'", TypeError, lambda f: f.rt.ipc_handle("x"))
 row("Runtime.ipc_handle", "ptr -1", ValueError, lambda f: f.rt.ipc_handle(-1))
 row("Runtime.ipc_handle", "ptr 2**64", ValueError, lambda f: f.rt.ipc_handle(2 ** 64))

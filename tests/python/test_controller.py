@@ -677,3 +677,100 @@ def test_close_with_bytes_in_controller_tier():
     with pytest.raises(dmem.StaleHandleError):
         b.read()
     assert r.controller is None
+
+
+# ---- issue 22: store may return its data, on_free at close, on_unspill's tier ----
+
+
+def test_store_may_return_the_data_it_was_given(rt):
+    """What store/retrieve return is dropped: returning data (or out, or a
+    view of it) is not keeping it."""
+
+    class Returns(DictController):
+        def store(self, buf, data):
+            super().store(buf, data)
+            return data
+
+        def retrieve(self, buf, out):
+            super().retrieve(buf, out)
+            return out[:4]
+
+    c = Returns()
+    rt.set_controller(c)
+    b = rt.alloc(4 * KB)
+    b.write(b"r" * (4 * KB))
+    b.spill("controller")
+    assert b.state == "deferred_controller"
+    assert b.read() == b"r" * (4 * KB)
+    b.free()
+    rt.set_controller(None)
+
+
+def test_store_that_keeps_its_data_is_still_refused(rt):
+    kept = []
+
+    class Keeps(DictController):
+        def store(self, buf, data):
+            kept.append(data)
+            return data
+
+    rt.set_controller(Keeps())
+    b = rt.alloc(4 * KB)
+    with pytest.raises(dmem.CallbackError) as ei:
+        b.spill("controller")
+    assert isinstance(ei.value.__cause__, BufferError)
+    assert b.state == "resident"
+    b.free()
+    rt.set_controller(None)
+
+
+def test_on_free_for_every_buffer_alive_when_the_runtime_closes(spill_dir):
+    r = dmem.Runtime(backend="host", host_capacity=1 << 20, spill_dir=str(spill_dir))
+    c = DictController()
+    r.set_controller(c)
+    held = r.alloc(4 * KB)
+    held.write(b"h" * (4 * KB))
+    held.spill("controller")
+    other = r.alloc(8 * KB)
+    gone = r.alloc(KB)
+    handles = {held.handle, other.handle}
+    gone_h = gone.handle
+    gone.free()
+    assert held.handle in c.stored
+    c.events.clear()
+    r.close()
+    freed = [e[1] for e in c.events if e[0] == "free"]
+    assert sorted(freed) == sorted(handles)  # each once; not the one freed before
+    assert gone_h not in freed
+    assert [e for e in c.events if e[0] != "free"] == []  # nothing else at close
+
+
+def test_on_unspill_receives_the_source_tier(rt):
+    seen = []
+
+    class Tiers(DictController):
+        def on_unspill(self, buf, tier):
+            seen.append((buf.handle, tier))
+
+    rt.set_controller(Tiers())
+    b = rt.alloc(4 * KB)
+    b.write(b"t" * (4 * KB))
+    for tier in ("host", "disk", "controller"):
+        b.spill(tier)
+        assert b.read(1) == b"t"  # brings it back
+        rt.synchronize()
+    assert seen == [(b.handle, "host"), (b.handle, "disk"), (b.handle, "controller")]
+    b.free()
+    rt.set_controller(None)
+
+
+def test_on_unspill_of_one_argument_is_still_called(rt):
+    c = DictController()  # on_unspill(self, buf)
+    rt.set_controller(c)
+    b = rt.alloc(4 * KB)
+    b.spill("host")
+    b.unspill()
+    rt.synchronize()
+    assert ("unspill", b.handle) in c.events
+    b.free()
+    rt.set_controller(None)

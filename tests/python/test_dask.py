@@ -577,3 +577,94 @@ def test_plugin_prefetches_the_next_ready_tasks_inputs(d):
     import pickle as pk
     clone = pk.loads(pk.dumps(dmem.dask.DmemWorkerPlugin(prefetch=False)))
     assert clone.prefetch is False and clone._worker is None
+
+
+def _for_transfer(d, key, transfer=True):
+    token = ddata.for_transfer.set(transfer)
+    try:
+        return d[key]
+    finally:
+        ddata.for_transfer.reset(token)
+
+
+def test_value_handed_to_get_data_outlives_its_key(d):
+    """The scheduler releases a replica while get_data's message is still
+    being serialised: the value handed out keeps its buffers alive and
+    readable (whatever tier they are in), and they are freed once it goes."""
+    d["k"] = (chunk(1), {"y": chunk(2)}, "meta")
+    d._dev["k"].leaves[1].buf.spill("disk")
+    bufs = [leaf.buf for leaf in d._dev["k"].leaves]
+    v = _for_transfer(d, "k")
+    base = d.runtime.stats()["buffer_count"]
+    del d["k"]  # released while the message is being written
+    assert "k" not in d
+    d["k"] = chunk(9)  # and even replaced by a new value
+    assert d.runtime.stats()["buffer_count"] == base + 1
+    header, frames = serialize(v, serializers=("dask",))
+    assert header.get("serializer") == "dask", header  # not "error"
+    got = deserialize(header, frames)
+    np.testing.assert_array_equal(got[0], chunk(1))
+    np.testing.assert_array_equal(got[1]["y"], chunk(2))
+    got = pickle.loads(pickle.dumps(v))  # pickle reads the same bytes
+    np.testing.assert_array_equal(got[1]["y"], chunk(2))
+    np.testing.assert_array_equal(d["k"], chunk(9))
+    del v, got
+    gc.collect()
+    # the message is gone: the released key's buffers are freed, the new one stays
+    assert d.runtime.stats()["buffer_count"] == base - 1
+    for b in bufs:
+        with pytest.raises(dmem.StaleHandleError):
+            b.state
+
+
+def test_values_in_flight_keep_their_buffers_until_the_last_goes(d):
+    """Two answers hold one key; the mapping closes meanwhile. The buffers
+    live until both values are gone, on whatever thread that happens."""
+    import threading
+
+    d["k"] = chunk(3)
+    buf = d._dev["k"].leaves[0].buf
+    v1, v2 = _for_transfer(d, "k"), _for_transfer(d, "k")
+    del d["k"]
+    out = []
+    t = threading.Thread(target=lambda: out.append(serialize(v1, serializers=("dask",))))
+    t.start()
+    t.join()
+    np.testing.assert_array_equal(deserialize(*out[0]), chunk(3))
+    del v1, out
+    gc.collect()
+    assert buf.state == "resident"  # v2 still holds it
+    d.close()  # the worker closes with an answer in flight
+    np.testing.assert_array_equal(deserialize(*serialize(v2, serializers=("dask",))), chunk(3))
+    del v2
+    gc.collect()
+    with pytest.raises(dmem.StaleHandleError):
+        buf.state
+
+
+@pytest.mark.parametrize("text", ["12MB", "12M", "12 MB", "12MiB", "12Mi", "5.5MB", "12582912"])
+def test_sizes_are_read_as_dask_reads_them(tmp_path, text):
+    """device_memory_limit="8GB" is 8e9 bytes for dmem.dask as for Dask and
+    dask-cuda (dask.utils.parse_bytes), "8GiB" is 2**33."""
+    from dask.utils import parse_bytes
+
+    d = DmemWorkerData(backend="host", device_memory_limit=text, host_memory_limit="1MB",
+                       spill_dir=str(tmp_path), worker_local_directory=str(tmp_path / "local"))
+    try:
+        assert d.runtime.stats()["device_limit"] == parse_bytes(text)
+    finally:
+        d.close()
+        if d._owned:
+            d.runtime.close()
+
+
+def test_bad_sizes_raise_typed_errors(tmp_path):
+    from dmem.dask.data import parse_size
+
+    assert parse_size("8GB") == 8 * 10**9 and parse_size("8GiB") == 8 << 30
+    assert parse_size("80%") == "80%" and parse_size(None) is None and parse_size(7) == 7
+    for bad, exc in (("lots", ValueError), ("8 foos", ValueError), (-1, ValueError),
+                     (1.5, TypeError), (True, TypeError), ([8], TypeError)):
+        with pytest.raises(exc, match="device_memory_limit"):
+            DmemWorkerData(backend="host", device_memory_limit=bad,
+                           worker_local_directory=str(tmp_path))

@@ -253,3 +253,111 @@ def test_memory_manager_evicts_host_tier_keys_to_disk(tmp_path):
         assert t["evictions"] > 0 and t["disk"] > 0, t
         assert t["host"] == 0 and t["fast"] == 0, t
         assert y.sum().compute() == REF.sum() + N * N  # read back from disk
+
+
+# ---- GPU placement: the parent's CUDA_VISIBLE_DEVICES, as dask-cuda does ----
+
+
+def _gpus(monkeypatch, mask, n):
+    """This process sees n GPUs through CUDA_VISIBLE_DEVICES=mask (None: unset)."""
+    from dmem.dask import cluster
+
+    if mask is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
+    monkeypatch.setattr(cluster, "gpu_count", lambda: n)
+    return cluster
+
+
+def test_workers_get_the_parents_visible_devices_in_order(monkeypatch):
+    cluster = _gpus(monkeypatch, "2,3", 2)
+    assert cluster.parent_devices() == ["2", "3"]
+    assert cluster.cuda_masks(2) == ["2,3", "3,2"]
+    assert cluster.cuda_masks(3) == ["2,3", "3,2", "2,3"]
+    # devices= indexes into that list
+    assert cluster.cuda_masks(1, devices=[1]) == ["3"]
+    assert cluster.cuda_masks(2, devices=[1, 0]) == ["3,2", "2,3"]
+    with pytest.raises(ValueError, match="out of range"):
+        cluster.cuda_masks(1, devices=[2])
+    with pytest.raises(ValueError, match="neither"):
+        cluster.cuda_masks(1, devices=["x"])
+    # GPU UUIDs, as batch systems and MIG give them
+    u = "GPU-8f3c1a2b-0000-1111-2222-333344445555"
+    m = "MIG-1c2d3e4f-aaaa-bbbb-cccc-ddddeeeeffff"
+    cluster = _gpus(monkeypatch, f" {u} ,{m}", 2)
+    assert cluster.cuda_masks(2) == [f"{u},{m}", f"{m},{u}"]
+    assert cluster.cuda_masks(1, devices=[m]) == [m]
+    # no variable: every GPU of the machine
+    cluster = _gpus(monkeypatch, None, 3)
+    assert cluster.cuda_masks(3) == ["0,1,2", "1,2,0", "2,0,1"]
+    # more names than GPUs CUDA sees (a stale mask): those it sees
+    cluster = _gpus(monkeypatch, "5,6,7", 2)
+    assert cluster.parent_devices() == ["5", "6"]
+
+
+def test_local_cluster_and_cli_pass_the_parents_devices(monkeypatch):
+    from dmem.dask import worker
+
+    _gpus(monkeypatch, "2,3", 2)
+    args = worker._parser().parse_args(["tcp://127.0.0.1:1", "--name", "w"])
+    backend, plan = worker._plan(args)
+    assert backend == "cuda"
+    assert plan == [("w-0", {"CUDA_VISIBLE_DEVICES": "2,3"}),
+                    ("w-1", {"CUDA_VISIBLE_DEVICES": "3,2"})]
+    args = worker._parser().parse_args(["tcp://127.0.0.1:1", "--name", "w", "--devices", "1"])
+    assert worker._plan(args)[1] == [("w-0", {"CUDA_VISIBLE_DEVICES": "3"})]
+    args = worker._parser().parse_args(["tcp://127.0.0.1:1", "--devices", "4"])
+    with pytest.raises(SystemExit, match="out of range"):
+        worker._plan(args)
+    # LocalCluster: the env of the worker specs (no worker is started)
+    with dmem.dask.LocalCluster(n_workers=0, backend="cuda", dashboard_address=None,
+                                memory_limit="1GiB") as c:
+        masks = []
+        for i in range(2):
+            c._i = i
+            ((name, spec),) = c.new_worker_spec().items()
+            masks.append(spec["options"]["env"]["CUDA_VISIBLE_DEVICES"])
+        assert masks == ["2,3", "3,2"]
+    with dmem.dask.LocalCluster(n_workers=0, backend="cuda", devices=[1],
+                                dashboard_address=None, memory_limit="1GiB") as c:
+        ((name, spec),) = c.new_worker_spec().items()
+        assert spec["options"]["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+# ---- item 4 of issue 22: a host limit derived from the worker's memory_limit ----
+
+
+def test_host_limit_is_derived_from_the_workers_memory_limit():
+    from dmem.dask import cluster
+
+    GiB = 1 << 30
+    # the pinned pool's bound, H * (1 + burst) + staging, plus the rest of
+    # the process stays under Dask's spill threshold (0.7 of memory_limit)
+    for m in (4 * GiB, 16 * GiB, 100 * 10**9):
+        h = cluster.default_host_limit(m)
+        bound = h * (1 + cluster.DERIVED_HOST_BURST) + min(h / 4, GiB)
+        assert bound + cluster.PROCESS_RESERVE <= 0.7 * m + 1, (m, h, bound)
+        assert bound + cluster.PROCESS_RESERVE >= 0.7 * m - 2, (m, h, bound)  # all of it
+    assert cluster.default_host_limit(None) is None and cluster.default_host_limit(0) is None
+    assert cluster.default_host_limit(GiB) == 64 << 20  # next to no memory: a token tier
+    # a larger burst leaves less for the tier itself
+    assert cluster.default_host_limit(16 * GiB, 0.5) < cluster.default_host_limit(16 * GiB)
+    # what LocalCluster and the CLI pass: derived unless given
+    h, b = cluster.derived_host_options("16GiB", 1, None, None)
+    assert (h, b) == (cluster.default_host_limit(16 * GiB), cluster.DERIVED_HOST_BURST)
+    assert cluster.derived_host_options("16GiB", 1, "3GB", None) == ("3GB", None)
+    assert cluster.derived_host_options("16GiB", 1, None, 0.5)[1] == 0.5
+    assert cluster.derived_host_options(0, 1, None, None) == (None, None)
+    with dmem.dask.LocalCluster(n_workers=0, backend="host", dashboard_address=None,
+                                memory_limit="16GiB") as c:
+        ((name, spec),) = c.new_worker_spec().items()
+        data = spec["options"]["data"][1]
+        assert data["host_memory_limit"] == cluster.default_host_limit(16 * GiB)
+        assert data["host_burst"] == cluster.DERIVED_HOST_BURST
+        assert c.host_memory_limit == data["host_memory_limit"]
+    with dmem.dask.LocalCluster(n_workers=0, backend="host", dashboard_address=None,
+                                memory_limit="16GiB", host_memory_limit="2GB") as c:
+        ((name, spec),) = c.new_worker_spec().items()
+        assert spec["options"]["data"][1]["host_memory_limit"] == "2GB"
+        assert "host_burst" not in spec["options"]["data"][1]

@@ -45,7 +45,7 @@ def run(code, timeout=300):
 
 
 COMMON = """
-import gc, numpy as np, cupy, dmem
+import gc, tempfile, numpy as np, cupy, dmem
 from dmem.dask import DmemWorkerData, DmemValue
 from dmem.dask import data as ddata
 from distributed.protocol import serialize, deserialize
@@ -132,7 +132,7 @@ def test_adoption_of_dmem_cupy_allocations():
 dmem.configure(device_limit=256 * MiB)
 import dmem.cupy
 dmem.cupy.use_dmem_for_cupy()
-d = DmemWorkerData(worker_local_directory="/tmp")
+d = DmemWorkerData(worker_local_directory=tempfile.gettempdir())
 rt = d.runtime
 assert rt.is_default
 x = chunk(3)                      # allocated through dmem: a raw block

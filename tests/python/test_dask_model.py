@@ -19,6 +19,7 @@ runs N random ones.
 
 import gc
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -113,6 +114,8 @@ class MappingModel(RuleBasedStateMachine):
             self.d.close()
             gc.collect()
             self.rt.close()
+        if hasattr(self, "dir"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     @rule(key=KEYS, value=VALUES)
     def set(self, key, value):
@@ -211,12 +214,12 @@ MappingModel.TestCase.settings = settings(
 TestMappingModel = MappingModel.TestCase
 
 
-def test_strided_arrays_keep_their_values():
+def test_strided_arrays_keep_their_values(tmp_path):
     # what the model's "strided" layout stores: a copy, C-contiguous
     a = np.arange(100, dtype="i8").reshape(10, 10)[::2, 1::3]
     assert not a.flags.c_contiguous
     rt = dmem.Runtime(backend="host", host_capacity=1 << 20)
-    d = DmemWorkerData(runtime=rt, worker_local_directory=tempfile.mkdtemp())
+    d = DmemWorkerData(runtime=rt, worker_local_directory=str(tmp_path))
     d["k"] = a
     got = d["k"]
     assert np.array_equal(got, a) and got.flags.c_contiguous

@@ -17,7 +17,7 @@ import pytest
 import dmem
 from conftest import run_python
 
-HOST = {"DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64M"}
+HOST = {"DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64MiB"}
 
 
 def check(code, env=None, timeout=120):
@@ -62,7 +62,7 @@ def test_import_creates_no_runtime():
     # Importing creates nothing (no default runtime, so configure still works).
     check("""
         import dmem, dmem.numba, dmem.cupy, dmem.torch
-        dmem.configure(device_limit="1M")
+        dmem.configure(device_limit="1MiB")
         assert dmem.default_runtime().stats()["device_limit"] == 1 << 20
     """)
 
@@ -99,7 +99,7 @@ def test_default_runtime_device_from_environment_and_configure():
     """, env={"DMEM_DEVICE": "2"})
     check("""
         import dmem
-        dmem.configure(device=3, device_limit="2M")
+        dmem.configure(device=3, device_limit="2MiB")
         rt = dmem.default_runtime()
         assert rt.device == 3 and rt.stats()["device_limit"] == 2 << 20
     """)
@@ -108,9 +108,10 @@ def test_default_runtime_device_from_environment_and_configure():
 def test_configure_before_first_use_sets_limits():
     check("""
         import dmem, tempfile
-        d = tempfile.mkdtemp()
-        dmem.configure(device_limit="3M", host_limit=1 << 20, spill_dir=d)
-        dmem.configure(device_limit="4M", spill_dir=d)   # again before use: replaces
+        tmp = tempfile.TemporaryDirectory()   # removed when the child exits
+        d = tmp.name
+        dmem.configure(device_limit="3MiB", host_limit=1 << 20, spill_dir=d)
+        dmem.configure(device_limit="4MiB", spill_dir=d)   # again before use: replaces
         rt = dmem.default_runtime()
         assert rt.stats()["device_limit"] == 4 << 20
         try:
@@ -120,7 +121,7 @@ def test_configure_before_first_use_sets_limits():
         else:
             raise AssertionError("no OutOfMemoryError past the configured limit")
         try:
-            dmem.configure(device_limit="8M")
+            dmem.configure(device_limit="8MiB")
         except dmem.BusyError as e:
             assert "before" in str(e)
         else:
@@ -336,7 +337,7 @@ def test_torch_symbols_use_the_default_runtime():
         assert rt.stats()["raw_used"] == 0
         # and the C default runtime is this one: configure now fails there too
         try:
-            dmem.configure(device_limit="1M")
+            dmem.configure(device_limit="1MiB")
         except dmem.BusyError:
             pass
         else:
@@ -770,7 +771,7 @@ def test_numba_pointer_freed_by_del(fake_numba):
 def test_numba_manager_reports_out_of_memory(fake_numba):
     check("""
         import dmem, dmem.numba
-        dmem.configure(device_limit="1M")
+        dmem.configure(device_limit="1MiB")
         class Device:
             id = 0
         class Context:

@@ -217,10 +217,102 @@ dmem.torch.use_dmem_for_torch()
 rt = dmem.default_runtime(0)
 a = torch.empty(1 << 20, dtype=torch.float32, device="cuda")
 assert rt.stats()["raw_used"] >= 4 << 20, rt.stats()
+assert torch.cuda.memory_allocated() >= 4 << 20  # PyTorch's own accounting covers it
 ptr = a.data_ptr()
 del a
 torch.cuda.synchronize()
+# PyTorch keeps the freed segment in its pool; empty_cache gives it to dmem
+assert dmem.torch.empty_cache() == [0]
+torch.cuda.synchronize()
 assert rt.stats()["raw_used"] < 4 << 20, rt.stats()
+b = torch.ones(1 << 20, device="cuda")  # the new pool serves as the old one did
+assert rt.stats()["raw_used"] >= 4 << 20 and float(b.sum()) == 1 << 20
 print("torch ok")
 """], capture_output=True, text=True, timeout=300, env=env())
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+
+
+_OOM_WORDS = ("raw", "locked", "spillable", "free", "device limit")
+
+
+@pytest.mark.skipif(not _has("torch"), reason="PyTorch not installed")
+def test_torch_out_of_memory_raises_and_the_process_goes_on():
+    """Past dmem's limit PyTorch raises torch.OutOfMemoryError (not a tensor
+    at address 0), saying how the limit is used; the next smaller allocation
+    works, spillable buffers are spilled to make room for it, and allocations
+    from autograd's threads go through dmem too."""
+    r = subprocess.run([sys.executable, "-c", """
+import threading
+import torch, dmem, dmem.torch
+dmem.configure(device_limit="2GiB")
+dmem.torch.use_dmem_for_torch()
+rt = dmem.default_runtime(0)
+try:
+    x = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+    raise SystemExit(f"no error: data_ptr {x.data_ptr():#x}")
+except torch.OutOfMemoryError as e:
+    msg = str(e)
+for w in %r:
+    assert w in msg, (w, msg)
+print("oom:", msg[:400])
+# the process goes on: a smaller allocation works and is usable
+b = torch.ones(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+assert b.data_ptr() != 0 and float(b.sum()) == float(1 << 28)
+# a spillable buffer makes room for a tensor
+buf = rt.alloc(768 << 20)
+with buf.lock():
+    pass
+c = torch.zeros(768 << 20, dtype=torch.uint8, device="cuda")
+assert buf.state != "resident", buf.state
+assert int(c.sum()) == 0
+del b, c
+# twice in a row, from another thread too
+errs = []
+def grab():
+    try:
+        torch.empty(5 << 30, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        errs.append(e)
+t = threading.Thread(target=grab); t.start(); t.join()
+assert len(errs) == 1 and "spillable" in str(errs[0]), errs
+# autograd's backward threads allocate through dmem (raw_used grows past the cache)
+dmem.torch.empty_cache()
+before = rt.stats()["raw_used"]
+m = torch.nn.Linear(4096, 4096).cuda()
+y = m(torch.randn(2048, 4096, device="cuda")).sum()
+y.backward()
+torch.cuda.synchronize()
+assert m.weight.grad is not None and rt.stats()["raw_used"] > before, rt.stats()
+print("torch oom ok")
+""" % (_OOM_WORDS,)], capture_output=True, text=True, timeout=300, env=env())
+    print(r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0 and "torch oom ok" in r.stdout, r.stdout + r.stderr[-5000:]
+
+
+@pytest.mark.skipif(not _has("cupy") or not _has("numba"), reason="CuPy or Numba not installed")
+def test_cupy_and_numba_out_of_memory_say_how_the_limit_is_used():
+    r = subprocess.run([sys.executable, "-c", """
+import dmem, dmem.cupy, dmem.numba
+dmem.configure(device_limit="1GiB")
+dmem.numba.use_dmem_for_numba()
+dmem.cupy.use_dmem_for_cupy()
+import cupy as cp
+from numba import cuda
+keep = cp.ones(256 << 20, dtype=cp.uint8)
+for what, grab in (("cupy", lambda: cp.empty(2 << 30, dtype=cp.uint8)),
+                   ("numba", lambda: cuda.device_array(2 << 30, dtype="u1"))):
+    try:
+        grab()
+        raise SystemExit(what + ": no error")
+    except MemoryError as e:
+        msg = str(e)
+    for w in %r:
+        assert w in msg, (what, w, msg)
+    assert "raw 256.00 MiB" in msg, (what, msg)
+    print(what, "oom:", msg[:300])
+small = cp.zeros(1 << 20, dtype=cp.uint8)  # and the next one works
+assert int(small.sum()) == 0
+print("cupy numba oom ok")
+""" % (_OOM_WORDS,)], capture_output=True, text=True, timeout=300, env=env())
+    print(r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0 and "cupy numba oom ok" in r.stdout, r.stdout + r.stderr[-5000:]

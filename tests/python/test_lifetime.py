@@ -315,15 +315,20 @@ def test_runtime_create_close_does_not_leak():
         for _ in range(20):
             once()
         gc.collect()
-        mem0 = tracemalloc.get_traced_memory()[0]
-        for _ in range(300):
-            once()
-        gc.collect()
-        mem1 = tracemalloc.get_traced_memory()[0]
+        # Three batches of 300: a leak of even 110 bytes a runtime grows every
+        # batch past 32 KiB; objects still in flight on dmem's threads when a
+        # batch ends (seen on a 16-core machine: 33 KiB once) do not.
+        growth = []
+        for _ in range(3):
+            mem0 = tracemalloc.get_traced_memory()[0]
+            for _ in range(300):
+                once()
+            gc.collect()
+            growth.append(tracemalloc.get_traced_memory()[0] - mem0)
     finally:
         tracemalloc.stop()
     assert len(gc.get_objects()) - objs0 < 50
-    assert mem1 - mem0 < 32 * KB, (mem0, mem1)
+    assert min(growth) < 32 * KB, growth
 
 
 def test_callback_error_path_does_not_leak(rt):

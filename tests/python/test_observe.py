@@ -30,7 +30,7 @@ def test_keyword_wins_over_malformed_variable(monkeypatch, spill_dir, capfd):
         dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir))
     assert "DMEM_DEVICE_LIMIT" in e.value.detail
     rt = dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir),
-                      device_limit="4M", log_level="error")
+                      device_limit="4Mi", log_level="error")
     try:
         assert rt.stats()["device_limit"] == 4 << 20
         assert rt.log_level == "error"
@@ -42,22 +42,22 @@ def test_keyword_wins_over_malformed_variable(monkeypatch, spill_dir, capfd):
     # log_level "warn" is the default's value: DMEM_LOG=loud is an error again
     with pytest.raises(dmem.ConfigError) as e:
         dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir),
-                     device_limit="4M", log_level="warn")
+                     device_limit="4Mi", log_level="warn")
     assert "DMEM_LOG" in e.value.detail
     monkeypatch.delenv("DMEM_LOG")
     rt = dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir),
-                      device_limit="4M")
+                      device_limit="4Mi")
     rt.close()
     err = capfd.readouterr().err
     assert 'DMEM_DEVICE_LIMIT="abc" is malformed: ignored' in err
 
 
 def test_keyword_wins_over_wellformed_variable(monkeypatch, spill_dir):
-    monkeypatch.setenv("DMEM_DEVICE_LIMIT", "6M")
+    monkeypatch.setenv("DMEM_DEVICE_LIMIT", "6Mi")
     with dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir)) as rt:
         assert rt.stats()["device_limit"] == 6 << 20
     with dmem.Runtime(backend="host", host_capacity=CAPACITY, spill_dir=str(spill_dir),
-                      device_limit="2M") as rt:
+                      device_limit="2Mi") as rt:
         assert rt.stats()["device_limit"] == 2 << 20
 
 
@@ -132,7 +132,7 @@ def test_configure_takes_log_level():
     r = run_python(
         """
         import dmem
-        dmem.configure(backend="host", host_capacity="8M", log_level="info")
+        dmem.configure(backend="host", host_capacity="8Mi", log_level="info")
         rt = dmem.default_runtime()
         print(rt.log_level, rt.backend_reason)
         """,
@@ -177,7 +177,7 @@ def test_stats_printed_at_exit_for_default_runtime():
         rt = dmem.default_runtime()
         b = rt.alloc(3 << 20)
         """,
-        env_extra={"DMEM_STATS": "1", "DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64M"},
+        env_extra={"DMEM_STATS": "1", "DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64Mi"},
     )
     assert r.returncode == 0, r.stderr
     assert "dmem stats (host backend, at exit)" in r.stderr
@@ -194,8 +194,8 @@ def _python_m_dmem(extra, pre=None):
 
 
 def test_python_m_dmem():
-    r = _python_m_dmem({"DMEM_BACKEND": "host", "DMEM_DEVICE_LIMIT": "8M",
-                        "DMEM_HOST_CAPACITY": "64M"})
+    r = _python_m_dmem({"DMEM_BACKEND": "host", "DMEM_DEVICE_LIMIT": "8Mi",
+                        "DMEM_HOST_CAPACITY": "64Mi"})
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.startswith("dmem %s " % dmem.__version__)
@@ -203,12 +203,12 @@ def test_python_m_dmem():
     assert "device: 0, capacity 67108864 bytes" in out
     lines = {l.split()[0] + " " + l.split()[1]: l for l in out.splitlines() if l.startswith("  ")}
     assert "8388608 bytes" in lines["device limit"]
-    assert "environment (DMEM_DEVICE_LIMIT=8M)" in lines["device limit"]
+    assert "environment (DMEM_DEVICE_LIMIT=8Mi)" in lines["device limit"]
     assert "default" in lines["host limit"] and "unlimited" in lines["host limit"]
     assert lines["log level"].rstrip().endswith("default")
     assert "default runtime: none in this process" in out
     # auto: the reason names what CUDA said (or the device)
-    r = _python_m_dmem({"DMEM_HOST_CAPACITY": "64M"})
+    r = _python_m_dmem({"DMEM_HOST_CAPACITY": "64Mi"})
     assert r.returncode == 0, r.stderr
     assert "backend: " in r.stdout and "(backend auto: CUDA " in r.stdout
     # a malformed variable: said, exit status 1
@@ -225,7 +225,7 @@ def test_report_shows_default_runtime_stats():
         b = rt.alloc(1 << 20)
         dmem.report()
         """,
-        env_extra={"DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64M"},
+        env_extra={"DMEM_BACKEND": "host", "DMEM_HOST_CAPACITY": "64Mi"},
     )
     assert r.returncode == 0, r.stderr
     assert "default runtime: in use in this process" in r.stdout
@@ -240,7 +240,7 @@ def test_trace_file(tmp_path):
     r = run_python(
         """
         import dmem
-        rt = dmem.Runtime(backend="host", host_capacity="8M", host_limit="1M",
+        rt = dmem.Runtime(backend="host", host_capacity="8Mi", host_limit="1Mi",
                           spill_dir=%r)
         s = rt.stream()
         bufs = [rt.alloc(3 << 19) for _ in range(5)]

@@ -54,7 +54,14 @@ def current():
 
 class DmemValue:
     """A stored device value on its way to another process: serializing it
-    reads each array's bytes from the tier it is in, without unspilling."""
+    reads each array's bytes from the tier it is in, without unspilling.
+
+    One handed out by the mapping (``get_data``) keeps the key's buffers
+    alive for as long as it lives, whatever happens to the key meanwhile:
+    when the scheduler releases the key while the message is still being
+    written (distributed serialises large messages off the event loop), the
+    buffers are freed only once the value is gone, that is once the message
+    is written and, for CUDA IPC, the receiver has answered."""
 
     __slots__ = ("tree", "device", "transfer", "__weakref__")
 
@@ -73,12 +80,43 @@ class DmemValue:
 
 
 class _Entry:
-    __slots__ = ("tree", "leaves", "nbytes")
+    """One device key's buffers. ``pins``: DmemValues handed out for
+    transfers and still alive; ``released``: the key is gone from the
+    mapping, the buffers go when the last pin does. Both under the
+    mapping's lock."""
+
+    __slots__ = ("tree", "leaves", "nbytes", "pins", "released")
 
     def __init__(self, tree, leaves):
         self.tree = tree
         self.leaves = leaves
         self.nbytes = sum(leaf.nbytes for leaf in leaves)
+        self.pins = 0
+        self.released = False
+
+
+def _free_entry(entry):
+    for leaf in entry.leaves:
+        _arrays._free_quietly(leaf.buf)  # an exposed buffer goes when its arrays do
+
+
+def _release(lock, entry):
+    """The key of entry leaves the mapping: free its buffers now, or when
+    the last DmemValue holding them goes."""
+    with lock:
+        entry.released = True
+        free = entry.pins == 0
+    if free:
+        _free_entry(entry)
+
+
+def _unpin(lock, entry):
+    """A DmemValue of entry was collected (weakref.finalize: any thread)."""
+    with lock:
+        entry.pins -= 1
+        free = entry.pins == 0 and entry.released
+    if free:
+        _free_entry(entry)
 
 
 class _Victims(dmem.Controller):
@@ -95,11 +133,38 @@ class _Victims(dmem.Controller):
         return data._victims(nbytes)
 
 
+def parse_size(value, what="size"):
+    """A size of dmem.dask as Dask reads it: None; an int (bytes); a string
+    read by dask.utils.parse_bytes ("8GB" = 8e9 bytes, "8GiB" = 2**33, "8G"
+    = 8e9, as Dask and dask-cuda mean them), or "N%" (a share of the device,
+    left to dmem). Raises TypeError for other types, ValueError for a string
+    Dask cannot read or a negative size."""
+    from dask.utils import parse_bytes
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{what} must be bytes (int) or a string such as '8GB', "
+                        f"not {type(value).__name__}")
+    if isinstance(value, str):
+        if value.strip().endswith("%"):
+            return value.strip()
+        try:
+            value = parse_bytes(value)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    if value < 0:
+        raise ValueError(f"{what} must not be negative, not {value}")
+    return int(value)
+
+
 def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir,
                  host_burst=None):
     """(runtime, owned): the process's default runtime, configured with these
     limits when it does not exist yet; a private runtime when it already does
     and limits were asked for."""
+    device_memory_limit = parse_size(device_memory_limit, "device_memory_limit")
+    host_memory_limit = parse_size(host_memory_limit, "host_memory_limit")
     kw = {}
     if backend is not None:
         kw["backend"] = backend
@@ -113,7 +178,7 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["spill_dir"] = spill_dir
     if host_burst is not None:
         kw["host_burst"] = host_burst
-    if backend == "host" and device_memory_limit is not None:
+    if backend == "host" and isinstance(device_memory_limit, int):
         kw["host_capacity"] = device_memory_limit
     try:
         dmem.configure(**kw)
@@ -132,9 +197,11 @@ class DmemWorkerData(MutableMapping):
     Parameters
     ----------
     device_memory_limit, host_memory_limit:
-        The runtime's device limit and pinned host limit (bytes, or strings
-        such as ``"4GB"``/``"80%"`` as dmem.Runtime takes them; None: the
-        ``DMEM_*`` environment / dmem's defaults).
+        The runtime's device limit and pinned host limit: bytes, or strings
+        read as Dask reads them (dask.utils.parse_bytes: ``"8GB"`` is 8e9
+        bytes, ``"8GiB"`` 2**33), or ``"80%"`` of the device for
+        device_memory_limit; None: the ``DMEM_*`` environment / dmem's
+        defaults.
     host_burst:
         How far past host_memory_limit (a fraction of it, 0 to 1) the host
         tier may grow while it is pushed down to disk (dmem.Runtime's
@@ -167,10 +234,11 @@ class DmemWorkerData(MutableMapping):
 
         global _current
         local = worker_local_directory or spill_dir
+        self._made_local = None  # a folder this mapping made: removed by close()
         if local is None:
             import tempfile
 
-            local = tempfile.mkdtemp(prefix="dmem-dask-")
+            local = self._made_local = tempfile.mkdtemp(prefix="dmem-dask-")
         if runtime is not None:
             if not isinstance(runtime, dmem.Runtime):
                 raise TypeError(f"runtime must be a dmem.Runtime, not {type(runtime).__name__}")
@@ -251,8 +319,14 @@ class DmemWorkerData(MutableMapping):
         transfer = for_transfer.get()
         if transfer:
             self.counts["sent"] += 1
-            return DmemValue(entry.tree, self.runtime.backend == "cuda",
-                             transfer if isinstance(transfer, Transfer) else None)
+            with self._lock:
+                if entry.released:  # deleted since we looked it up
+                    raise KeyError(key)
+                entry.pins += 1
+            value = DmemValue(entry.tree, self.runtime.backend == "cuda",
+                              transfer if isinstance(transfer, Transfer) else None)
+            weakref.finalize(value, _unpin, self._lock, entry)
+            return value
         if key in self._cold:  # a task needs it after all (a new graph)
             self._set_priority(key, entry, 0)
         return _arrays.unpack(entry.tree, self._stream())
@@ -266,8 +340,7 @@ class DmemWorkerData(MutableMapping):
         if entry is None:
             del self.host[key]
             return
-        for leaf in entry.leaves:
-            _arrays._free_quietly(leaf.buf)  # an exposed buffer goes when its arrays do
+        _release(self._lock, entry)
 
     def __contains__(self, key):
         return key in self._dev or key in self.host
@@ -471,15 +544,15 @@ class DmemWorkerData(MutableMapping):
         }
 
     def close(self):
-        """Free every stored buffer; close the runtime if the mapping made it.
-        Host values are dropped too."""
+        """Free every stored buffer (those of values still on their way to
+        another process when these are gone); close the runtime if the
+        mapping made it. Host values are dropped too."""
         with self._lock:
             entries = list(self._dev.values())
             self._dev.clear()
             self._lru.clear()
         for entry in entries:
-            for leaf in entry.leaves:
-                _arrays._free_quietly(leaf.buf)
+            _release(self._lock, entry)
         self.host.clear()
         if self._controller is not None and not self.runtime.closed:
             try:
@@ -491,6 +564,11 @@ class DmemWorkerData(MutableMapping):
                 self.runtime.close()
             except dmem.BusyError:  # arrays still exposed: closed at exit
                 pass
+        if self._made_local is not None:
+            import shutil
+
+            shutil.rmtree(self._made_local, ignore_errors=True)
+            self._made_local = None
 
 
 _TIER = {

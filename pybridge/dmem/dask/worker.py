@@ -23,10 +23,12 @@ def _parser():
     p.add_argument("--device-memory-limit", default=None,
                    help="dmem device limit per worker (bytes, '8GB', '80%%')")
     p.add_argument("--host-memory-limit", default=None,
-                   help="dmem pinned host limit per worker (bytes, '32GB')")
+                   help="dmem pinned host limit per worker (bytes, '32GB'; default: derived "
+                        "from --memory-limit, see docs/dask.md)")
     p.add_argument("--host-burst", type=float, default=None,
                    help="how far past the host limit (a fraction of it, 0 to 1) the host tier "
-                        "may grow while it is pushed down to disk (default 0.5)")
+                        "may grow while it is pushed down to disk (default 0.2 with a derived "
+                        "host limit, else 0.5)")
     p.add_argument("--spill-dir", default=None, help="parent folder of the disk tiers")
     p.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
     p.add_argument("--memory-limit", default="auto",
@@ -35,7 +37,9 @@ def _parser():
                    help="workers (default: one per GPU; 1 on the host backend)")
     p.add_argument("--backend", choices=("cuda", "host"), default=None,
                    help="default: cuda when a GPU is visible, else host")
-    p.add_argument("--devices", default=None, help="GPU ordinals, e.g. 0,1 (default: all)")
+    p.add_argument("--devices", default=None,
+                   help="which of the GPUs this process sees, as indices into its "
+                        "CUDA_VISIBLE_DEVICES (or GPU UUIDs), e.g. 0,1 (default: all, in order)")
     p.add_argument("--name", default=None, help="worker name prefix (default: the host name)")
     p.add_argument("--local-directory", default=None, help="workers' local directory")
     p.add_argument("--host", default=None, help="interface address the workers listen on")
@@ -49,7 +53,7 @@ def _parser():
 
 def _plan(args):
     """(backend, [(name, env)]) for the workers to start."""
-    from .cluster import gpu_count, visible_devices
+    from .cluster import cuda_masks, gpu_count
 
     backend = args.backend
     if backend is None:
@@ -64,15 +68,14 @@ def _plan(args):
 
         prefix = socket.gethostname()
     if backend == "cuda":
-        if args.devices is not None:
-            devices = [int(d) for d in args.devices.split(",") if d.strip()]
-        else:
-            devices = list(range(gpu_count()))
-        if not devices:
-            raise SystemExit("backend cuda but no GPU is visible")
-        n = args.n_workers if args.n_workers is not None else len(devices)
-        return backend, [(f"{prefix}-{i}", {"CUDA_VISIBLE_DEVICES": visible_devices(i, devices)})
-                         for i in range(n)]
+        try:
+            n_gpus = len(cuda_masks(1, args.devices)[0].split(","))
+            n = args.n_workers if args.n_workers is not None else n_gpus
+            masks = cuda_masks(n, args.devices)
+        except ValueError as e:
+            raise SystemExit(f"--devices: {e}") from None
+        return backend, [(f"{prefix}-{i}", {"CUDA_VISIBLE_DEVICES": m})
+                         for i, m in enumerate(masks)]
     n = args.n_workers if args.n_workers is not None else 1
     return backend, [(f"{prefix}-{i}", {}) for i in range(n)]
 
@@ -80,11 +83,13 @@ def _plan(args):
 async def _run(args):
     from distributed import Nanny
 
-    from .cluster import worker_options
+    from .cluster import derived_host_options, worker_options
 
     backend, plan = _plan(args)
-    opts = worker_options(backend, args.device_memory_limit, args.host_memory_limit,
-                          args.spill_dir, ipc=args.ipc, host_burst=args.host_burst)
+    host_limit, host_burst = derived_host_options(args.memory_limit, args.nthreads,
+                                                  args.host_memory_limit, args.host_burst)
+    opts = worker_options(backend, args.device_memory_limit, host_limit,
+                          args.spill_dir, ipc=args.ipc, host_burst=host_burst)
     extra = {}
     if args.local_directory is not None:
         extra["local_directory"] = args.local_directory
