@@ -87,9 +87,12 @@ static PyMethodDef pyd_mod_methods[] = {
      "Numba, CuPy and PyTorch hooks and the C symbols dmem_torch_alloc/free. Created on\n"
      "first use from configure(...) or the DMEM_* environment. device None: the one\n"
      "given to configure(device=...), else DMEM_DEVICE, else 0. Never closed."},
+    {"_default_runtimes", pyd_mod_default_runtimes, METH_NOARGS,
+     "The default runtimes this process has made through dmem (a list; none are made)."},
     {"configure", (PyCFunction)(void (*)(void))pyd_mod_configure, METH_VARARGS | METH_KEYWORDS,
      "configure(*, device_limit=None, host_limit=None, spill_dir=None, backend=None,\n"
-     "          device=None, host_capacity=None, host_reserve=None, host_burst=None)\n\n"
+     "          device=None, host_capacity=None, host_reserve=None, host_burst=None,\n"
+     "          log_level=None)\n\n"
      "Configuration of the default runtimes, before their first use (BusyError after it).\n"
      "Arguments as for Runtime(...); those left None come from the DMEM_* environment."},
     {"_library_path", pyd_mod_library_path, METH_NOARGS,

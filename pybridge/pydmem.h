@@ -57,6 +57,7 @@ typedef struct pyd_runtime {
   struct pyd_runtime *live_prev, *live_next; /* list of open runtimes (atexit) */
   pyd_view_t *exposed;         /* views with live exports (view.c's list) */
   Py_ssize_t exports[PYD_EXPORT_KINDS]; /* live exports of all its views, by kind */
+  char backend_reason[384];    /* dmem_runtime_info's, kept after close */
 } pyd_runtime_t;
 
 /* One installed controller. Bindings are never freed before the C runtime is
@@ -336,6 +337,7 @@ pyd_runtime_t *pyd_runtime_default(int device);
 /* dmem.default_runtime(device=None) and dmem.configure(**kwargs). */
 PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds);
 PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds);
+PyObject *pyd_mod_default_runtimes(PyObject *mod, PyObject *unused);
 /* In a forked child: forget the default runtimes (module.c's fork hook). */
 void pyd_runtime_defaults_after_fork(void);
 

@@ -29,23 +29,61 @@ static void pyd_live_unlink(pyd_runtime_t *r) {
   r->live_prev = r->live_next = NULL;
 }
 
+static const char *const pyd_log_names[] = {"off", "error", "warn", "info", "debug"};
+
+/* A log level: "off", "error", "warn" ("warning"), "info", "debug" or 0..4;
+ * -1 with an exception otherwise. */
+static int pyd_log_level_arg(PyObject *o) {
+  if (PyUnicode_Check(o)) {
+    for (int i = 0; i < 5; i++)
+      if (PyUnicode_CompareWithASCIIString(o, pyd_log_names[i]) == 0) return i;
+    if (PyUnicode_CompareWithASCIIString(o, "warning") == 0) return DMEM_LOG_WARN;
+  } else if (PyLong_Check(o) && !PyBool_Check(o)) {
+    int ovf = 0;
+    long v = PyLong_AsLongAndOverflow(o, &ovf);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (!ovf && v >= 0 && v <= 4) return (int)v;
+  } else {
+    PyErr_Format(PyExc_TypeError, "log_level must be a str or an int, not %.100s",
+                 Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  PyErr_Format(PyExc_ValueError,
+               "log_level must be 'off', 'error', 'warn', 'info', 'debug' or 0..4, not %R", o);
+  return -1;
+}
+
+/* Keep the runtime's backend_reason (dmem_runtime_info) in self. */
+static void pyd_runtime_keep_reason(pyd_runtime_t *self) {
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  if (dmem_runtime_info(self->rt, &info) == DMEM_OK)
+    snprintf(self->backend_reason, sizeof self->backend_reason, "%s", info.backend_reason);
+}
+
 /* The keyword arguments of Runtime(...) and configure(...) into cfg (from
  * dmem_config_init). *dir_bytes receives the encoded spill_dir (cfg->spill_dir
  * points into it; the caller drops it); *device_given is set when device was
  * given. -1 with an exception on error. */
 static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dmem_config_t *cfg,
                             PyObject **dir_bytes, int *device_given) {
-  static char *kwlist[] = {"backend", "device", "device_limit", "host_limit",
-                           "spill_dir", "host_capacity", "host_reserve", "host_burst", NULL};
+  static char *kwlist[] = {"backend",      "device",     "device_limit", "host_limit",
+                           "spill_dir",    "host_capacity", "host_reserve", "host_burst",
+                           "log_level",    NULL};
   PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
            *spill_dir = Py_None, *host_capacity = Py_None, *host_reserve = Py_None,
-           *host_burst = Py_None;
+           *host_burst = Py_None, *log_level = Py_None;
   *dir_bytes = NULL;
   if (device_given) *device_given = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &backend, &device,
                                    &device_limit, &host_limit, &spill_dir, &host_capacity,
-                                   &host_reserve, &host_burst))
+                                   &host_reserve, &host_burst, &log_level))
     return -1;
+  if (log_level != Py_None) {
+    int l = pyd_log_level_arg(log_level);
+    if (l < 0) return -1;
+    cfg->log_level = (dmem_log_level_t)l;
+  }
   if (backend != Py_None) {
     if (!PyUnicode_Check(backend)) {
       PyErr_Format(PyExc_TypeError, "backend must be a str, not %.100s", Py_TYPE(backend)->tp_name);
@@ -124,7 +162,7 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
-  if (pyd_config_parse(args, kwds, "|OOOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
+  if (pyd_config_parse(args, kwds, "|OOOOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
 
   pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
   if (!self) {
@@ -144,6 +182,7 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
   self->rt = rt;
   self->backend = dmem_runtime_backend(rt);
   self->device = cfg.device;
+  pyd_runtime_keep_reason(self);
   pyd_live_link(self);
   return (PyObject *)self;
 }
@@ -403,7 +442,8 @@ static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
  * the dict below (and to STATS_FIELDS in tests/python/test_runtime.py). */
 _Static_assert(sizeof(dmem_stats_t) == 16 * sizeof(size_t) + 35 * sizeof(uint64_t) +
                                            11 * sizeof(double) + /* disk tier: */
-                                           7 * sizeof(uint64_t) + 2 * sizeof(double),
+                                           7 * sizeof(uint64_t) + 2 * sizeof(double) +
+                                           /* peaks: */ 4 * sizeof(size_t),
                "dmem_stats_t changed: update pyd_runtime_stats");
 
 /* d[key] = {"host": v[1], "disk": v[2], "controller": v[3]}; -1 on error. */
@@ -493,12 +533,16 @@ static PyObject *pyd_runtime_prefetch(pyd_runtime_t *self, PyObject *args, PyObj
   Py_RETURN_NONE;
 }
 
-static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
+static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"reset_peaks", NULL};
+  int reset = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$p:stats", kwlist, &reset)) return NULL;
   if (pyd_runtime_check(self) < 0) return NULL;
   dmem_stats_t s;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self, 1);
   dmem_status_t st = dmem_stats(self->rt, &s);
+  if (st == DMEM_OK && reset) st = dmem_stats_reset_peaks(self->rt);
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) return NULL;
   PyObject *d = Py_BuildValue(
@@ -548,6 +592,38 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *unused) {
     return NULL;
   }
   Py_DECREF(disk);
+  /* the peaks (before the reset, when reset_peaks) */
+  PyObject *peaks = Py_BuildValue("{s:n,s:n,s:n,s:n}", "device_used_peak",
+                                  (Py_ssize_t)s.device_used_peak, "host_used_peak",
+                                  (Py_ssize_t)s.host_used_peak, "disk_used_peak",
+                                  (Py_ssize_t)s.disk_used_peak, "raw_used_peak",
+                                  (Py_ssize_t)s.raw_used_peak);
+  if (!peaks || PyDict_Update(d, peaks) < 0) {
+    Py_XDECREF(peaks);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(peaks);
+  return d;
+}
+
+static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  dmem_status_t st = dmem_runtime_info(self->rt, &info);
+  if (st != DMEM_OK) return pyd_raise(st, NULL);
+  PyObject *dir = PyUnicode_DecodeFSDefault(info.spill_dir);
+  if (!dir) return NULL;
+  PyObject *d = Py_BuildValue(
+      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N}", "backend",
+      info.backend == DMEM_BACKEND_CUDA ? "cuda" : "host", "backend_reason", info.backend_reason,
+      "device", info.device, "log_level",
+      (unsigned)info.log_level <= 4u ? pyd_log_names[info.log_level] : "?", "device_capacity",
+      (Py_ssize_t)info.device_capacity, "device_limit", (Py_ssize_t)info.device_limit,
+      "device_limit_asked", (Py_ssize_t)info.device_limit_asked, "host_limit",
+      (Py_ssize_t)info.host_limit, "print_stats", info.print_stats ? Py_True : Py_False,
+      "stats_interval_s", info.stats_interval_s, "spill_dir", dir);
   return d;
 }
 
@@ -587,6 +663,7 @@ pyd_runtime_t *pyd_runtime_default(int device) {
     self->backend = dmem_runtime_backend(rt);
     self->device = device;
     self->is_default = 1;
+    pyd_runtime_keep_reason(self);
     pyd_defaults[device] = self;
   }
   Py_INCREF(pyd_defaults[device]);
@@ -618,12 +695,19 @@ PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds)
   return (PyObject *)pyd_runtime_default(d);
 }
 
+PyObject *pyd_mod_default_runtimes(PyObject *mod, PyObject *unused) {
+  PyObject *l = PyList_New(0);
+  for (int d = 0; l && d < PYD_MAX_DEVICES; d++)
+    if (pyd_defaults[d] && PyList_Append(l, (PyObject *)pyd_defaults[d]) < 0) Py_CLEAR(l);
+  return l;
+}
+
 PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
   int device_given = 0;
-  if (pyd_config_parse(args, kwds, "|$OOOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
+  if (pyd_config_parse(args, kwds, "|$OOOOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
     return NULL;
   for (int d = 0; d < PYD_MAX_DEVICES; d++) {
     if (pyd_defaults[d]) {
@@ -669,15 +753,46 @@ static PyObject *pyd_runtime_get_device(pyd_runtime_t *self, void *closure) {
   return PyLong_FromLong(self->device);
 }
 
+static PyObject *pyd_runtime_get_backend_reason(pyd_runtime_t *self, void *closure) {
+  return PyUnicode_FromString(self->backend_reason);
+}
+
+static PyObject *pyd_runtime_get_log_level(pyd_runtime_t *self, void *closure) {
+  if (pyd_runtime_check(self) < 0) return NULL;
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  dmem_status_t st = dmem_runtime_info(self->rt, &info);
+  if (st != DMEM_OK) return pyd_raise(st, NULL);
+  return PyUnicode_FromString((unsigned)info.log_level <= 4u ? pyd_log_names[info.log_level]
+                                                             : "?");
+}
+
+static int pyd_runtime_set_log_level(pyd_runtime_t *self, PyObject *value, void *closure) {
+  if (!value) {
+    PyErr_SetString(PyExc_AttributeError, "log_level cannot be deleted");
+    return -1;
+  }
+  int l = pyd_log_level_arg(value);
+  if (l < 0) return -1;
+  if (pyd_runtime_check(self) < 0) return -1;
+  dmem_status_t st = dmem_runtime_set_log_level(self->rt, (dmem_log_level_t)l);
+  if (st != DMEM_OK) {
+    pyd_raise(st, NULL);
+    return -1;
+  }
+  return 0;
+}
+
 static PyObject *pyd_runtime_get_is_default(pyd_runtime_t *self, void *closure) {
   return PyBool_FromLong(self->is_default);
 }
 
 static PyObject *pyd_runtime_repr(pyd_runtime_t *self) {
   if (!self->rt) return PyUnicode_FromString("<dmem.Runtime closed>");
-  return PyUnicode_FromFormat("<dmem.Runtime%s backend=%s device=%d>",
+  return PyUnicode_FromFormat("<dmem.Runtime%s backend=%s device=%d (%s)>",
                               self->is_default ? " (default)" : "",
-                              self->backend == DMEM_BACKEND_CUDA ? "cuda" : "host", self->device);
+                              self->backend == DMEM_BACKEND_CUDA ? "cuda" : "host", self->device,
+                              self->backend_reason);
 }
 
 static PyMethodDef pyd_runtime_methods[] = {
@@ -714,9 +829,15 @@ static PyMethodDef pyd_runtime_methods[] = {
      "bytes stay; returns the bytes given back (dmem_host_trim)."},
     {"poll", (PyCFunction)pyd_runtime_poll, METH_NOARGS,
      "poll(): complete finished stream releases."},
-    {"stats", (PyCFunction)pyd_runtime_stats, METH_NOARGS,
-     "stats() -> dict: every field of dmem_stats_t, plus the bridge's 'exposed' (buffers\n"
-     "held by exports of lock views) and 'exports' (live exports by kind)."},
+    {"stats", (PyCFunction)(void (*)(void))pyd_runtime_stats, METH_VARARGS | METH_KEYWORDS,
+     "stats(*, reset_peaks=False) -> dict: every field of dmem_stats_t, plus the bridge's\n"
+     "'exposed' (buffers held by exports of lock views) and 'exports' (live exports by\n"
+     "kind). reset_peaks=True starts the *_peak fields again from the values now\n"
+     "(dmem_stats_reset_peaks) after taking these."},
+    {"info", (PyCFunction)pyd_runtime_info, METH_NOARGS,
+     "info() -> dict: dmem_runtime_info: backend, backend_reason, device, log_level,\n"
+     "device_capacity, device_limit (in effect), device_limit_asked, host_limit,\n"
+     "print_stats, stats_interval_s, spill_dir."},
     {"device_malloc", (PyCFunction)(void (*)(void))pyd_runtime_device_malloc,
      METH_VARARGS | METH_KEYWORDS,
      "device_malloc(nbytes, stream=None, *, dedicated=False) -> DeviceMemory\n\n"
@@ -762,6 +883,14 @@ static PyGetSetDef pyd_runtime_getset[] = {
     {"backend", (getter)pyd_runtime_get_backend, NULL, "'cuda' or 'host'", NULL},
     {"closed", (getter)pyd_runtime_get_closed, NULL, "True after close()", NULL},
     {"device", (getter)pyd_runtime_get_device, NULL, "device ordinal", NULL},
+    {"backend_reason", (getter)pyd_runtime_get_backend_reason, NULL,
+     "why this backend, e.g. 'backend auto: CUDA not usable (cudaGetDeviceCount: "
+     "cudaErrorInsufficientDriver (...)), using the host backend'",
+     NULL},
+    {"log_level", (getter)pyd_runtime_get_log_level, (setter)pyd_runtime_set_log_level,
+     "the runtime's log level: 'off', 'error', 'warn', 'info' or 'debug' (set: a name or "
+     "0..4)",
+     NULL},
     {"is_default", (getter)pyd_runtime_get_is_default, NULL,
      "True for the process-wide runtime of dmem.default_runtime() (never closed)", NULL},
     {"controller", (getter)pyd_runtime_get_controller, NULL, "the installed controller or None",

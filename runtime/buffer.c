@@ -186,7 +186,11 @@ dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void
     return DMEM_OK;
   }
   if (!b) return dmem__stale(h);
+  uint64_t t0 = DMEM__TRACE_ON() ? dmem__now_ns() : 0;
   dmem_status_t st = dmem__retrieve(rt, b, h, stream, DMEM__RETRIEVE_LOCK, dev_out);
+  if (t0) /* the slow path: a retrieve, or a wait for a move in flight */
+    dmem__trace_event(DMEM__TRACK_STREAM, (uintptr_t)stream, "lock wait", t0,
+                      dmem__now_ns() - t0, dmem__bsize(b), 1, h);
   if (st == DMEM_OK && b_out) *b_out = b;
   return st;
 }

@@ -210,7 +210,55 @@ struct dmem_runtime {
    * writes. */
   _Atomic uint64_t disk_writes, disk_bytes_written, ns_disk_writing, disk_pushdowns;
   _Atomic uint64_t disk_reads, disk_bytes_read, ns_disk_reading, disk_write_failures;
+
+  /* ---- observability (runtime/report.c, spill/summary.c) ---- */
+  /* The runtime's log level (DMEM_RT_LOG): set at create and by
+   * dmem_runtime_set_log_level; relaxed (a message more or less). */
+  _Atomic int log_level;
+  char backend_reason[384]; /* why this backend: set at create */
+  size_t limit_asked;       /* the config's limit in bytes (0: none), before the clamp */
+  /* Peaks since create or dmem_stats_reset_peaks (relaxed: accounting):
+   * raised by dmem__peak_raise where the counters grow. The raw peak is
+   * the raw table's own (memory/raw.c). */
+  _Atomic size_t device_peak, host_peak, disk_peak;
+  /* The once-a-second summary at info (spill/summary.c): when the last one
+   * was logged (CAS by the thread that logs the next), and the counters
+   * then. */
+  _Atomic uint64_t sum_last_ns;
+  _Atomic uint64_t sum_spills, sum_spill_bytes, sum_unspills, sum_unspill_bytes, sum_pushdowns,
+      sum_evictions;
+  /* DMEM_STATS=N (stats_interval_s): the thread that prints the statistics
+   * every N seconds (runtime/report.c); report_stop under report_mu. */
+  pthread_mutex_t report_mu;
+  pthread_cond_t report_cv;
+  pthread_t report_thread;
+  bool report_started;
+  bool report_stop;
 };
+
+/* Log a message about rt at rt's own level. */
+#define DMEM_RT_LOG(rt, level, ...)                                      \
+  do {                                                                   \
+    if ((int)(level) <= dmem_atomic_load_relaxed(&(rt)->log_level))      \
+      dmem__log((level), __VA_ARGS__);                                   \
+  } while (0)
+
+/* Raise *peak to v if v is higher (relaxed: accounting). */
+static inline void dmem__peak_raise(_Atomic size_t *peak, size_t v) {
+  size_t p = dmem_atomic_load_relaxed(peak);
+  while (v > p && !dmem_atomic_cas_relaxed(peak, &p, v)) {
+  }
+}
+
+/* spill/summary.c: at info, log at most once a second what moved since the
+ * last summary (never a line per buffer). dmem__summary_note is called
+ * where spills, unspills, push-downs and evictions are counted. */
+void dmem__summary_tick(dmem_runtime_t *rt);
+/* Log what moved since the last summary, if anything (destroy calls it). */
+void dmem__summary_flush(dmem_runtime_t *rt);
+static inline void dmem__summary_note(dmem_runtime_t *rt) {
+  if (dmem_atomic_load_relaxed(&rt->log_level) >= DMEM_LOG_INFO) dmem__summary_tick(rt);
+}
 
 /* Count a completed spill / retrieve into `tier` (stats). */
 static inline void dmem__stats_spill(dmem_runtime_t *rt, dmem_tier_t tier, size_t size,
@@ -223,6 +271,7 @@ static inline void dmem__stats_spill(dmem_runtime_t *rt, dmem_tier_t tier, size_
     dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
     dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
   }
+  dmem__summary_note(rt);
 }
 /* The same for n spills of `size` bytes in all (one spill batch). */
 static inline void dmem__stats_spill_n(dmem_runtime_t *rt, dmem_tier_t tier, size_t n,
@@ -235,6 +284,7 @@ static inline void dmem__stats_spill_n(dmem_runtime_t *rt, dmem_tier_t tier, siz
     dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
     dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
   }
+  dmem__summary_note(rt);
 }
 static inline void dmem__stats_unspill(dmem_runtime_t *rt, dmem_tier_t tier, size_t size,
                                        uint64_t ns) {
@@ -246,6 +296,7 @@ static inline void dmem__stats_unspill(dmem_runtime_t *rt, dmem_tier_t tier, siz
     dmem_atomic_add_relaxed(&rt->xs.unspill_bytes[tier], size);
     dmem_atomic_add_relaxed(&rt->xs.unspill_ns[tier], ns);
   }
+  dmem__summary_note(rt);
 }
 
 /* ---- core helpers that read the runtime --------------------------------------- */
@@ -350,6 +401,23 @@ _Static_assert(sizeof(dmem__reg_entry_t) <= 16, "DMEM__HANDLES_MAX assumes 16-by
  * forked child, whose list starts empty). */
 dmem_status_t dmem__fork_track(dmem_runtime_t *rt);
 void dmem__fork_untrack(dmem_runtime_t *rt);
+/* Call fn(rt, arg) for each live runtime of the process, under the list's
+ * mutex (fn must not create or destroy a runtime). */
+void dmem__fork_each(void (*fn)(dmem_runtime_t *rt, void *arg), void *arg);
+/* Set rt's log level, and the process-wide one (dmem__log_level) to the
+ * most verbose of the live runtimes' (DMEM_LOG_WARN when none is live).
+ * Takes no mutex. */
+void dmem__log_level_set(dmem_runtime_t *rt, int level);
+
+/* runtime/report.c: DMEM_STATS and DMEM_TRACE. Start (at create; the
+ * statistics thread when cfg->stats_interval_s, the exit handler when
+ * cfg->print_stats, the trace when DMEM_TRACE is set) and stop (at destroy,
+ * which prints the statistics and writes the trace). Start gives
+ * DMEM_ERR_HOST_OUT_OF_MEMORY when the thread cannot start. */
+dmem_status_t dmem__report_start(dmem_runtime_t *rt);
+void dmem__report_stop(dmem_runtime_t *rt);
+/* Print rt's statistics to stderr, headed by `when`. */
+void dmem__report_print(dmem_runtime_t *rt, const char *when);
 
 /* runtime/buffer.c: lock h for the caller (fast path here, slow path in
  * spill/retrieve.c); *b_out (may be NULL) is the buffer. */

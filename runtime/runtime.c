@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 
@@ -40,6 +42,9 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
                        cfg->spill_ahead);
   if (!(cfg->host_burst >= 0 && cfg->host_burst <= 1))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_burst %g not in [0, 1]", cfg->host_burst);
+  if (cfg->stats_interval_s > DMEM_STATS_INTERVAL_MAX)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "stats_interval_s %u is more than %u (a day)",
+                       cfg->stats_interval_s, DMEM_STATS_INTERVAL_MAX);
   if ((int)cfg->host_pin < DMEM_HOST_PIN_AUTO || (int)cfg->host_pin > DMEM_HOST_PIN_REGISTER)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_pin %d not in 0..2", (int)cfg->host_pin);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
@@ -119,32 +124,66 @@ static size_t first_slab(size_t limit) {
   return s;
 }
 
-static dmem_status_t pick_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
+/* The backend, and why (into reason: logged at info, dmem_runtime_info). */
+static dmem_status_t pick_backend(const dmem_config_t *cfg, dmem__backend_t **be_out,
+                                  char *reason, size_t reason_size) {
   switch (cfg->backend) {
-    case DMEM_BACKEND_HOST: return dmem__backend_host_create(cfg, be_out);
-    case DMEM_BACKEND_CUDA: return dmem__backend_cuda_create(cfg, be_out);
+    case DMEM_BACKEND_HOST:
+      snprintf(reason, reason_size, "backend host asked for");
+      return dmem__backend_host_create(cfg, be_out);
+    case DMEM_BACKEND_CUDA:
+      snprintf(reason, reason_size, "backend cuda asked for (device %d)", cfg->device);
+      return dmem__backend_cuda_create(cfg, be_out);
     default: break;
   }
   if (dmem__backend_cuda_available()) {
     dmem_status_t st = dmem__backend_cuda_create(cfg, be_out);
+    if (st == DMEM_OK)
+      snprintf(reason, reason_size, "backend auto: CUDA device %d usable", cfg->device);
     if (st != DMEM_ERR_NO_DEVICE) return st;
   }
+  /* the detail recorded by cuda_available or cuda_create */
+  snprintf(reason, reason_size, "backend auto: CUDA not usable (%s), using the host backend",
+           dmem_last_error_detail());
   return dmem__backend_host_create(cfg, be_out);
 }
 
 /* The backend, wrapped by the fault injector (runtime/backend/fault.c) when
  * DMEM_FAULT_INJECT or a test armed it. */
-static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out) {
+static dmem_status_t make_backend(const dmem_config_t *cfg, dmem__backend_t **be_out,
+                                  char *reason, size_t reason_size) {
   dmem__fault_from_env();
   dmem__backend_t *be = NULL;
   dmem_status_t st = dmem__fault_point(DMEM__FAULT_BACKEND_CREATE);
-  if (st == DMEM_OK) st = pick_backend(cfg, &be);
+  if (st == DMEM_OK) st = pick_backend(cfg, &be, reason, reason_size);
   if (st == DMEM_OK) {
     st = dmem__fault_wrap(&be);
     if (st != DMEM_OK) be->destroy(be);
   }
   if (st == DMEM_OK) *be_out = be;
   return st;
+}
+
+/* The directory the disk tier makes its private directory in. */
+static const char *spill_parent(const char *dir) {
+  if (!dir || !*dir) dir = getenv("TMPDIR");
+  if (!dir || !*dir) dir = "/tmp";
+  return dir;
+}
+
+/* The disk tier makes its directory at first use (spill/disk.c): check now
+ * that it will be able to, rather than at the first spill to disk. */
+static dmem_status_t check_spill_dir(const char *dir) {
+  dir = spill_parent(dir);
+  struct stat sb;
+  if (stat(dir, &sb) != 0)
+    return dmem__error(DMEM_ERR_IO, "spill directory %s: %s", dir, strerror(errno));
+  if (!S_ISDIR(sb.st_mode))
+    return dmem__error(DMEM_ERR_IO, "spill directory %s is not a directory", dir);
+  if (access(dir, W_OK | X_OK) != 0)
+    return dmem__error(DMEM_ERR_IO, "spill directory %s is not writable: %s", dir,
+                       strerror(errno));
+  return DMEM_OK;
 }
 
 dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **rt_out) {
@@ -156,14 +195,15 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   } else {
     dmem_config_init(&cfg);
   }
-  dmem_status_t st = dmem__config_validate_env();
+  dmem_status_t st = check_config(&cfg);
   if (st != DMEM_OK) return st;
-  st = check_config(&cfg);
+  st = dmem__config_check_env(&cfg);
+  if (st != DMEM_OK) return st;
+  st = check_spill_dir(cfg.spill_dir);
   if (st != DMEM_OK) return st;
   /* NVTX's lazy initialisation is not safe from several threads at once:
    * once per process, before any thread of this runtime spills */
   DMEM_NVTX_INIT();
-  dmem__log_level = (int)cfg.log_level;
 
   /* aligned: the charge shards and hot counters sit on lines of their own */
   dmem_runtime_t *rt = aligned_alloc(_Alignof(dmem_runtime_t), sizeof *rt);
@@ -190,6 +230,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   }
   cfg.spill_dir = rt->spill_dir_copy;
   rt->cfg = cfg;
+  dmem_atomic_store_relaxed(&rt->log_level, (int)cfg.log_level);
+  dmem_atomic_store_relaxed(&rt->sum_last_ns, dmem__now_ns());
   st = dmem__table_init(rt->table);
   if (st != DMEM_OK) goto fail_rt;
   st = dmem__registry_init(&rt->reg);
@@ -207,13 +249,22 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   st = dmem__fork_track(rt);
   if (st != DMEM_OK) goto fail_mutexes;
 
-  st = make_backend(&cfg, &rt->be);
+  st = make_backend(&cfg, &rt->be, rt->backend_reason, sizeof rt->backend_reason);
   if (st != DMEM_OK) goto fail_track;
+  DMEM_RT_LOG(rt, DMEM_LOG_INFO, "%s", rt->backend_reason);
   rt->capacity = rt->be->device_capacity;
-  if (cfg.device_limit) rt->limit = cfg.device_limit;
+  if (cfg.device_limit) rt->limit_asked = cfg.device_limit;
   else if (cfg.device_limit_fraction > 0)
-    rt->limit = fraction_of(rt->capacity, cfg.device_limit_fraction);
-  else rt->limit = rt->capacity;
+    rt->limit_asked = fraction_of(rt->capacity, cfg.device_limit_fraction);
+  rt->limit = rt->limit_asked ? rt->limit_asked : rt->capacity;
+  if (rt->limit > rt->capacity) {
+    /* a limit the device cannot reach: its own out-of-memory would drive
+     * spilling, and the statistics would promise room that is not there */
+    DMEM_RT_LOG(rt, DMEM_LOG_WARN,
+                "device limit %zu bytes is more than the device's %zu bytes: clamped to %zu",
+                rt->limit, rt->capacity, rt->capacity);
+    rt->limit = rt->capacity;
+  }
   rt->host_limit = cfg.host_limit;
   dmem__charge_init(rt);
   /* The pinned pool holds the host tier (up to its cap, host_burst past host_limit,
@@ -259,11 +310,20 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   ahead_marks(rt);
   st = dmem__ahead_start(rt);
   if (st != DMEM_OK) goto fail_unspill_stream;
-  DMEM_LOG_AT(DMEM_LOG_INFO, "runtime on %s backend: capacity %zu, limit %zu, host limit %zu",
-              rt->be->name, rt->capacity, rt->limit, rt->host_limit);
+  st = dmem__report_start(rt);
+  if (st != DMEM_OK) goto fail_ahead;
+  DMEM_RT_LOG(rt, DMEM_LOG_INFO,
+              "runtime on the %s backend, device %d: capacity %zu bytes (%.1f MiB), limit %zu "
+              "(%.1f MiB), host limit %zu%s, spill directory under %s, statistics %s",
+              rt->be->name, cfg.device, rt->capacity, (double)rt->capacity / 1048576.0,
+              rt->limit, (double)rt->limit / 1048576.0, rt->host_limit,
+              rt->host_limit ? "" : " (unlimited)", spill_parent(cfg.spill_dir),
+              !cfg.print_stats ? "off" : cfg.stats_interval_s ? "periodic" : "at the end");
   *rt_out = rt;
   return DMEM_OK;
 
+fail_ahead:
+  dmem__ahead_stop(rt);
 fail_unspill_stream:
   (void)rt->be->stream_destroy(rt->be, rt->unspill_stream);
 fail_order_stream:
@@ -296,30 +356,6 @@ fail_rt:
   return st;
 }
 
-static void print_stats(dmem_runtime_t *rt) {
-  dmem_stats_t s;
-  if (dmem_stats(rt, &s) != DMEM_OK) return;
-  fprintf(stderr,
-          "dmem stats (%s): limit %zu, used %zu, host %zu, disk %zu, buffers %zu\n"
-          "  spills %llu (%llu bytes, %.3f s), unspills %llu (%llu bytes, %.3f s), "
-          "on-demand evictions %llu, cancelled %llu\n",
-          rt->be->name, s.device_limit, s.device_used, s.host_used, s.disk_used, s.buffer_count,
-          (unsigned long long)s.spill_count, (unsigned long long)s.bytes_spilled,
-          s.seconds_spilling, (unsigned long long)s.unspill_count,
-          (unsigned long long)s.bytes_unspilled, s.seconds_unspilling,
-          (unsigned long long)s.oom_evictions, (unsigned long long)s.cancelled_spills);
-  fprintf(stderr,
-          "  spill-ahead %llu buffers (%llu bytes, %llu passes), prefetched %llu (%llu bytes), "
-          "waits for room %llu (%.3f s); pinned pool %zu bytes (%llu grows, %llu in the "
-          "background, %llu trims; %llu pageable blocks while it grew)\n",
-          (unsigned long long)s.ahead_evictions, (unsigned long long)s.ahead_bytes,
-          (unsigned long long)s.ahead_passes, (unsigned long long)s.prefetch_count,
-          (unsigned long long)s.prefetch_bytes, (unsigned long long)s.room_waits,
-          s.seconds_waiting_for_room, s.host_pool_reserved, (unsigned long long)s.host_pool_grows,
-          (unsigned long long)s.host_pool_background_grows, (unsigned long long)s.host_pool_trims,
-          (unsigned long long)s.host_pageable_allocs);
-}
-
 /* The FREE event of every buffer still alive at destroy, as dmem_free gives
  * it (the tier its bytes are in), so that a controller holding the bytes of
  * some can drop them. Nothing is torn down yet: the callbacks see a whole
@@ -345,8 +381,9 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
    * parent's. Release nothing: the child's copy of its memory goes with
    * the child's exit or exec. */
   if (dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED) return;
-  dmem__fork_untrack(rt);
-  dmem__ahead_stop(rt); /* first: it moves buffers */
+  dmem__fork_untrack(rt); /* the exit handler of DMEM_STATS no longer sees it */
+  dmem__report_stop(rt);  /* the DMEM_STATS=N thread */
+  dmem__ahead_stop(rt);   /* first of the movers */
   emit_frees_at_destroy(rt);
   /* The I/O threads first: a push-down in progress stops at its next
    * chunk. Nothing reads or writes the disk after this. */
@@ -354,7 +391,9 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   rt->io = NULL;
   /* the holes of freed extents still queued for an I/O thread */
   dmem__disk_io_gone(dmem_atomic_load_relaxed(&rt->disk));
-  if (rt->cfg.print_stats) print_stats(rt);
+  dmem__summary_flush(rt);
+  if (rt->cfg.print_stats) dmem__report_print(rt, "at destroy");
+  (void)dmem__trace_write();
   (void)rt->be->stream_synchronize(rt->be, NULL);
   (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
   (void)rt->be->stream_synchronize(rt->be, rt->unspill_stream);
@@ -402,5 +441,45 @@ dmem_status_t dmem_runtime_poll(dmem_runtime_t *rt) {
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   dmem__spill_poll(rt);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_runtime_info(const dmem_runtime_t *rt, dmem_runtime_info_t *info_out) {
+  if (!rt || !info_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_runtime_info: NULL argument");
+  size_t n = info_out->struct_size;
+  if (n < sizeof(size_t) * 2)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_runtime_info: info_out->struct_size %zu is too small (set it to "
+                       "sizeof(dmem_runtime_info_t), %zu)",
+                       n, sizeof(dmem_runtime_info_t));
+  if (dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED) return dmem__forked_error();
+  dmem_runtime_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = n;
+  info.backend = rt->be->kind;
+  info.device = rt->cfg.device;
+  info.log_level = (dmem_log_level_t)dmem_atomic_load_relaxed(&rt->log_level);
+  info.stats_interval_s = rt->cfg.stats_interval_s;
+  info.device_capacity = rt->capacity;
+  info.device_limit = rt->limit;
+  info.device_limit_asked = rt->limit_asked;
+  info.host_limit = rt->host_limit;
+  info.print_stats = rt->cfg.print_stats;
+  snprintf(info.backend_reason, sizeof info.backend_reason, "%s", rt->backend_reason);
+  snprintf(info.spill_dir, sizeof info.spill_dir, "%s", spill_parent(rt->cfg.spill_dir));
+  memcpy(info_out, &info, n < sizeof info ? n : sizeof info);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_runtime_set_log_level(dmem_runtime_t *rt, dmem_log_level_t level) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_runtime_set_log_level: rt is NULL");
+  if ((int)level < DMEM_LOG_OFF || (int)level > DMEM_LOG_DEBUG)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_runtime_set_log_level: level %d not in 0..4 (off .. debug)",
+                       (int)level);
+  dmem_status_t st = dmem__check_forked(rt);
+  if (st != DMEM_OK) return st;
+  dmem__log_level_set(rt, (int)level);
   return DMEM_OK;
 }

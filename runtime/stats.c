@@ -86,6 +86,28 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
     if (dmem__w_count(w) > 0 && (st == DMEM_STATE_RESIDENT || st == DMEM_STATE_UNSPILLING))
       s.device_locked += dmem__bsize(b);
   }
+  /* peaks: never below the values now (a racing reset or a charge from a
+   * shard's budget may leave the recorded peak lower) */
+  size_t dp = dmem_atomic_load_relaxed(&rt->device_peak);
+  s.device_used_peak = dp > s.device_used ? dp : s.device_used;
+  size_t hp2 = dmem_atomic_load_relaxed(&rt->host_peak);
+  s.host_used_peak = hp2 > s.host_used ? hp2 : s.host_used;
+  size_t kp = dmem_atomic_load_relaxed(&rt->disk_peak);
+  s.disk_used_peak = kp > s.disk_used ? kp : s.disk_used;
+  s.raw_used_peak = dmem__raw_peak(rt->raw);
+  if (s.raw_used_peak < s.raw_used) s.raw_used_peak = s.raw_used;
   *stats_out = s;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_stats_reset_peaks(dmem_runtime_t *rt) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stats_reset_peaks: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
+  dmem__charge_drain(rt); /* device_charged is then the live bytes */
+  dmem_atomic_store_relaxed(&rt->device_peak, dmem_atomic_load_relaxed(&rt->device_charged));
+  dmem_atomic_store_relaxed(&rt->host_peak, dmem_atomic_load_relaxed(&rt->host_used));
+  dmem_atomic_store_relaxed(&rt->disk_peak, dmem_atomic_load_relaxed(&rt->disk_used));
+  dmem__raw_peak_reset(rt->raw);
   return DMEM_OK;
 }

@@ -84,7 +84,7 @@ dmem_status_t dmem__ahead_start(dmem_runtime_t *rt) {
   if (rc != 0)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "spill-ahead thread: pthread_create: %d", rc);
   rt->ahead_started = true;
-  DMEM_LOG_AT(DMEM_LOG_INFO, "spill-ahead: above %zu bytes of device use, spill down to %zu",
+  DMEM_RT_LOG(rt, DMEM_LOG_INFO, "spill-ahead: above %zu bytes of device use, spill down to %zu",
               rt->ahead_high, rt->ahead_low);
   return DMEM_OK;
 }

@@ -173,8 +173,17 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
   dmem_atomic_add_relaxed(&rt->xs.evict_passes, 1);
   dmem_status_t st = evict_pass(rt, need, contig, &ps);
   DMEM_NVTX_POP();
+  if (ps.victims > 0 && DMEM__TRACE_ON())
+    dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_DEVICE,
+                      reason == DMEM__EVICT_ON_DEMAND ? "evict (on demand)"
+                      : reason == DMEM__EVICT_AHEAD   ? "evict (spill-ahead)"
+                                                      : "evict (dmem_evict)",
+                      t0,
+                      dmem__now_ns() - t0, ps.freed, ps.victims, 0);
+  if (ps.victims > 0) dmem__summary_note(rt);
+  /* one line a pass: debug (info has the summary of spill/summary.c) */
   if (ps.victims > 0)
-    DMEM_LOG_AT(DMEM_LOG_INFO,
+    DMEM_RT_LOG(rt, DMEM_LOG_DEBUG,
                 "evict: %zu victims, %zu bytes (asked %zu%s%zu), %s, %.3f ms, device used %zu "
                 "of %zu",
                 ps.victims, ps.freed, need, contig ? ", contiguous " : "", contig,

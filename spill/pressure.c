@@ -41,8 +41,22 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
   if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
   st = make_room(rt, size, stream, dedicated, dev_out, ordered_out, need);
   DMEM_NVTX_POP();
+  uint64_t waited = dmem__now_ns() - t0;
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
-  dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, dmem__now_ns() - t0);
+  dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, waited);
+  if (DMEM__TRACE_ON()) {
+    /* the runtime's own streams (dmem_alloc's order, the retrieves') are
+     * no user's: their waits go on the device's track */
+    if (stream == rt->unspill_stream)
+      dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_DEVICE, "retrieve waited for room", t0,
+                        waited, size, 0, 0);
+    else if (stream == rt->order_stream)
+      dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_DEVICE, "allocation waited for room", t0,
+                        waited, size, 0, 0);
+    else
+      dmem__trace_event(DMEM__TRACK_STREAM, (uintptr_t)stream, "allocation waited for room", t0,
+                        waited, size, 0, 0);
+  }
   if (st == DMEM_OK) dmem__ahead_note(rt);
   return st;
 }

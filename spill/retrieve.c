@@ -106,6 +106,10 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   /* The tier forgets the buffer; b->host (if the tier used it) is now
    * staging, recycled once the copy is done (spill/staging.c). */
   tier->drop(rt, b, h);
+  if (DMEM__TRACE_ON())
+    dmem__trace_event(DMEM__TRACK_TIER, (uintptr_t)tier->tier,
+                      mode == DMEM__RETRIEVE_PREFETCH ? "prefetch" : "unspill", t0,
+                      dmem__now_ns() - t0, size, 1, h);
   dmem__stats_unspill(rt, tier->tier, size, dmem__now_ns() - t0);
   if (mode == DMEM__RETRIEVE_PREFETCH) {
     dmem_atomic_add_relaxed(&rt->xs.prefetch_count, 1);

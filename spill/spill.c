@@ -12,6 +12,9 @@
 
 static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_tier_t tier,
                          uint64_t t0, bool emit) {
+  if (DMEM__TRACE_ON())
+    dmem__trace_event(DMEM__TRACK_TIER, (uintptr_t)tier, "spill", t0, dmem__now_ns() - t0, size, 1,
+                      h);
   dmem__stats_spill(rt, tier, size, dmem__now_ns() - t0);
   if (emit) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, tier, 0);
 }
@@ -243,8 +246,8 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       return st;
     }
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "cannot move handle 0x%016llx from state %u to tier %d; unspill first",
-                       (unsigned long long)h, s, (int)tier);
+                       "cannot move handle 0x%016llx, %s, to the %s tier; unspill first",
+                       (unsigned long long)h, dmem__state_name(s), dmem__tier_name((int)tier));
   }
 }
 
@@ -315,12 +318,13 @@ static void batch_undo(dmem_runtime_t *rt, batch_item_t *it, size_t k) {
 static bool batch_charge_host(dmem_runtime_t *rt, size_t bytes) {
   size_t limit = rt->host_limit;
   if (!limit) {
-    dmem_atomic_add_relaxed(&rt->host_used, bytes);
+    dmem__peak_raise(&rt->host_peak, dmem_atomic_add_relaxed(&rt->host_used, bytes) + bytes);
     return true;
   }
   if (bytes > limit) return false;
   bool admitted =
       dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit, rt->cfg.host_burst), bytes, NULL);
+  if (admitted) dmem__peak_raise(&rt->host_peak, dmem_atomic_load_relaxed(&rt->host_used));
   if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
   return admitted;
 }
@@ -495,6 +499,9 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   else
     dmem__staging_push_n(rt, entries, m); /* each gives its reference back once ev completes */
   dmem__moves_after(rt, done_b, done_w, m);
+  if (m && DMEM__TRACE_ON())
+    dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_HOST, "spill", t0, dmem__now_ns() - t0, freed, m,
+                      0);
   if (m) dmem__stats_spill_n(rt, DMEM_TIER_HOST, m, freed, dmem__now_ns() - t0);
   for (size_t j = 0; j < m; j++)
     if (!(done_w[j] & DMEM__F_FREED))

@@ -333,7 +333,7 @@ static dmem_status_t disk_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
       dmem_atomic_add_relaxed(&rt->disk_write_failures, 1);
       /* a push-down has no caller to hand the status to */
       if (dmem__io_tl_background)
-        DMEM_LOG_AT(DMEM_LOG_WARN, "push-down of 0x%016llx failed, it stays in the host tier: %s",
+        DMEM_RT_LOG(rt, DMEM_LOG_WARN, "push-down of 0x%016llx failed, it stays in the host tier: %s",
                     (unsigned long long)h, dmem_last_error_detail());
     } else if (st == DMEM_ERR_BUSY && dmem_atomic_load_relaxed(&ctx.by_lock)) {
       dmem_atomic_add_relaxed(&rt->cancelled_spills, 1);
@@ -341,11 +341,20 @@ static dmem_status_t disk_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
     return st;
   }
   b->disk_off = off;
-  dmem_atomic_add_relaxed(&rt->disk_used, size);
+  dmem__peak_raise(&rt->disk_peak, dmem_atomic_add_relaxed(&rt->disk_used, size) + size);
   dmem_atomic_add_relaxed(&rt->disk_writes, 1);
   dmem_atomic_add_relaxed(&rt->disk_bytes_written, size);
   dmem_atomic_add_relaxed(&rt->ns_disk_writing, dmem__now_ns() - t0);
-  if (dmem__io_tl_background) dmem_atomic_add_relaxed(&rt->disk_pushdowns, 1);
+  if (dmem__io_tl_background) {
+    dmem_atomic_add_relaxed(&rt->disk_pushdowns, 1);
+    if (DMEM__TRACE_ON())
+      dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_DISK, "push-down", t0, dmem__now_ns() - t0,
+                        size, 1, h);
+    dmem__summary_note(rt);
+  } else if (DMEM__TRACE_ON()) {
+    dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_DISK, "write to disk", t0,
+                      dmem__now_ns() - t0, size, 1, h);
+  }
   return DMEM_OK;
 }
 

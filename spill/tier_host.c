@@ -25,7 +25,7 @@ static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
                                 void *data) {
   size_t size = dmem__bsize(b), limit = rt->host_limit;
   if (!limit) {
-    dmem_atomic_add_relaxed(&rt->host_used, size);
+    dmem__peak_raise(&rt->host_peak, dmem_atomic_add_relaxed(&rt->host_used, size) + size);
     b->host = data;
     return DMEM_OK;
   }
@@ -35,6 +35,7 @@ static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
                        (unsigned long long)h, size, limit);
   bool admitted =
       dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit, rt->cfg.host_burst), size, NULL);
+  if (admitted) dmem__peak_raise(&rt->host_peak, dmem_atomic_load_relaxed(&rt->host_used));
   if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
   if (!admitted)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY,

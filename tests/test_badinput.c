@@ -373,9 +373,10 @@ ROW_CFG("spill_ahead NaN", INVAL, c->spill_ahead = NAN)
 ROW_CFG("spill_ahead_low 1", INVAL, c->spill_ahead_low = 1)
 ROW_CFG("spill_ahead_low above spill_ahead", INVAL, c->spill_ahead = 0.5; c->spill_ahead_low = 0.6)
 ROW_CFG("host_backend_capacity 0", INVAL, c->host_backend_capacity = 0)
-/* A limit past the device is kept as given (the device's own out-of-memory
- * drives spilling then); nothing overflows, up to SIZE_MAX. */
-static dmem_status_t limit_kept(size_t limit) {
+/* A limit past the device is clamped to the capacity (logged at warn);
+ * nothing overflows, up to SIZE_MAX, and dmem_runtime_info says what was
+ * asked. */
+static dmem_status_t limit_clamped(size_t limit) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   cfg.backend = DMEM_BACKEND_HOST;
@@ -388,17 +389,26 @@ static dmem_status_t limit_kept(size_t limit) {
   dmem_stats_t s;
   size_t free_b = 0, total_b = 0;
   void *p = NULL;
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
   st = dmem_stats(rt, &s);
   if (st == DMEM_OK) st = dmem_device_memory_info(rt, &free_b, &total_b);
-  /* the device, not the limit, says no */
+  if (st == DMEM_OK) st = dmem_runtime_info(rt, &info);
+  /* the limit says no */
   dmem_status_t big = dmem_device_malloc(rt, 32 * MiB, NULL, &p);
   dmem_runtime_destroy(rt);
   if (st != DMEM_OK) return st;
-  return DOCUMENTED(s.device_limit == limit && s.device_capacity == 16 * MiB &&
-                    total_b == limit && free_b <= 16 * MiB && big == DMEM_ERR_OUT_OF_MEMORY);
+  return DOCUMENTED(s.device_limit == 16 * MiB && s.device_capacity == 16 * MiB &&
+                    total_b == 16 * MiB && free_b <= 16 * MiB &&
+                    info.device_limit == 16 * MiB && info.device_limit_asked == limit &&
+                    big == DMEM_ERR_OUT_OF_MEMORY);
 }
-ROW(dmem_runtime_create, "device_limit above the capacity (kept)", DMEM_OK, limit_kept(32 * MiB))
-ROW(dmem_runtime_create, "device_limit SIZE_MAX (kept)", DMEM_OK, limit_kept(SIZE_MAX))
+ROW(dmem_runtime_create, "device_limit above the capacity (clamped)", DMEM_OK,
+    limit_clamped(32 * MiB))
+ROW(dmem_runtime_create, "device_limit SIZE_MAX (clamped)", DMEM_OK, limit_clamped(SIZE_MAX))
+ROW_CFG("stats_interval_s past a day", INVAL, c->stats_interval_s = DMEM_STATS_INTERVAL_MAX + 1)
+ROW_CFG("spill_dir missing", DMEM_ERR_IO, c->spill_dir = "/nonexistent-dmem-dir/x")
+ROW_CFG("spill_dir a file", DMEM_ERR_IO, c->spill_dir = "/dev/null")
 ROW_CFG("host_limit SIZE_MAX (no limit to speak of)", DMEM_OK, c->host_limit = SIZE_MAX)
 ROW_BODY(dmem_runtime_destroy, "rt NULL (no-op)", DMEM_OK, 0) {
   (void)f;
@@ -408,6 +418,39 @@ ROW_BODY(dmem_runtime_destroy, "rt NULL (no-op)", DMEM_OK, 0) {
 ROW(dmem_runtime_backend, "rt NULL", DMEM_OK,
     DOCUMENTED(dmem_runtime_backend(NULL) == DMEM_BACKEND_AUTO))
 ROW(dmem_runtime_poll, "rt NULL", INVAL, dmem_runtime_poll(NULL))
+ROW_BODY(dmem_runtime_info, "rt NULL", INVAL, 0) {
+  (void)f;
+  dmem_runtime_info_t info;
+  memset(&info, SENTINEL, sizeof info);
+  info.struct_size = sizeof info;
+  dmem_status_t st = dmem_runtime_info(NULL, &info);
+  return st == DMEM_OK || info.device_limit != (size_t)0xA5A5A5A5A5A5A5A5ull ? DMEM_OK : st;
+}
+ROW(dmem_runtime_info, "info_out NULL", INVAL, dmem_runtime_info(f->rt, NULL))
+ROW_BODY(dmem_runtime_info, "struct_size 0 (nothing written)", INVAL, 0) {
+  dmem_runtime_info_t info;
+  memset(&info, SENTINEL, sizeof info);
+  info.struct_size = 0;
+  dmem_status_t st = dmem_runtime_info(f->rt, &info);
+  return st == DMEM_OK || info.device_limit != (size_t)0xA5A5A5A5A5A5A5A5ull ? DMEM_OK : st;
+}
+ROW_BODY(dmem_runtime_info, "struct_size of an older, shorter struct (only that written)",
+         DMEM_OK, 0) {
+  dmem_runtime_info_t info;
+  memset(&info, SENTINEL, sizeof info);
+  info.struct_size = offsetof(dmem_runtime_info_t, device_limit);
+  dmem_status_t st = dmem_runtime_info(f->rt, &info);
+  if (st != DMEM_OK) return st;
+  return DOCUMENTED(info.struct_size == offsetof(dmem_runtime_info_t, device_limit) &&
+                    info.device_capacity != (size_t)0xA5A5A5A5A5A5A5A5ull &&
+                    info.device_limit == (size_t)0xA5A5A5A5A5A5A5A5ull &&
+                    info.backend == DMEM_BACKEND_HOST);
+}
+ROW(dmem_runtime_set_log_level, "rt NULL", INVAL, dmem_runtime_set_log_level(NULL, DMEM_LOG_WARN))
+ROW(dmem_runtime_set_log_level, "level 5", INVAL,
+    dmem_runtime_set_log_level(f->rt, (dmem_log_level_t)5))
+ROW(dmem_runtime_set_log_level, "level -1", INVAL,
+    dmem_runtime_set_log_level(f->rt, (dmem_log_level_t)-1))
 
 /* ---- buffer.h ---- */
 ROW(dmem_alloc, "rt NULL", INVAL, dmem_alloc(NULL, BUF, 0, &f->h_out))
@@ -584,6 +627,7 @@ ROW_BODY(dmem_evict, "bytes 0 (no-op, *freed_out 0)", DMEM_OK, 0) {
 /* ---- stats.h, controller.h ---- */
 ROW(dmem_stats, "rt NULL", INVAL, dmem_stats(NULL, &f->stats_out))
 ROW(dmem_stats, "stats_out NULL", INVAL, dmem_stats(f->rt, NULL))
+ROW(dmem_stats_reset_peaks, "rt NULL", INVAL, dmem_stats_reset_peaks(NULL))
 ROW(dmem_set_controller, "rt NULL", INVAL, dmem_set_controller(NULL, NULL))
 ROW_BODY(dmem_set_controller, "struct_size 0", INVAL, 0) {
   dmem_controller_t c;

@@ -443,8 +443,23 @@ TEST_CASE(spill_files_unnamed_and_private) {
 
 /* A spill_dir that cannot hold the spill directory: DMEM_ERR_IO naming it,
  * and the buffer stays where it was. */
-static void check_unusable_dir(const char *dir, const char *words) {
+/* dmem_runtime_create refuses an unusable spill directory (DMEM_ERR_IO); one
+ * spoiled after creation (`spoil`) fails the disk tier's first use, and
+ * nothing moves. */
+static void check_unusable_dir(const char *dir, const char *words, void (*spoil)(const char *)) {
+  REQUIRE_EQ(mkdir(dir, 0700), 0);
   dmem_runtime_t *rt = runtime_with(8 * MiB, 0, dir);
+  spoil(dir);
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = dmem_runtime_backend(rt);
+  cfg.spill_dir = dir;
+  dmem_runtime_t *rt2 = NULL;
+  if (geteuid() != 0 || strcmp(words, "not writable") != 0) { /* root may write anywhere */
+    CHECK_STATUS(dmem_runtime_create(&cfg, &rt2), DMEM_ERR_IO);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), dir) != NULL);
+    CHECK_TRUE(rt2 == NULL);
+  }
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 8);
@@ -464,22 +479,32 @@ static void check_unusable_dir(const char *dir, const char *words) {
   dmem_runtime_destroy(rt);
 }
 
+/* a regular file where the directory was */
+static void spoil_file(const char *dir) {
+  if (rmdir(dir) != 0) abort();
+  int fd = open(dir, O_CREAT | O_WRONLY, 0600);
+  if (fd < 0) abort();
+  close(fd);
+}
+static void spoil_remove(const char *dir) {
+  if (rmdir(dir) != 0) abort();
+}
+/* no write permission (root writes anyway: then the hook stands in for the
+ * kernel's EACCES) */
+static void spoil_readonly(const char *dir) {
+  if (chmod(dir, 0500) != 0) abort();
+  if (geteuid() == 0) hook_on(DMEM__DISK_OP_DIR, 0, -1, EACCES);
+}
+
 TEST_CASE(spill_dir_not_writable) {
   char parent[64], path[128];
   make_parent(parent, sizeof parent);
-  /* a regular file where a directory should be */
   snprintf(path, sizeof path, "%s/file", parent);
-  int fd = open(path, O_CREAT | O_WRONLY, 0600);
-  REQUIRE_TRUE(fd >= 0);
-  close(fd);
-  check_unusable_dir(path, "not usable");
-  check_unusable_dir("/nonexistent/dmem-dir", "not usable");
-  /* a directory without write permission (root writes anyway: then the
-   * hook stands in for the kernel's EACCES) */
+  check_unusable_dir(path, "not usable", spoil_file);
+  snprintf(path, sizeof path, "%s/gone", parent);
+  check_unusable_dir(path, "not usable", spoil_remove);
   snprintf(path, sizeof path, "%s/readonly", parent);
-  REQUIRE_EQ(mkdir(path, 0500), 0);
-  if (geteuid() == 0) hook_on(DMEM__DISK_OP_DIR, 0, -1, EACCES);
-  check_unusable_dir(path, "not writable");
+  check_unusable_dir(path, "not writable", spoil_readonly);
   hook_off();
   CHECK_EQ(count_entries(path, NULL, 0), 0);
   rm_tree(parent);

@@ -239,8 +239,17 @@ TEST_CASE(evict_by_policy) {
   dmem_runtime_destroy(rt);
 }
 
+/* A spill directory that goes away after dmem_runtime_create checked it. */
+static void gone_dir(char *dir, size_t n) {
+  snprintf(dir, n, "%s/dmem-gone-XXXXXX", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(dir)) abort();
+}
+
 TEST_CASE(disk_failure_keeps_data) {
-  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, "/nonexistent/dmem-dir");
+  char dir[256];
+  gone_dir(dir, sizeof dir);
+  dmem_runtime_t *rt = runtime_with(8 * MiB, 0, dir);
+  REQUIRE_EQ(rmdir(dir), 0);
   dmem_handle_t h;
   REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 8);
@@ -255,7 +264,9 @@ TEST_CASE(disk_failure_keeps_data) {
   /* host limit 0 bytes of room and a broken disk: on-demand spilling fails
    * with the I/O error, data intact */
   dmem_runtime_destroy(rt);
-  rt = runtime_with(2 * MiB, MiB / 2, "/nonexistent/dmem-dir");
+  gone_dir(dir, sizeof dir);
+  rt = runtime_with(2 * MiB, MiB / 2, dir);
+  REQUIRE_EQ(rmdir(dir), 0);
   REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
   check_put(rt, h, 2 * MiB, 9);
   dmem_handle_t x;

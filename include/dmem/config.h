@@ -1,8 +1,17 @@
 /*
  * dmem/config.h - runtime creation parameters and environment variables.
  *
- * Environment variables (read by dmem_config_init, validated again by
- * dmem_runtime_create, which fails with DMEM_ERR_CONFIG on a malformed value).
+ * Environment variables, read by dmem_config_init into the fields they name.
+ * An explicit value wins: a field the caller sets after dmem_config_init
+ * replaces what the environment gave. A malformed variable leaves its field
+ * at the default, and dmem_runtime_create, which reads the environment
+ * again, fails with DMEM_ERR_CONFIG (the detail names the variable) unless
+ * the field (both fields, for DMEM_DEVICE_LIMIT and DMEM_SPILL_AHEAD) no
+ * longer holds its default: then the caller gave the value, and the
+ * malformed variable is ignored with a warning (logged at warn when the
+ * config's log_level allows). A field set explicitly to its default value
+ * cannot be told from one left alone: the malformed variable is an error
+ * then. DMEM_FAULT_INJECT, which has no field, is an error when malformed.
  * Sizes are read as Dask's parse_bytes reads them (dmem_size_parse): a
  * K/M/G/T/P suffix alone or with B is a power of 1000 ("8G" = "8GB" =
  * 8 * 10^9 bytes), Ki/Mi/Gi/Ti/Pi alone or with B a power of 1024 ("8GiB" =
@@ -10,7 +19,9 @@
  *   DMEM_BACKEND       auto | cuda | host
  *   DMEM_DEVICE        device ordinal (non-negative integer)
  *   DMEM_DEVICE_LIMIT  bytes, with an optional unit suffix ("40GB", "40GiB"),
- *                      or "N%" of the device's capacity (0 < N <= 100)
+ *                      or "N%" of the device's capacity (0 < N <= 100); a
+ *                      limit above the capacity is clamped to it (logged at
+ *                      warn)
  *   DMEM_HOST_LIMIT    bytes, with an optional unit suffix; 0 = unlimited:
  *                      the host tier's size, beyond which the least recently
  *                      used host-tier buffers are pushed down to disk
@@ -24,10 +35,25 @@
  *   DMEM_HOST_PIN      auto | malloc_host | register: how the CUDA backend
  *                      pins host memory (see dmem_config_t.host_pin)
  *   DMEM_SPILL_DIR     directory under which the private spill directory is
- *                      made (default: $TMPDIR or /tmp); it must be writable
- *                      when the disk tier is first used
- *   DMEM_LOG           off | error | warn | info | debug, or 0..4
- *   DMEM_STATS         0 | 1: print statistics to stderr at destroy
+ *                      made (default: $TMPDIR or /tmp); dmem_runtime_create
+ *                      checks that it is a writable directory
+ *   DMEM_LOG           off | error | warn | info | debug, or 0..4: the
+ *                      runtime's log level (dmem_config_t.log_level); info
+ *                      logs the backend chosen and why, the limits, and at
+ *                      most one summary a second of spills, unspills,
+ *                      push-downs and evictions
+ *   DMEM_STATS         0 | 1 | N: 1 prints the runtime's statistics to stderr
+ *                      at destroy, or at exit for a runtime never destroyed
+ *                      (the default runtimes); N >= 2 also every N seconds
+ *                      (dmem_config_t.print_stats, stats_interval_s)
+ *   DMEM_TRACE         a file name: record a Chrome / Perfetto trace (JSON
+ *                      trace event format) of spills, unspills, push-downs,
+ *                      eviction passes, allocations that waited for room
+ *                      and locks that waited, one track per tier and per
+ *                      stream, for every runtime of the process (the first
+ *                      runtime created while it is set starts it); the file
+ *                      is written whole at each runtime's destroy and at
+ *                      exit (docs/observability.md)
  *   DMEM_HOST_CAPACITY simulated device capacity of the host backend (bytes,
  *                      with an optional unit suffix)
  *   DMEM_OOM_WAIT      milliseconds an allocation waits for moves and stream
@@ -86,8 +112,9 @@ typedef struct dmem_config {
   int device;                    /**< CUDA device ordinal, default 0 */
   size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity.
                                       Above the capacity (up to SIZE_MAX) it is
-                                      kept as given: the device's own
-                                      out-of-memory then drives spilling */
+                                      clamped to the capacity, with a warning
+                                      in the log (dmem_runtime_info gives the
+                                      limit in effect) */
   double device_limit_fraction;  /**< 0 < f <= 1: limit = f * capacity (used when device_limit is 0) */
   /** Bytes of spilled data kept in (pinned) host memory; 0: unlimited.
    *  Spills go to the host tier; when it holds more than host_limit, the
@@ -106,10 +133,16 @@ typedef struct dmem_config {
    *  ends, even by SIGKILL; the directory is removed once the file is open,
    *  so at most a process killed in between leaves it, empty). A relative
    *  path (and a relative $TMPDIR) is taken against the current directory
-   *  at dmem_runtime_create: a later chdir does not move it. */
+   *  at dmem_runtime_create: a later chdir does not move it.
+   *  dmem_runtime_create checks that it (or $TMPDIR, /tmp) is a directory
+   *  it may write. */
   const char *spill_dir;
-  dmem_log_level_t log_level;    /**< default DMEM_LOG_WARN */
-  bool print_stats;              /**< print statistics to stderr at destroy */
+  /** The runtime's own log level (default DMEM_LOG_WARN); messages go to
+   *  stderr as "dmem[level]: ...". dmem_runtime_set_log_level changes it. */
+  dmem_log_level_t log_level;
+  /** Print statistics to stderr at destroy, or at exit for a runtime that
+   *  is never destroyed (the default runtimes). */
+  bool print_stats;
   size_t host_backend_capacity;  /**< simulated device memory of the host backend; default 1 GiB */
   /** How long an allocation that finds no room waits for moves and stream
    *  releases already in flight to free some, in milliseconds, before it
@@ -153,7 +186,14 @@ typedef struct dmem_config {
    *  the price of spills that go straight to disk sooner when the disk
    *  falls behind. */
   double host_burst;
+  /** With print_stats: also print the statistics every this many seconds
+   *  (a thread of the runtime's sleeps in between); 0 (the default): only
+   *  at destroy or exit. At most 86400. DMEM_STATS=N sets it to N (N >= 2). */
+  unsigned stats_interval_s;
 } dmem_config_t;
+
+/** dmem_config_t.stats_interval_s: the most it may be (a day). */
+#define DMEM_STATS_INTERVAL_MAX 86400u
 
 /** dmem_config_t.host_burst: the default, half the host limit. */
 #define DMEM_HOST_BURST_DEFAULT 0.5
@@ -164,8 +204,9 @@ typedef struct dmem_config {
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose
  * values are well formed. Malformed values are left at their defaults here and
- * reported by dmem_runtime_create as DMEM_ERR_CONFIG. cfg == NULL is ignored.
- * Thread-safe (reads the environment only).
+ * reported by dmem_runtime_create as DMEM_ERR_CONFIG, unless the caller sets
+ * the field after this call (see the top of this header). cfg == NULL is
+ * ignored. Thread-safe (reads the environment only).
  */
 DMEM_API void dmem_config_init(dmem_config_t *cfg);
 

@@ -46,7 +46,12 @@ extern "C" {
  *         DMEM_ERR_INVALID_ARGUMENT  rt_out NULL, cfg->struct_size too small,
  *                                    or a field out of range;
  *         DMEM_ERR_CONFIG            a DMEM_* environment variable is malformed
- *                                    (detail names it);
+ *                                    and its field holds the default (detail
+ *                                    names it; see dmem/config.h);
+ *         DMEM_ERR_IO                the spill directory (cfg->spill_dir, else
+ *                                    $TMPDIR or /tmp) is missing, not a
+ *                                    directory or not writable (detail names
+ *                                    it and why);
  *         DMEM_ERR_NO_DEVICE         backend CUDA asked for and no device or
  *                                    driver is usable;
  *         DMEM_ERR_DEVICE            the CUDA backend failed to start;
@@ -89,6 +94,63 @@ DMEM_API void dmem_runtime_destroy(dmem_runtime_t *rt);
  * child too (it reads a field set at creation).
  */
 DMEM_API dmem_backend_t dmem_runtime_backend(const dmem_runtime_t *rt);
+
+/** What dmem_runtime_info reports. An output struct that can grow: the
+ *  caller sets struct_size (sizeof(dmem_runtime_info_t) of its header) and
+ *  dmem writes the fields that fit in it. */
+typedef struct dmem_runtime_info {
+  size_t struct_size;        /**< set by the caller */
+  dmem_backend_t backend;    /**< DMEM_BACKEND_CUDA or DMEM_BACKEND_HOST */
+  int device;                /**< the device ordinal */
+  dmem_log_level_t log_level; /**< the runtime's log level now */
+  unsigned stats_interval_s; /**< the config's (0: statistics only at the end) */
+  size_t device_capacity;    /**< the device's memory (host backend: simulated) */
+  size_t device_limit;       /**< the limit in effect */
+  /** The limit the config asked for, in bytes (device_limit, or the fraction
+   *  of the capacity); 0: none (the capacity). Above device_limit when it
+   *  was clamped to the capacity. */
+  size_t device_limit_asked;
+  size_t host_limit;         /**< 0: unlimited */
+  bool print_stats;          /**< the config's print_stats */
+  /** Why this backend, e.g. "backend auto: CUDA not usable
+   *  (cudaGetDeviceCount: cudaErrorInsufficientDriver (...)), using the host
+   *  backend" or "backend host asked for". NUL-terminated, truncated to fit. */
+  char backend_reason[384];
+  /** The parent of the private spill directory (spill_dir, $TMPDIR or /tmp);
+   *  NUL-terminated, truncated to fit. */
+  char spill_dir[256];
+} dmem_runtime_info_t;
+
+/**
+ * Describe the runtime: the backend and why it was chosen, the device, the
+ * limits in effect and the log level. Writes the first info_out->struct_size
+ * bytes of the description (at most sizeof(dmem_runtime_info_t); struct_size
+ * itself is left as the caller set it), only on success.
+ *
+ * Thread-safe (reads fields set at creation, and the log level).
+ *
+ * @return DMEM_OK;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or info_out NULL, or
+ *                                    info_out->struct_size < sizeof(size_t) * 2;
+ *         DMEM_ERR_FORKED            an inherited runtime in a forked child.
+ */
+DMEM_API dmem_status_t dmem_runtime_info(const dmem_runtime_t *rt,
+                                         dmem_runtime_info_t *info_out);
+
+/**
+ * Set the runtime's log level (its config's log_level, DMEM_LOG). Each
+ * runtime logs its own messages at its own level; messages of shared code
+ * that knows no runtime follow the most verbose live runtime. Takes effect
+ * for messages that start after the call.
+ *
+ * Thread-safe.
+ *
+ * @return DMEM_OK;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt NULL or level not in DMEM_LOG_OFF ..
+ *                                    DMEM_LOG_DEBUG;
+ *         DMEM_ERR_FORKED            an inherited runtime in a forked child.
+ */
+DMEM_API dmem_status_t dmem_runtime_set_log_level(dmem_runtime_t *rt, dmem_log_level_t level);
 
 /**
  * Complete deferred work that needs no waiting: unlock the buffers of

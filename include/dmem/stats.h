@@ -119,6 +119,15 @@ typedef struct dmem_stats {
   /** 1 while the disk tier's file is read and written with O_DIRECT; 0 when
    *  it is buffered (the filesystem rejects O_DIRECT) or not made yet. */
   uint64_t disk_direct_io;
+  /* ---- peaks: the most held at once since creation or the last
+   * dmem_stats_reset_peaks (never below the value now) ---------------------- */
+  /** device_used at its highest. Exact with one allocating thread; with
+   *  several it may count the other threads' unused budget of the limit
+   *  (at most limit / 256, 64 KiB .. 8 MiB, a thread): an upper bound. */
+  size_t device_used_peak;
+  size_t host_used_peak;     /**< host_used at its highest */
+  size_t disk_used_peak;     /**< disk_used at its highest */
+  size_t raw_used_peak;      /**< raw_used at its highest */
 } dmem_stats_t;
 
 /**
@@ -128,6 +137,20 @@ typedef struct dmem_stats {
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt or stats_out NULL).
  */
 DMEM_API dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out);
+
+/**
+ * Start the peaks of dmem_stats (device_used_peak, host_used_peak,
+ * disk_used_peak, raw_used_peak) again from the values now: the next
+ * dmem_stats reports the most held at once since this call. Gives every
+ * thread's unused device budget back to the runtime first, so that the
+ * device peak starts exact. Take dmem_stats first to keep the old peaks.
+ * Thread-safe; an allocation racing the reset may count in the new peak or
+ * not.
+ *
+ * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL); DMEM_ERR_FORKED (an
+ *         inherited runtime in a forked child).
+ */
+DMEM_API dmem_status_t dmem_stats_reset_peaks(dmem_runtime_t *rt);
 
 #ifdef __cplusplus
 }

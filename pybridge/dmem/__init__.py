@@ -59,6 +59,7 @@ from ._dmem import (
     status_name,
 )
 from .controller import Controller
+from ._report import report
 
 _dmem._set_controller_base(Controller)
 # Close runtimes still open at exit (removes their spill directories).
@@ -94,5 +95,6 @@ __all__ = [
     "View",
     "configure",
     "default_runtime",
+    "report",
     "status_name",
 ]

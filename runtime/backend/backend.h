@@ -98,7 +98,10 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
  * or device is usable (also in builds without CUDA support). */
 dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_t **be_out);
 
-/* Whether a CUDA device is usable (for DMEM_BACKEND_AUTO). */
+/* Whether a CUDA device is usable (for DMEM_BACKEND_AUTO). When not, the
+ * error detail (dmem_last_error_detail) says why: the CUDA error of
+ * cudaGetDeviceCount (e.g. cudaErrorInsufficientDriver), no device, or a
+ * build without CUDA. */
 int dmem__backend_cuda_available(void);
 
 /* Fault injection: a wrapping backend and the disk tier's injection points

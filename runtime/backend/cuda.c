@@ -43,7 +43,10 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   return dmem__error(DMEM_ERR_NO_DEVICE, "CUDA backend: built without CUDA support");
 }
 
-int dmem__backend_cuda_available(void) { return 0; }
+int dmem__backend_cuda_available(void) {
+  (void)dmem__error(DMEM_ERR_NO_DEVICE, "this build of dmem has no CUDA support");
+  return 0;
+}
 
 const dmem__cuda_driver_t *dmem__cuda_driver(dmem__backend_t *be) {
   (void)be;
@@ -718,9 +721,10 @@ int dmem__backend_cuda_available(void) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    (void)cudaGetLastError(); /* ours: do not leave it for the caller */
+    (void)cuda_fail(NULL, e, "cudaGetDeviceCount"); /* the reason; clears the error */
     return 0;
   }
+  if (count <= 0) (void)dmem__error(DMEM_ERR_NO_DEVICE, "cudaGetDeviceCount: no CUDA device");
   return count > 0;
 }
 

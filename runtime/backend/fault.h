@@ -126,7 +126,7 @@ dmem_status_t dmem__fault_parse(const char *text, dmem__fault_plan_t *plan_out);
  * to a value other than the one armed last, the plan is armed with counts
  * from 0; the same value again keeps counting (so a program's runtimes
  * share one count). A malformed value arms nothing
- * (dmem__config_validate_env reports it). */
+ * (dmem__config_check_env reports it). */
 void dmem__fault_from_env(void);
 
 /* Whether backends are wrapped (injection was armed at some point). */

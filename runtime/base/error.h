@@ -4,6 +4,7 @@
 #ifndef DMEM_ERROR_H
 #define DMEM_ERROR_H
 
+#include "atomic.h"
 #include "dmem/config.h"
 #include "dmem/status.h"
 
@@ -18,13 +19,28 @@
  * that `return dmem__error(DMEM_ERR_X, "...")` reads naturally. */
 dmem_status_t dmem__error(dmem_status_t status, const char *fmt, ...) DMEM_PRINTF(2, 3);
 
-/* Process-wide log level (the most verbose of the live runtimes'). */
-extern int dmem__log_level;
+/* Process-wide log level: the most verbose of the live runtimes' (set by
+ * runtime/fork.c as runtimes come and go or change level; DMEM_LOG_WARN when
+ * none is live). Messages about one runtime test that runtime's own level
+ * instead (DMEM_RT_LOG in runtime/internal.h); this one gates the messages
+ * of code that knows no runtime (the pool, the disk tier's file, error
+ * details at debug). Relaxed: a message more or less while a level changes
+ * is harmless. */
+extern _Atomic int dmem__log_level;
 void dmem__log(dmem_log_level_t level, const char *fmt, ...) DMEM_PRINTF(2, 3);
 
-#define DMEM_LOG_AT(level, ...)                     \
-  do {                                              \
-    if ((int)(level) <= dmem__log_level) dmem__log((level), __VA_ARGS__); \
+#define DMEM_LOG_AT(level, ...)                                                            \
+  do {                                                                                     \
+    if ((int)(level) <= dmem_atomic_load_relaxed(&dmem__log_level))                        \
+      dmem__log((level), __VA_ARGS__);                                                     \
   } while (0)
+
+/* Names for messages (never numbers): "resident", "spilling", "host",
+ * "disk", "controller", "unspilling" for a dmem_state_t; "device", "host",
+ * "disk", "controller" for a dmem_tier_t; "off" .. "debug" for a log level.
+ * An unknown value gives "unknown". */
+const char *dmem__state_name(unsigned state);
+const char *dmem__tier_name(int tier);
+const char *dmem__log_level_name(int level);
 
 #endif /* DMEM_ERROR_H */

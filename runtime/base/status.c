@@ -46,7 +46,24 @@ dmem_status_t dmem__error(dmem_status_t status, const char *fmt, ...) {
   return status;
 }
 
-int dmem__log_level = DMEM_LOG_WARN;
+_Atomic int dmem__log_level = DMEM_LOG_WARN;
+
+const char *dmem__state_name(unsigned state) {
+  static const char *const names[] = {"resident (on the device)", "spilling",
+                                      "in the host tier",         "in the disk tier",
+                                      "held by the controller",   "unspilling"};
+  return state < sizeof names / sizeof names[0] ? names[state] : "unknown";
+}
+
+const char *dmem__tier_name(int tier) {
+  static const char *const names[] = {"device", "host", "disk", "controller"};
+  return tier >= 0 && tier < 4 ? names[tier] : "unknown";
+}
+
+const char *dmem__log_level_name(int level) {
+  static const char *const names[] = {"off", "error", "warn", "info", "debug"};
+  return level >= 0 && level <= 4 ? names[level] : "unknown";
+}
 
 void dmem__log(dmem_log_level_t level, const char *fmt, ...) {
   static const char *const names[] = {"off", "error", "warn", "info", "debug"};

@@ -160,126 +160,7 @@ static int parse_percent(const char *s, double *f) {
   return 0;
 }
 
-/* Apply (cfg != NULL) or only validate the environment; returns the first
- * malformed variable's status with the detail recorded. */
-static dmem_status_t apply_env(dmem_config_t *cfg) {
-  const char *v;
-  dmem_status_t first = DMEM_OK;
-#define ENV_FAIL(expr)              \
-  do {                              \
-    if (first == DMEM_OK) first = (expr); \
-  } while (0)
-  if ((v = getenv("DMEM_BACKEND")) && *v) {
-    dmem_backend_t b;
-    if (parse_backend(v, &b) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_BACKEND=\"%s\": expected auto, cuda or host", v));
-    else if (cfg) cfg->backend = b;
-  }
-  if ((v = getenv("DMEM_DEVICE")) && *v) {
-    long d;
-    if (parse_int(v, 0, 1023, &d) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_DEVICE=\"%s\": expected a device ordinal", v));
-    else if (cfg) cfg->device = (int)d;
-  }
-  if ((v = getenv("DMEM_DEVICE_LIMIT")) && *v) {
-    size_t bytes;
-    double frac;
-    if (parse_size(v, &bytes, &frac) != DMEM_OK)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                         "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ") or N%% "
-                         "with 0 < N <= 100",
-                         v));
-    else if (cfg) {
-      cfg->device_limit = bytes;
-      cfg->device_limit_fraction = frac;
-    }
-  }
-  if ((v = getenv("DMEM_HOST_LIMIT")) && *v) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                         "DMEM_HOST_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ")", v));
-    else if (cfg) cfg->host_limit = bytes;
-  }
-  if ((v = getenv("DMEM_HOST_RESERVE")) && *v) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                         "DMEM_HOST_RESERVE=\"%s\": expected bytes (" SIZE_UNITS ")", v));
-    else if (cfg) cfg->host_reserve = bytes;
-  }
-  if ((v = getenv("DMEM_HOST_BURST")) && *v) {
-    double f;
-    if (parse_percent(v, &f) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_HOST_BURST=\"%s\": expected N%% (0 <= N <= 100)",
-                           v));
-    else if (cfg) cfg->host_burst = f;
-  }
-  if ((v = getenv("DMEM_HOST_PIN")) && *v) {
-    dmem_host_pin_t pin;
-    if (parse_pin(v, &pin) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                           "DMEM_HOST_PIN=\"%s\": expected auto, malloc_host or register", v));
-    else if (cfg) cfg->host_pin = pin;
-  }
-  if ((v = getenv("DMEM_HOST_CAPACITY")) && *v) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                         "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (" SIZE_UNITS ")", v));
-    else if (cfg) cfg->host_backend_capacity = bytes;
-  }
-  if ((v = getenv("DMEM_SPILL_DIR")) && *v) {
-    if (cfg) cfg->spill_dir = v;
-  }
-  if ((v = getenv("DMEM_LOG")) && *v) {
-    dmem_log_level_t l;
-    if (parse_log(v, &l) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                         "DMEM_LOG=\"%s\": expected off, error, warn, info, debug or 0..4", v));
-    else if (cfg) cfg->log_level = l;
-  }
-  if ((v = getenv("DMEM_OOM_WAIT")) && *v) {
-    long ms;
-    if (parse_int(v, 0, DMEM__OOM_WAIT_MAX_MS, &ms) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                           "DMEM_OOM_WAIT=\"%s\": expected milliseconds, 0..%d", v,
-                           DMEM__OOM_WAIT_MAX_MS));
-    else if (cfg) cfg->oom_wait_ms = (unsigned)ms;
-  }
-  if ((v = getenv("DMEM_STATS")) && *v) {
-    long s;
-    if (parse_int(v, 0, 1, &s) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG, "DMEM_STATS=\"%s\": expected 0 or 1", v));
-    else if (cfg) cfg->print_stats = s != 0;
-  }
-  if ((v = getenv("DMEM_SPILL_AHEAD")) && *v) {
-    double high = 0, low = 0;
-    if (parse_ahead(v, &high, &low) != 0)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                         "DMEM_SPILL_AHEAD=\"%s\": expected off, on, N%% or N%%,M%% "
-                         "(0 < M < N <= 100)",
-                         v));
-    else if (cfg) {
-      cfg->spill_ahead = high;
-      cfg->spill_ahead_low = low;
-    }
-  }
-  if ((v = getenv("DMEM_FAULT_INJECT")) && *v) {
-    dmem__fault_plan_t plan;
-    if (dmem__fault_parse(v, &plan) != DMEM_OK)
-      ENV_FAIL(dmem__error(DMEM_ERR_CONFIG,
-                           "DMEM_FAULT_INJECT=\"%s\": expected <call>:<n>[:fatal][:persistent] "
-                           "with n >= 1 and <call> any, device_alloc, host_alloc, memcpy_async, "
-                           "... (docs/reliability.md, Fault injection)",
-                           v));
-  }
-#undef ENV_FAIL
-  return first;
-}
-
-void dmem_config_init(dmem_config_t *cfg) {
-  if (!cfg) return;
+static void set_defaults(dmem_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->struct_size = sizeof *cfg;
   cfg->backend = DMEM_BACKEND_AUTO;
@@ -289,9 +170,158 @@ void dmem_config_init(dmem_config_t *cfg) {
   cfg->oom_wait_ms = DMEM__OOM_WAIT_DEFAULT_MS;
   cfg->spill_ahead = DMEM_SPILL_AHEAD_DEFAULT;
   cfg->host_burst = DMEM_HOST_BURST_DEFAULT;
-  /* A malformed variable leaves only itself at the default;
-   * dmem_runtime_create reports it. */
-  (void)apply_env(cfg);
 }
 
-dmem_status_t dmem__config_validate_env(void) { return apply_env(NULL); }
+/* Apply the environment to cfg (cfg != NULL), or check it against `given`,
+ * the config a runtime is created with (given != NULL): a malformed
+ * variable whose field `given` holds at the default is an error (the first
+ * one's status is returned, its detail recorded); one whose field the
+ * caller set is ignored with a warning (at given->log_level). */
+static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
+  const char *v;
+  dmem_status_t first = DMEM_OK;
+  dmem_config_t d; /* the defaults */
+  set_defaults(&d);
+  /* ENV_FAIL(field_is_default, name, message...): a malformed variable */
+#define ENV_FAIL(at_default, ...)                                                       \
+  do {                                                                                  \
+    if (given && !(at_default)) {                                                       \
+      if ((int)given->log_level >= DMEM_LOG_WARN)                                       \
+        dmem__log(DMEM_LOG_WARN, "%s=\"%s\" is malformed: ignored, the configuration "  \
+                                 "gives the value",                                     \
+                  name, v);                                                             \
+    } else if (first == DMEM_OK) {                                                      \
+      first = dmem__error(DMEM_ERR_CONFIG, __VA_ARGS__);                                \
+    }                                                                                   \
+  } while (0)
+  const char *name;
+#define ENV(n) (v = getenv(name = (n))) && *v
+  if (ENV("DMEM_BACKEND")) {
+    dmem_backend_t b;
+    if (parse_backend(v, &b) != 0)
+      ENV_FAIL(!given || given->backend == d.backend,
+               "DMEM_BACKEND=\"%s\": expected auto, cuda or host", v);
+    else if (cfg) cfg->backend = b;
+  }
+  if (ENV("DMEM_DEVICE")) {
+    long dev;
+    if (parse_int(v, 0, 1023, &dev) != 0)
+      ENV_FAIL(!given || given->device == d.device,
+               "DMEM_DEVICE=\"%s\": expected a device ordinal", v);
+    else if (cfg) cfg->device = (int)dev;
+  }
+  if (ENV("DMEM_DEVICE_LIMIT")) {
+    size_t bytes;
+    double frac;
+    if (parse_size(v, &bytes, &frac) != DMEM_OK)
+      ENV_FAIL(!given || (given->device_limit == d.device_limit &&
+                          given->device_limit_fraction == d.device_limit_fraction),
+               "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ") or N%% "
+               "with 0 < N <= 100",
+               v);
+    else if (cfg) {
+      cfg->device_limit = bytes;
+      cfg->device_limit_fraction = frac;
+    }
+  }
+  if (ENV("DMEM_HOST_LIMIT")) {
+    size_t bytes;
+    if (parse_size(v, &bytes, NULL) != DMEM_OK)
+      ENV_FAIL(!given || given->host_limit == d.host_limit,
+               "DMEM_HOST_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ")", v);
+    else if (cfg) cfg->host_limit = bytes;
+  }
+  if (ENV("DMEM_HOST_RESERVE")) {
+    size_t bytes;
+    if (parse_size(v, &bytes, NULL) != DMEM_OK)
+      ENV_FAIL(!given || given->host_reserve == d.host_reserve,
+               "DMEM_HOST_RESERVE=\"%s\": expected bytes (" SIZE_UNITS ")", v);
+    else if (cfg) cfg->host_reserve = bytes;
+  }
+  if (ENV("DMEM_HOST_BURST")) {
+    double f;
+    if (parse_percent(v, &f) != 0)
+      ENV_FAIL(!given || given->host_burst == d.host_burst,
+               "DMEM_HOST_BURST=\"%s\": expected N%% (0 <= N <= 100)", v);
+    else if (cfg) cfg->host_burst = f;
+  }
+  if (ENV("DMEM_HOST_PIN")) {
+    dmem_host_pin_t pin;
+    if (parse_pin(v, &pin) != 0)
+      ENV_FAIL(!given || given->host_pin == d.host_pin,
+               "DMEM_HOST_PIN=\"%s\": expected auto, malloc_host or register", v);
+    else if (cfg) cfg->host_pin = pin;
+  }
+  if (ENV("DMEM_HOST_CAPACITY")) {
+    size_t bytes;
+    if (parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
+      ENV_FAIL(!given || given->host_backend_capacity == d.host_backend_capacity,
+               "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (" SIZE_UNITS ")", v);
+    else if (cfg) cfg->host_backend_capacity = bytes;
+  }
+  if (ENV("DMEM_SPILL_DIR")) {
+    if (cfg) cfg->spill_dir = v;
+  }
+  if (ENV("DMEM_LOG")) {
+    dmem_log_level_t l;
+    if (parse_log(v, &l) != 0)
+      ENV_FAIL(!given || given->log_level == d.log_level,
+               "DMEM_LOG=\"%s\": expected off, error, warn, info, debug or 0..4", v);
+    else if (cfg) cfg->log_level = l;
+  }
+  if (ENV("DMEM_OOM_WAIT")) {
+    long ms;
+    if (parse_int(v, 0, DMEM__OOM_WAIT_MAX_MS, &ms) != 0)
+      ENV_FAIL(!given || given->oom_wait_ms == d.oom_wait_ms,
+               "DMEM_OOM_WAIT=\"%s\": expected milliseconds, 0..%d", v,
+               DMEM__OOM_WAIT_MAX_MS);
+    else if (cfg) cfg->oom_wait_ms = (unsigned)ms;
+  }
+  if (ENV("DMEM_STATS")) {
+    long s;
+    if (parse_int(v, 0, DMEM_STATS_INTERVAL_MAX, &s) != 0)
+      ENV_FAIL(!given || (given->print_stats == d.print_stats &&
+                          given->stats_interval_s == d.stats_interval_s),
+               "DMEM_STATS=\"%s\": expected 0, 1 (at the end) or N seconds (2..%u)", v,
+               DMEM_STATS_INTERVAL_MAX);
+    else if (cfg) {
+      cfg->print_stats = s != 0;
+      cfg->stats_interval_s = s >= 2 ? (unsigned)s : 0;
+    }
+  }
+  if (ENV("DMEM_SPILL_AHEAD")) {
+    double high = 0, low = 0;
+    if (parse_ahead(v, &high, &low) != 0)
+      ENV_FAIL(!given || (given->spill_ahead == d.spill_ahead &&
+                          given->spill_ahead_low == d.spill_ahead_low),
+               "DMEM_SPILL_AHEAD=\"%s\": expected off, on, N%% or N%%,M%% "
+               "(0 < M < N <= 100)",
+               v);
+    else if (cfg) {
+      cfg->spill_ahead = high;
+      cfg->spill_ahead_low = low;
+    }
+  }
+  if (ENV("DMEM_FAULT_INJECT")) {
+    dmem__fault_plan_t plan;
+    if (dmem__fault_parse(v, &plan) != DMEM_OK)
+      ENV_FAIL(true, /* no field: always an error */
+               "DMEM_FAULT_INJECT=\"%s\": expected <call>:<n>[:fatal][:persistent] "
+               "with n >= 1 and <call> any, device_alloc, host_alloc, memcpy_async, "
+               "... (docs/reliability.md, Fault injection)",
+               v);
+  }
+#undef ENV
+#undef ENV_FAIL
+  return first;
+}
+
+void dmem_config_init(dmem_config_t *cfg) {
+  if (!cfg) return;
+  set_defaults(cfg);
+  /* A malformed variable leaves only itself at the default;
+   * dmem_runtime_create reports it, unless the caller sets the field. */
+  (void)apply_env(cfg, NULL);
+}
+
+dmem_status_t dmem__config_check_env(const dmem_config_t *cfg) { return apply_env(NULL, cfg); }

@@ -69,6 +69,7 @@
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/nvtx.h"
+#include "base/trace.h"
 #include "base/sched.h"
 #include "dmem/dmem.h"
 
@@ -392,7 +393,11 @@ void dmem__emit(dmem_runtime_t *rt, dmem_event_kind_t kind, dmem_handle_t h, siz
 /* dmem_config_t.oom_wait_ms: default and largest value (an hour). */
 #define DMEM__OOM_WAIT_DEFAULT_MS 5000
 #define DMEM__OOM_WAIT_MAX_MS 3600000
-dmem_status_t dmem__config_validate_env(void);
+/* Check the DMEM_* environment against cfg, the config of a runtime being
+ * created: DMEM_ERR_CONFIG (detail recorded) for the first malformed
+ * variable whose field cfg holds at its default; a malformed variable whose
+ * field cfg sets is logged (warn, at cfg->log_level) and ignored. */
+dmem_status_t dmem__config_check_env(const dmem_config_t *cfg);
 
 /* ---- time (core/transit.c) ----------------------------------------------------- */
 

@@ -48,19 +48,36 @@ static void drain(dmem_runtime_t *rt) {
  * (no shared write), else a refill from the global charge (a chunk, or the
  * exact size for large requests), else, near the limit, after draining
  * every shard's budget. */
+/* Raise the device peak after a charge: the charge less this shard's unused
+ * budget (exact with one allocating thread; other threads' budget counts).
+ * Two relaxed loads; the peak's line is written only when it rises. */
+static void peak_note(dmem_runtime_t *rt, dmem__charge_shard_t *sh) {
+  size_t charged = dmem_atomic_load_relaxed(&rt->device_charged);
+  size_t slack = dmem_atomic_load_relaxed(&sh->slack);
+  dmem__peak_raise(&rt->device_peak, charged > slack ? charged - slack : 0);
+}
+
 static bool charge(dmem_runtime_t *rt, size_t size, size_t *short_by) {
   dmem__charge_shard_t *sh = my_shard(rt);
   size_t s = dmem_atomic_load_relaxed(&sh->slack);
   while (s >= size)
-    if (dmem_atomic_cas_relaxed(&sh->slack, &s, s - size)) return true;
+    if (dmem_atomic_cas_relaxed(&sh->slack, &s, s - size)) {
+      peak_note(rt, sh);
+      return true;
+    }
   size_t take = size < rt->charge_chunk ? rt->charge_chunk : size;
   if (dmem__reserve(&rt->device_charged, rt->limit, take, NULL)) {
     if (take > size) dmem_atomic_add_relaxed(&sh->slack, take - size);
+    peak_note(rt, sh);
     return true;
   }
   drain(rt);
-  return dmem__reserve(&rt->device_charged, rt->limit, size, short_by);
+  if (!dmem__reserve(&rt->device_charged, rt->limit, size, short_by)) return false;
+  peak_note(rt, sh);
+  return true;
 }
+
+void dmem__charge_drain(dmem_runtime_t *rt) { drain(rt); }
 
 /* Uncharge size bytes into this thread's shard. The shard keeps budget for
  * the block it just freed (the next allocation of that size charges no

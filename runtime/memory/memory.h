@@ -59,6 +59,9 @@ void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const s
 
 /* Set the shard refill size from the limit (at create). */
 void dmem__charge_init(dmem_runtime_t *rt);
+/* Give every shard's unused budget back to device_charged, which is then
+ * the live bytes (dmem_stats_reset_peaks). Relaxed, as the charge is. */
+void dmem__charge_drain(dmem_runtime_t *rt);
 /* Bytes in live allocations (buffers and raw): a snapshot. */
 size_t dmem__device_used(dmem_runtime_t *rt);
 
@@ -83,6 +86,10 @@ size_t dmem__raw_count(dmem__raw_t *raw);
 /* Bytes of the live raw allocations (the sizes asked; dmem_stats' raw_used):
  * a snapshot, no lock taken. */
 size_t dmem__raw_bytes(dmem__raw_t *raw);
+/* The most bytes held in live entries at once since create or the last
+ * dmem__raw_peak_reset (which starts it from the bytes now). */
+size_t dmem__raw_peak(dmem__raw_t *raw);
+void dmem__raw_peak_reset(dmem__raw_t *raw);
 
 /* ---- dedicated device blocks (memory/blocks.c) ----------------------------------- */
 

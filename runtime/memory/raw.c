@@ -35,6 +35,10 @@ typedef struct raw_shard {
 
 struct dmem__raw {
   raw_shard_t shards[RAW_SHARDS];
+  /* All shards' bytes (one add per insert, one subtraction per remove) and
+   * the most at once (dmem__raw_peak); relaxed, accounting only. */
+  _Alignas(64) _Atomic size_t total;
+  _Atomic size_t peak;
 };
 
 static inline uint64_t raw_hash(const void *p) {
@@ -102,6 +106,10 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedi
   s->n++;
   dmem_atomic_store_relaxed(&s->bytes, dmem_atomic_load_relaxed(&s->bytes) + size);
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
+  size_t now = dmem_atomic_add_relaxed(&t->total, size) + size;
+  size_t p = dmem_atomic_load_relaxed(&t->peak);
+  while (now > p && !dmem_atomic_cas_relaxed(&t->peak, &p, now)) {
+  }
   return DMEM_OK;
 }
 
@@ -151,6 +159,7 @@ done:
   s->n--;
   dmem_atomic_store_relaxed(&s->bytes, dmem_atomic_load_relaxed(&s->bytes) - size);
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
+  dmem_atomic_sub_relaxed(&t->total, size);
   *size_out = size;
   *dedicated_out = dedicated;
   return DMEM_OK;
@@ -180,4 +189,13 @@ size_t dmem__raw_bytes(dmem__raw_t *t) {
   size_t n = 0;
   for (unsigned i = 0; i < RAW_SHARDS; i++) n += dmem_atomic_load_relaxed(&t->shards[i].bytes);
   return n;
+}
+
+size_t dmem__raw_peak(dmem__raw_t *t) {
+  size_t p = dmem_atomic_load_relaxed(&t->peak), now = dmem_atomic_load_relaxed(&t->total);
+  return p > now ? p : now;
+}
+
+void dmem__raw_peak_reset(dmem__raw_t *t) {
+  dmem_atomic_store_relaxed(&t->peak, dmem_atomic_load_relaxed(&t->total));
 }

@@ -120,6 +120,7 @@ row("configure", "device_limit '12Q'", ValueError, lambda f: dmem.configure(devi
 row("configure", "device_limit -1", ValueError, lambda f: dmem.configure(device_limit=-1))
 row("configure", "backend 'gpu'", ValueError, lambda f: dmem.configure(backend="gpu"))
 row("configure", "device -1", ValueError, lambda f: dmem.configure(device=-1))
+row("configure", "log_level 'chatty'", ValueError, lambda f: dmem.configure(log_level="chatty"))
 
 # ---- Runtime(...) ---------------------------------------------------------------------------
 row("Runtime", "backend 'gpu'", ValueError, lambda f: host_runtime(backend="gpu"))
@@ -138,6 +139,10 @@ row("Runtime", "host_capacity 0", ValueError, lambda f: host_runtime(host_capaci
 row("Runtime", "spill_dir 5", TypeError, lambda f: host_runtime(spill_dir=5))
 row("Runtime", "spill_dir with a NUL", ValueError, lambda f: host_runtime(spill_dir="a\0b"))
 row("Runtime", "an unknown keyword", TypeError, lambda f: host_runtime(limit=5))
+row("Runtime", "log_level 'loud'", ValueError, lambda f: host_runtime(log_level="loud"))
+row("Runtime", "log_level 7", ValueError, lambda f: host_runtime(log_level=7))
+row("Runtime", "log_level 1.0", TypeError, lambda f: host_runtime(log_level=1.0))
+row("Runtime", "spill_dir a file", dmem.SpillIOError, lambda f: host_runtime(spill_dir="/dev/null"))
 
 # ---- Runtime methods ---------------------------------------------------------------------------
 row("Runtime.alloc", "nbytes 0", ValueError, lambda f: f.rt.alloc(0))
@@ -222,6 +227,18 @@ row("Runtime.device_malloc", "dedicated given positionally", TypeError,
 row("Runtime.device_malloc", "dedicated, nbytes one past the limit", dmem.OutOfMemoryError,
     lambda f: f.rt.device_malloc(CAPACITY + 1, dedicated=True))
 row("Runtime.memory_info", "an argument", TypeError, lambda f: f.rt.memory_info(1))
+row("Runtime.stats", "an unknown keyword", TypeError, lambda f: f.rt.stats(reset=True))
+row("Runtime.info", "an argument", TypeError, lambda f: f.rt.info(1))
+row("Runtime.log_level", "assigned 'loud'", ValueError, lambda f: setattr(f.rt, "log_level", "loud"))
+row("Runtime.log_level", "assigned 5", ValueError, lambda f: setattr(f.rt, "log_level", 5))
+row("Runtime.log_level", "assigned -1", ValueError, lambda f: setattr(f.rt, "log_level", -1))
+row("Runtime.log_level", "assigned 2**70", ValueError, lambda f: setattr(f.rt, "log_level", 2**70))
+row("Runtime.log_level", "assigned 1.5", TypeError, lambda f: setattr(f.rt, "log_level", 1.5))
+row("Runtime.log_level", "assigned True", TypeError, lambda f: setattr(f.rt, "log_level", True))
+row("Runtime.log_level", "assigned None", TypeError, lambda f: setattr(f.rt, "log_level", None))
+row("Runtime.log_level", "deleted", AttributeError, lambda f: delattr(f.rt, "log_level"))
+row("Runtime.backend_reason", "assigned", AttributeError,
+    lambda f: setattr(f.rt, "backend_reason", "x"))
 row("Runtime._oom_message", "nbytes 'x'", TypeError, lambda f: f.rt._oom_message("x"))
 row("Runtime._oom_message", "nbytes True", TypeError, lambda f: f.rt._oom_message(True))
 row("Runtime._oom_message", "nbytes -1", ValueError, lambda f: f.rt._oom_message(-1))

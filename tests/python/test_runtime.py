@@ -26,6 +26,8 @@ STATS_FIELDS = {
     "host_to_disk_count", "host_to_disk_bytes", "seconds_host_to_disk",
     "host_to_disk_pushdowns", "disk_to_device_count", "disk_to_device_bytes",
     "seconds_disk_to_device", "disk_write_failures", "disk_direct_io",
+    # peaks (stats(reset_peaks=True) starts them again)
+    "device_used_peak", "host_used_peak", "disk_used_peak", "raw_used_peak",
     # the bridge's own: buffers held by exports of lock views, live exports by kind
     "exposed", "exports",
 }
@@ -119,7 +121,8 @@ def test_host_capacity_string():
 
 
 # Size strings go through the C library's parser (dmem_size_parse): each one
-# means through Runtime(...) what it means in the DMEM_* variable.
+# means through Runtime(...) what it means in the DMEM_* variable (the limit
+# asked for: one above the capacity is clamped to it, info()["device_limit"]).
 
 @pytest.mark.parametrize("text, expect", [
     ("1.5Gi", 3 << 29),
@@ -132,10 +135,11 @@ def test_device_limit_string_same_as_environment(monkeypatch, text, expect):
     capacity = 10 << 20
     monkeypatch.delenv("DMEM_DEVICE_LIMIT", raising=False)
     with dmem.Runtime(backend="host", host_capacity=capacity, device_limit=text) as rt:
-        from_arg = rt.stats()["device_limit"]
+        from_arg = rt.info()["device_limit_asked"]
     monkeypatch.setenv("DMEM_DEVICE_LIMIT", text)
     with dmem.Runtime(backend="host", host_capacity=capacity) as rt:
-        from_env = rt.stats()["device_limit"]
+        from_env = rt.info()["device_limit_asked"]
+        assert rt.stats()["device_limit"] == min(expect, capacity)
     assert from_arg == from_env == expect
 
 
