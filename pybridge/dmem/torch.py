@@ -45,7 +45,8 @@ __all__ = ["allocator", "empty_cache", "library_path", "oom_message", "use_dmem_
 _alloc = None
 _pools = {}  # device ordinal -> the torch.cuda.MemPool allocations go to
 _observer = False
-_mu = threading.Lock()
+_torch_empty_cache = None  # PyTorch's own torch.cuda.empty_cache, once replaced
+_mu = threading.RLock()
 
 
 def library_path():
@@ -124,8 +125,10 @@ def use_dmem_for_torch(device=None):
     """Route PyTorch's CUDA allocations of device (an ordinal, "cuda:N" or a
     torch.device; None: every device PyTorch sees) to dmem, from every
     thread. Calling it again for a device already routed does nothing.
+    torch.cuda.empty_cache is replaced by dmem.torch.empty_cache (PyTorch's
+    own aborts the process while allocations are routed to a pool).
     Raises RuntimeError with a PyTorch older than 2.8."""
-    global _observer
+    global _observer, _torch_empty_cache
     allocator()  # ImportError naming PyTorch when it is missing
     import torch
 
@@ -137,27 +140,51 @@ def use_dmem_for_torch(device=None):
         if not _observer:
             torch._C._cuda_attach_out_of_memory_observer(_on_oom)
             _observer = True
+        if _torch_empty_cache is None:
+            # PyTorch's empty_cache asserts that no allocation is routed to a
+            # pool ("captures_underway.empty() INTERNAL ASSERT FAILED",
+            # std::terminate): with every allocation routed to dmem's pool,
+            # a plain torch.cuda.empty_cache() would end the process.
+            _torch_empty_cache = torch.cuda.empty_cache
+            torch.cuda.empty_cache = _empty_cache_all
+            torch.cuda.memory.empty_cache = _empty_cache_all
+
+
+def _empty_cache_all():
+    """torch.cuda.empty_cache while dmem.torch routes allocations."""
+    empty_cache()
 
 
 def empty_cache(device=None):
     """Give the free segments PyTorch keeps in dmem's pools back to dmem:
-    each routed device (or only device) gets a new pool, the old one is
+    each routed device gets a new pool (device, if given, must be a CUDA
+    device; every routed device is done all the same), the old one is
     released as ``torch.cuda.use_mem_pool`` releases a pool at its exit,
-    and torch.cuda.empty_cache() frees its segments that no tensor uses
-    (the others go when their tensors do, at a later empty_cache). Tensors
-    stay valid. Returns the devices done."""
+    and PyTorch's empty_cache frees its segments that no tensor uses (the
+    others go when their tensors do, at a later empty_cache). Tensors stay
+    valid. While it runs (the routing of each device is ended first, since
+    PyTorch's empty_cache refuses to run while any allocation is routed to a
+    pool), an allocation on another thread comes from PyTorch's own
+    allocator. Returns the devices done."""
     import torch
 
-    done = []
+    done, old = [], []
     with _mu:
-        for d in _devices(torch, device) if device is not None else list(_pools):
-            old = _pools.get(d)
-            if old is None:
-                continue
-            torch._C._cuda_endAllocateToPool(d, old.id)
-            torch._C._cuda_releasePool(d, old.id)
-            _pools[d] = _route(torch, d)
+        if device is not None:
+            _devices(torch, device)  # ValueError for a device that is no CUDA device
+        # Every routed device, whichever was asked for: PyTorch's empty_cache
+        # goes through every device and asserts on any that is routed.
+        for d in list(_pools):
+            pool = _pools.pop(d)
+            torch._C._cuda_endAllocateToPool(d, pool.id)
+            torch._C._cuda_releasePool(d, pool.id)
+            old.append(pool)
             done.append(d)
-            del old  # the MemPool's own reference goes with it
-    torch.cuda.empty_cache()
+        pool = None
+        # the old pools' own references go before the cache is emptied, and
+        # no allocation is routed while it is (PyTorch asserts both)
+        old.clear()
+        (_torch_empty_cache or torch.cuda.empty_cache)()
+        for d in done:
+            _pools[d] = _route(torch, d)
     return done

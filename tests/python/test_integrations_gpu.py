@@ -227,6 +227,14 @@ torch.cuda.synchronize()
 assert rt.stats()["raw_used"] < 4 << 20, rt.stats()
 b = torch.ones(1 << 20, device="cuda")  # the new pool serves as the old one did
 assert rt.stats()["raw_used"] >= 4 << 20 and float(b.sum()) == 1 << 20
+# PyTorch's own empty_cache aborts the process while allocations are routed
+# to a pool: dmem.torch makes torch.cuda.empty_cache its own, which is safe
+del b
+torch.cuda.empty_cache()
+torch.cuda.synchronize()
+assert rt.stats()["raw_used"] < 4 << 20, rt.stats()
+c = torch.ones(1 << 20, device="cuda")
+assert float(c.sum()) == 1 << 20
 print("torch ok")
 """], capture_output=True, text=True, timeout=300, env=env())
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
