@@ -444,7 +444,7 @@ ROW_BODY(dmem_runtime_info, "struct_size of an older, shorter struct (only that 
   return DOCUMENTED(info.struct_size == offsetof(dmem_runtime_info_t, device_limit) &&
                     info.device_capacity != (size_t)0xA5A5A5A5A5A5A5A5ull &&
                     info.device_limit == (size_t)0xA5A5A5A5A5A5A5A5ull &&
-                    info.backend == DMEM_BACKEND_HOST);
+                    info.backend == dmem_runtime_backend(f->rt));
 }
 ROW(dmem_runtime_set_log_level, "rt NULL", INVAL, dmem_runtime_set_log_level(NULL, DMEM_LOG_WARN))
 ROW(dmem_runtime_set_log_level, "level 5", INVAL,
