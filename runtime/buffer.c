@@ -52,6 +52,7 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
   dmem_atomic_store_relaxed(&b->spill_event, NULL);
   dmem_atomic_store_relaxed(&b->priority, 0);
   dmem_atomic_store_relaxed(&b->spill_count, 0);
+  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* newer than every earlier unlock */
   dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
   if (flags & DMEM_ALLOC_PINNED) dmem_atomic_add_relaxed(&rt->device_pinned, size);
   dmem_atomic_add_relaxed(&rt->buffer_count, 1);

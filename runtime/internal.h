@@ -176,10 +176,9 @@ struct dmem_runtime {
   /* The live runtimes of the process (runtime/fork.c), under its mutex. */
   dmem_runtime_t *fork_prev, *fork_next;
 
-  /* LRU clock (dmem__lru_stamp): epoch << 16 | the id of the one thread
-   * that stamps in that epoch. Read (relaxed) by every unlock, written (CAS)
-   * only when another thread's unlock takes the next epoch. On its own line. */
-  _Alignas(64) _Atomic uint64_t lru_clock;
+  /* LRU epoch: read (relaxed) by unlocks, bumped by allocations and
+   * eviction passes. On its own line. */
+  _Alignas(64) _Atomic uint64_t lru_epoch;
 
   /* Device bytes charged against the limit: live allocations (buffers and
    * raw) plus the shards' unused budget (memory/devmem.c). Never above the
@@ -344,30 +343,14 @@ static inline dmem_status_t dmem__check_forked(dmem_runtime_t *rt) {
   return DMEM_OK;
 }
 
-/* LRU stamp of an unlock (and of an allocation or a prefetch): the
- * runtime's epoch above a sequence. Each epoch belongs to one thread, the
- * one named in rt->lru_clock: it stamps (epoch, 1), (epoch, 2), ... with no
- * shared write; another thread's unlock first takes the next epoch (one
- * CAS). So an unlock that happens after another, in whatever thread, gets a
- * larger stamp (it reads the clock at least as new as the earlier one read,
- * and if that is still the earlier thread's epoch it takes a newer one):
- * least recently unlocked first across threads, as buffer.h promises. A
- * per-thread sequence under a shared epoch (the stamp before) ordered
- * different threads' unlocks by how many each had done; the TSC is slow to
- * read on some virtual machines (this CI machine's included). */
-#define DMEM__LRU_SEQ_BITS 20
-#define DMEM__LRU_NO_ID ((uint64_t)1 << 16) /* matches no clock's owner */
-extern _Thread_local uint64_t dmem__tl_lru_id;    /* 1..65535, or DMEM__LRU_NO_ID */
-extern _Thread_local uint64_t dmem__tl_lru_epoch; /* the epoch this thread owns */
-extern _Thread_local uint64_t dmem__tl_lru_seq;   /* its stamps in that epoch */
-uint64_t dmem__lru_stamp_slow(dmem_runtime_t *rt);
+/* LRU stamp of an unlock: the runtime's epoch (bumped by allocations and
+ * eviction passes) above a per-thread sequence. Exact order within a thread,
+ * epoch order across threads, and no cache line written that other threads
+ * share (a shared counter made unlocks scale badly; the TSC is slow to read
+ * on some virtual machines). */
+extern _Thread_local uint64_t dmem__tl_lru_seq;
 static inline uint64_t dmem__lru_stamp(dmem_runtime_t *rt) {
-  uint64_t c = dmem_atomic_load_relaxed(&rt->lru_clock);
-  if (__builtin_expect((c & 0xFFFFu) == dmem__tl_lru_id && (c >> 16) == dmem__tl_lru_epoch &&
-                           dmem__tl_lru_seq + 1 < ((uint64_t)1 << DMEM__LRU_SEQ_BITS),
-                       1))
-    return (dmem__tl_lru_epoch << DMEM__LRU_SEQ_BITS) | ++dmem__tl_lru_seq;
-  return dmem__lru_stamp_slow(rt);
+  return (dmem_atomic_load_relaxed(&rt->lru_epoch) << 32) | (++dmem__tl_lru_seq & 0xFFFFFFFFu);
 }
 
 /* Add size to *used unless that passes limit; on failure *short_by (may be

@@ -196,6 +196,7 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
 }
 
 static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps) {
+  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
   dmem_controller_t c;
   if (dmem__controller_get(rt, &c) && c.select_victims) {
     size_t cap = dmem_atomic_load_relaxed(&rt->buffer_count);

@@ -6,27 +6,7 @@
  */
 #include "runtime/internal.h"
 
-_Thread_local uint64_t dmem__tl_lru_id = DMEM__LRU_NO_ID, dmem__tl_lru_epoch, dmem__tl_lru_seq;
-static _Atomic uint64_t lru_ids;
-
-/* This thread takes the next epoch of rt's LRU clock (see
- * dmem__lru_stamp): its first unlock, another thread's unlock since its
- * last, or its sequence full. Relaxed: the order comes from the clock's
- * modification order (a later reader sees this epoch or a newer one). */
-uint64_t dmem__lru_stamp_slow(dmem_runtime_t *rt) {
-  if (dmem__tl_lru_id == DMEM__LRU_NO_ID) {
-    uint64_t id = dmem_atomic_add_relaxed(&lru_ids, 1) % 0xFFFFu + 1; /* never 0 */
-    dmem__tl_lru_id = id;
-  }
-  uint64_t c = dmem_atomic_load_relaxed(&rt->lru_clock);
-  uint64_t e;
-  do {
-    e = (c >> 16) + 1;
-  } while (!dmem_atomic_cas_relaxed(&rt->lru_clock, &c, (e << 16) | dmem__tl_lru_id));
-  dmem__tl_lru_epoch = e;
-  dmem__tl_lru_seq = 1;
-  return (e << DMEM__LRU_SEQ_BITS) | 1;
-}
+_Thread_local uint64_t dmem__tl_lru_seq;
 
 void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w) {
   DMEM_ASSERT((w & DMEM__F_FREED) && dmem__w_count(w) == 0 && !(w & DMEM__F_TRANSIT));

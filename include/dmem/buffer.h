@@ -196,7 +196,12 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
 
 /**
  * Set a buffer's priority class. Eviction spills lower priorities first, and
- * within a class the least recently unlocked first. Default 0; every int
+ * within a class the least recently unlocked first. "Least recently" is
+ * exact among the unlocks of one thread; across threads it holds between
+ * unlocks with an allocation or an eviction pass between them (each starts
+ * a new LRU epoch), and within one epoch two threads' unlocks are ordered by
+ * how many each thread did (exact order across threads would cost every
+ * unlock a write to a line all threads share). Default 0; every int
  * (INT_MIN to INT_MAX) is a priority.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
