@@ -159,13 +159,13 @@ def warm_host(nbytes):
 
 
 def start(kind, n_workers, limit, threads, spill_dir, host_limit=None, host_burst=None,
-          memory_limit=0):
+          memory_limit=0, host_headroom=None):
     if kind == "dmem":
         from dmem.dask import LocalCluster
 
         return LocalCluster(n_workers=n_workers, device_memory_limit=limit,
                             host_memory_limit=host_limit, host_burst=host_burst,
-                            spill_dir=spill_dir,
+                            host_headroom=host_headroom, spill_dir=spill_dir,
                             threads_per_worker=threads, dashboard_address=None,
                             memory_limit=memory_limit)
     from dask_cuda import LocalCUDACluster
@@ -182,7 +182,8 @@ def run(kind, args):
     out = {"cluster": kind}
     t_start = time.perf_counter()
     with start(kind, args.workers, args.limit, args.threads, args.spill_dir,
-               args.host_limit, args.host_burst, args.memory_limit) as cluster, \
+               args.host_limit, args.host_burst, args.memory_limit,
+               args.host_headroom) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(args.workers or 1)
         out["start_s"] = time.perf_counter() - t_start
@@ -234,6 +235,9 @@ def main(argv=None):
     p.add_argument("--host-burst", type=float, default=None,
                    help="how far past the host limit (a fraction of it) dmem's host tier may "
                         "grow while it is pushed down to disk; default dmem's 0.5")
+    p.add_argument("--host-headroom", default=None,
+                   help="the most free pinned memory dmem's pinned pool keeps ahead of spills "
+                        "(bytes, '256MiB'); default dmem.dask's: DMEM_HOST_HEADROOM, else 0")
     p.add_argument("--memory-limit", default="0",
                    help="Dask's memory_limit per worker, for both clusters (default 0: none; "
                         "dmem derives its host limit from it, docs/dask.md)")

@@ -290,7 +290,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     goto fail_backend;
   }
   st = dmem__hostpool_create(rt->be, pin_limit, rt->be->kind == DMEM_BACKEND_CUDA,
-                             cfg.host_reserve, &rt->hostpool);
+                             cfg.host_reserve, cfg.host_headroom, &rt->hostpool);
   if (st != DMEM_OK) goto fail_backend;
   st = dmem__pool_create(rt->be, rt->limit, first_slab(rt->limit), &rt->pool);
   if (st != DMEM_OK) goto fail_hostpool;
@@ -466,6 +466,7 @@ dmem_status_t dmem_runtime_info(const dmem_runtime_t *rt, dmem_runtime_info_t *i
   info.device_limit_asked = rt->limit_asked;
   info.host_limit = rt->host_limit;
   info.print_stats = rt->cfg.print_stats;
+  info.host_headroom = rt->cfg.host_headroom;
   snprintf(info.backend_reason, sizeof info.backend_reason, "%s", rt->backend_reason);
   snprintf(info.spill_dir, sizeof info.spill_dir, "%s", spill_parent(rt->cfg.spill_dir));
   memcpy(info_out, &info, n < sizeof info ? n : sizeof info);

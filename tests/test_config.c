@@ -8,7 +8,7 @@ static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIM
                              "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
                              "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
                              "DMEM_SPILL_AHEAD", "DMEM_HOST_RESERVE", "DMEM_HOST_PIN",
-                             "DMEM_HOST_BURST"};
+                             "DMEM_HOST_BURST", "DMEM_HOST_HEADROOM"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -92,6 +92,8 @@ TEST_CASE(env_malformed_is_config_error) {
       {"DMEM_SPILL_AHEAD", "maybe"},  {"DMEM_SPILL_AHEAD", "90%,95%"}, {"DMEM_SPILL_AHEAD", "8G"},
       {"DMEM_SPILL_AHEAD", "150%"},   {"DMEM_HOST_BURST", "0.2"},  {"DMEM_HOST_BURST", "150%"},
       {"DMEM_HOST_BURST", "-5%"},     {"DMEM_HOST_BURST", "lots"}, {"DMEM_HOST_BURST", "20%x"},
+      {"DMEM_HOST_HEADROOM", "lots"}, {"DMEM_HOST_HEADROOM", "50%"},
+      {"DMEM_HOST_HEADROOM", "-1"},   {"DMEM_HOST_HEADROOM", "64MiBx"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
@@ -118,7 +120,8 @@ TEST_CASE(env_good_forms) {
       {"DMEM_LOG", "3"}, {"DMEM_LOG", "off"}, {"DMEM_STATS", "1"}, {"DMEM_DEVICE", "0"},
       {"DMEM_SPILL_AHEAD", "off"}, {"DMEM_SPILL_AHEAD", "on"}, {"DMEM_SPILL_AHEAD", "80%"},
       {"DMEM_SPILL_AHEAD", "95%,85%"}, {"DMEM_HOST_BURST", "0%"}, {"DMEM_HOST_BURST", "12.5%"},
-      {"DMEM_HOST_BURST", "100%"},
+      {"DMEM_HOST_BURST", "100%"}, {"DMEM_HOST_HEADROOM", "0"}, {"DMEM_HOST_HEADROOM", "64MiB"},
+      {"DMEM_HOST_HEADROOM", "1GB"},
   };
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     dmem_runtime_t *rt = NULL;
@@ -145,6 +148,58 @@ TEST_CASE(host_burst_from_env) {
   setenv("DMEM_HOST_BURST", "250%", 1); /* malformed: left at the default here */
   dmem_config_init(&cfg);
   CHECK_TRUE(cfg.host_burst == 0.5);
+  clear_env();
+}
+
+/* The host_headroom of a runtime created from cfg (dmem_runtime_info);
+ * SIZE_MAX when it cannot be created. */
+static size_t headroom_in_effect(const dmem_config_t *cfg) {
+  dmem_runtime_t *rt = NULL;
+  if (dmem_runtime_create(cfg, &rt) != DMEM_OK) return SIZE_MAX;
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  size_t h = dmem_runtime_info(rt, &info) == DMEM_OK ? info.host_headroom : SIZE_MAX;
+  dmem_runtime_destroy(rt);
+  return h;
+}
+
+/* DMEM_HOST_HEADROOM: default 4 GiB, a size as Dask reads it; malformed:
+ * left at the default, and dmem_runtime_create fails naming it unless the
+ * field was given, which wins over the variable, well formed or not. */
+TEST_CASE(host_headroom_from_env) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_headroom, DMEM_HOST_HEADROOM_DEFAULT);
+  CHECK_UEQ(cfg.host_headroom, (size_t)4 << 30);
+  setenv("DMEM_HOST_HEADROOM", "64MiB", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_headroom, (size_t)64 << 20);
+  setenv("DMEM_HOST_HEADROOM", "256MB", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_headroom, (size_t)256000000);
+  setenv("DMEM_HOST_HEADROOM", "0", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_headroom, 0);
+  setenv("DMEM_HOST_HEADROOM", "plenty", 1); /* malformed: the default here */
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_headroom, DMEM_HOST_HEADROOM_DEFAULT);
+  setenv("DMEM_BACKEND", "host", 1);
+  dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_CONFIG);
+  CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_HOST_HEADROOM=\"plenty\"") != NULL);
+  /* the field given: the malformed variable is ignored */
+  cfg.log_level = DMEM_LOG_ERROR; /* no warning on the test's stderr */
+  cfg.host_headroom = (size_t)32 << 20;
+  CHECK_UEQ(headroom_in_effect(&cfg), (size_t)32 << 20);
+  /* the variable alone sets it */
+  setenv("DMEM_HOST_HEADROOM", "1GiB", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(headroom_in_effect(&cfg), (size_t)1 << 30);
+  /* and a well-formed one loses to the field too */
+  cfg.host_headroom = 0;
+  CHECK_UEQ(headroom_in_effect(&cfg), 0);
   clear_env();
 }
 

@@ -38,7 +38,7 @@ static dmem__backend_t fake_backend(void) {
 TEST_CASE(grow_failure_keeps_backend_detail) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   fake_fail = 1;
   void *ptr = (void *)0x1;
   CHECK_STATUS(dmem__hostpool_alloc(p, 4096, &ptr), DMEM_ERR_HOST_OUT_OF_MEMORY);
@@ -56,7 +56,7 @@ TEST_CASE(grow_failure_keeps_backend_detail) {
 TEST_CASE(blocks_reuse_and_coalesce) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   void *a = NULL, *b = NULL, *c = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 1000, &a), DMEM_OK);
   REQUIRE_EQ(dmem__hostpool_alloc(p, 5000, &b), DMEM_OK);
@@ -111,7 +111,7 @@ static void *grower_main(void *arg) {
 TEST_CASE(mutex_not_held_across_host_alloc) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   void *a = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &a), DMEM_OK); /* first chunk, fast */
   be.host_alloc = slow_host_alloc;
@@ -145,7 +145,7 @@ TEST_CASE(mutex_not_held_across_host_alloc) {
 TEST_CASE(background_growth_before_running_dry) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   void *a = NULL, *b = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 4096, &a), DMEM_OK); /* grows on demand: 1 MiB */
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)900 << 10, &b), DMEM_OK); /* now low */
@@ -195,7 +195,7 @@ TEST_CASE(pageable_fallback_while_the_pool_pins) {
   atomic_store(&slow_release, 0);
   atomic_store(&slow_in_alloc, 0);
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   /* another thread is pinning the pool's first chunk (held in host_alloc) */
   grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT};
   pthread_t th;
@@ -237,7 +237,7 @@ TEST_CASE(pageable_fallback_while_the_pool_pins) {
 TEST_CASE(no_pageable_fallback_without_a_thread) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   void *a = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)3 << 20, &a), DMEM_OK);
   dmem__hostpool_stats_t s;
@@ -252,7 +252,7 @@ TEST_CASE(no_pageable_fallback_without_a_thread) {
 TEST_CASE(limit_and_trim) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)3 << 20, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)3 << 20, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   void *v[3] = {NULL, NULL, NULL};
   for (int i = 0; i < 3; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)900 << 10, &v[i]), DMEM_OK);
   void *x = (void *)0x1;
@@ -313,7 +313,7 @@ TEST_CASE(host_trim_public) {
 TEST_CASE(large_blocks_start_on_a_page) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   void *small = NULL, *big[3] = {NULL, NULL, NULL}, *after = NULL;
   REQUIRE_EQ(dmem__hostpool_alloc(p, 100, &small), DMEM_OK);
   for (int i = 0; i < 3; i++) {
@@ -414,7 +414,7 @@ TEST_CASE(reserve_pinned_at_create_in_parallel_and_kept) {
   dmem__backend_t be = res_backend(0);
   const size_t GiB = (size_t)1 << 30, reserve = 2 * GiB + GiB / 2;
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, reserve, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, reserve, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   dmem__hostpool_stats_t s;
   dmem__hostpool_stats(p, &s);
   CHECK_UEQ(s.reserved, reserve);
@@ -458,7 +458,8 @@ TEST_CASE(reserve_failure_fails_create_and_gives_back) {
   for (int fail = 1; fail <= 4; fail++) {
     dmem__backend_t be = res_backend(fail);
     dmem__hostpool_t *p = (dmem__hostpool_t *)0x1;
-    CHECK_STATUS(dmem__hostpool_create(&be, 0, true, ((size_t)7 << 30) / 2, &p),
+    CHECK_STATUS(dmem__hostpool_create(&be, 0, true, ((size_t)7 << 30) / 2, DMEM_HOST_HEADROOM_DEFAULT,
+                                        &p),
                  DMEM_ERR_HOST_OUT_OF_MEMORY);
     CHECK_TRUE(p == (dmem__hostpool_t *)0x1);
     const char *d = dmem_last_error_detail();
@@ -515,7 +516,7 @@ TEST_CASE(page_blocks_pack_without_fragments) {
   dmem__backend_t be = fake_backend();
   be.host_chunk_min = (size_t)16 << 20; /* all 128 blocks in one chunk */
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   enum { N = 64 };
   void *v[N];
   for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)64 << 10, &v[i]), DMEM_OK);
@@ -549,7 +550,7 @@ TEST_CASE(page_blocks_pack_without_fragments) {
 TEST_CASE(alloc_n_all_or_nothing) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)1 << 20, false, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, (size_t)1 << 20, false, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   size_t sizes[20];
   void *w[20];
   for (int i = 0; i < 20; i++) sizes[i] = (size_t)64 << 10; /* 20 x 68 KiB > 1 MiB */
@@ -570,7 +571,7 @@ TEST_CASE(alloc_n_all_or_nothing) {
 TEST_CASE(headroom_paced_by_demand) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   enum { N = 32 };
   void *v[N];
   for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)1 << 20, &v[i]), DMEM_OK);
@@ -620,7 +621,7 @@ TEST_CASE(large_blocks_wait_for_the_pinning) {
   atomic_store(&slow_in_alloc, 0);
   atomic_store(&big_done, 0);
   dmem__hostpool_t *p = NULL;
-  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, &p), DMEM_OK);
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
   grower_t g = {p, NULL, DMEM_ERR_INVALID_ARGUMENT}; /* pins the first chunk */
   pthread_t th;
   REQUIRE_EQ(pthread_create(&th, NULL, first_alloc_main, &g), 0);
@@ -647,5 +648,72 @@ TEST_CASE(large_blocks_wait_for_the_pinning) {
   CHECK_GE(s.reserved, (size_t)4 << 20);
   dmem__hostpool_free(p, big.ptr);
   dmem__hostpool_free(p, g.ptr);
+  dmem__hostpool_destroy(p);
+}
+
+/* A burst of 256 blocks of 60 KiB (15 MiB) through a pool with a background
+ * thread and a headroom of `headroom` bytes; the free bytes once the
+ * thread has settled (after 200 ms). */
+static void small_headroom_burst(size_t headroom, dmem__hostpool_stats_t *out) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, headroom, &p), DMEM_OK);
+  enum { N = 256 };
+  void *v[N];
+  for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)60 << 10, &v[i]), DMEM_OK);
+  struct timespec settle = {0, 200 * 1000 * 1000};
+  nanosleep(&settle, NULL);
+  dmem__hostpool_stats(p, out);
+  for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[i]);
+  dmem__hostpool_destroy(p);
+}
+
+/* dmem_config_t.host_headroom bounds what the pool holds beyond its blocks:
+ * the default keeps the demand of the burst (15 MiB) free ahead; a
+ * headroom of 2 MiB keeps at most that, in chunks of at most 2 MiB (the
+ * headroom, and here the block's need rounded up), plus the ends of full
+ * chunks (less than a block each); 0 keeps nothing ahead: the thread adds
+ * no chunk, and what is free is only the end of the last chunk the
+ * allocations added and those of the full ones. */
+TEST_CASE(small_headroom_holds_little_beyond_need) {
+  dmem__hostpool_stats_t s;
+  small_headroom_burst(DMEM_HOST_HEADROOM_DEFAULT, &s);
+  CHECK_GE(s.free, (size_t)12 << 20); /* the default: the burst's demand ahead */
+  small_headroom_burst((size_t)2 << 20, &s);
+  CHECK_LE(s.free, (size_t)5 << 20); /* headroom + a chunk + chunk ends */
+  CHECK_LE(s.reserved, ((size_t)256 * 61696) + ((size_t)5 << 20));
+  small_headroom_burst(0, &s);
+  CHECK_UEQ(s.background_grows, 0);
+  CHECK_LE(s.free, (size_t)3 << 20); /* the last chunk's end + the full ones' */
+  CHECK_LE(s.reserved, ((size_t)256 * 61696) + ((size_t)3 << 20));
+}
+
+/* With headroom 0, a block larger than the geometric chunk gets a chunk of
+ * its own bytes rounded up to 2 MiB, not one of half of what the pool
+ * holds (up to 1 GiB): 8 blocks of 5 MiB take 8 chunks of 6 MiB. */
+TEST_CASE(zero_headroom_chunks_fit_the_block) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, 0, &p), DMEM_OK);
+  enum { N = 8 };
+  void *v[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)5 << 20, &v[i]), DMEM_OK);
+    memset(v[i], i, (size_t)5 << 20);
+  }
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, N);
+  CHECK_UEQ(s.background_grows, 0);
+  CHECK_UEQ(s.reserved, (size_t)N * (6 << 20));
+  for (int i = 0; i < N; i++) {
+    CHECK_EQ(((unsigned char *)v[i])[(5 << 20) - 1], i);
+    dmem__hostpool_free(p, v[i]);
+  }
+  /* freed, the chunks serve the same blocks again without growing */
+  for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)5 << 20, &v[i]), DMEM_OK);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, N);
+  for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[i]);
   dmem__hostpool_destroy(p);
 }

@@ -29,6 +29,10 @@
  *   DMEM_HOST_BURST    N% (0 <= N <= 100): how far past host_limit the host
  *                      tier may grow while the push-down to disk catches up
  *                      (see dmem_config_t.host_burst; default 50%)
+ *   DMEM_HOST_HEADROOM bytes, with an optional unit suffix: the most free
+ *                      pinned bytes the pinned pool keeps ahead of demand
+ *                      (see dmem_config_t.host_headroom; default 4GiB;
+ *                      0: the pool grows only by what spills need)
  *   DMEM_HOST_RESERVE  bytes, with an optional unit suffix; 0 = none: pinned
  *                      host memory taken at creation and kept until destroy
  *                      (see dmem_config_t.host_reserve)
@@ -190,6 +194,22 @@ typedef struct dmem_config {
    *  (a thread of the runtime's sleeps in between); 0 (the default): only
    *  at destroy or exit. At most 86400. DMEM_STATS=N sets it to N (N >= 2). */
   unsigned stats_interval_s;
+  /** The most free pinned host memory the pinned pool keeps ahead of
+   *  demand, in bytes; default DMEM_HOST_HEADROOM_DEFAULT (4 GiB). With the
+   *  CUDA backend a background thread pins chunks before spills need them,
+   *  keeping free the bytes carved in the last 100-200 ms, at least the
+   *  backend's minimum chunk (64 MiB) and at most host_headroom; and no
+   *  chunk the pool adds, there or for a block that found no room, is
+   *  larger than the largest of the block's bytes (rounded up to 2 MiB),
+   *  host_headroom and the backend's minimum chunk (otherwise chunks grow
+   *  geometrically, up to 1 GiB). The pool then holds at most about
+   *  host_headroom (or one minimum chunk) more than its blocks. A smaller
+   *  headroom keeps less pinned memory unused, at the price of spills that
+   *  pin their own chunk (22-24 GB/s through DMEM_HOST_PIN_REGISTER,
+   *  2.5-3 GB/s through cudaMallocHost) instead of finding one pinned
+   *  ahead; 0: the pool grows only by what spills need. dmem.dask uses 0
+   *  (docs/dask.md). Any value is valid. */
+  size_t host_headroom;
 } dmem_config_t;
 
 /** dmem_config_t.stats_interval_s: the most it may be (a day). */
@@ -197,6 +217,9 @@ typedef struct dmem_config {
 
 /** dmem_config_t.host_burst: the default, half the host limit. */
 #define DMEM_HOST_BURST_DEFAULT 0.5
+
+/** dmem_config_t.host_headroom: the default, 4 GiB. */
+#define DMEM_HOST_HEADROOM_DEFAULT ((size_t)4 << 30)
 
 /** dmem_config_t.spill_ahead: the backend's default. */
 #define DMEM_SPILL_AHEAD_DEFAULT (-1.0)

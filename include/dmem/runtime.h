@@ -119,6 +119,8 @@ typedef struct dmem_runtime_info {
   /** The parent of the private spill directory (spill_dir, $TMPDIR or /tmp);
    *  NUL-terminated, truncated to fit. */
   char spill_dir[256];
+  /** The pinned pool's headroom (dmem_config_t.host_headroom). */
+  size_t host_headroom;
 } dmem_runtime_info_t;
 
 /**

@@ -19,6 +19,7 @@ _VARIABLES = [
     ("DMEM_DEVICE_LIMIT", "device limit", "device_limit"),
     ("DMEM_HOST_LIMIT", "host limit", "host_limit"),
     ("DMEM_HOST_BURST", "host burst", None),
+    ("DMEM_HOST_HEADROOM", "pinned pool headroom", "host_headroom"),
     ("DMEM_HOST_RESERVE", "host reserve", None),
     ("DMEM_HOST_PIN", "host pinning", None),
     ("DMEM_HOST_CAPACITY", "host backend capacity", "device_capacity"),
@@ -38,7 +39,7 @@ def _mib(n):
 
 def _value(key, info):
     v = info[key]
-    if key in ("device_limit", "device_capacity"):
+    if key in ("device_limit", "device_capacity", "host_headroom"):
         return _mib(v)
     if key == "host_limit":
         return _mib(v) if v else "0 (unlimited)"

@@ -170,6 +170,7 @@ static void set_defaults(dmem_config_t *cfg) {
   cfg->oom_wait_ms = DMEM__OOM_WAIT_DEFAULT_MS;
   cfg->spill_ahead = DMEM_SPILL_AHEAD_DEFAULT;
   cfg->host_burst = DMEM_HOST_BURST_DEFAULT;
+  cfg->host_headroom = DMEM_HOST_HEADROOM_DEFAULT;
 }
 
 /* Apply the environment to cfg (cfg != NULL), or check it against `given`,
@@ -237,6 +238,13 @@ static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
       ENV_FAIL(!given || given->host_reserve == d.host_reserve,
                "DMEM_HOST_RESERVE=\"%s\": expected bytes (" SIZE_UNITS ")", v);
     else if (cfg) cfg->host_reserve = bytes;
+  }
+  if (ENV("DMEM_HOST_HEADROOM")) {
+    size_t bytes;
+    if (parse_size(v, &bytes, NULL) != DMEM_OK)
+      ENV_FAIL(!given || given->host_headroom == d.host_headroom,
+               "DMEM_HOST_HEADROOM=\"%s\": expected bytes (" SIZE_UNITS ")", v);
+    else if (cfg) cfg->host_headroom = bytes;
   }
   if (ENV("DMEM_HOST_BURST")) {
     double f;

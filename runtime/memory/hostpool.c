@@ -10,15 +10,20 @@
  * (when the pool is created with one: the CUDA backend) keeps the free
  * bytes at or above the headroom, the bytes carved in the last 100-200 ms
  * (two buckets of DMEM__HOSTPOOL_BUCKET_NS), at least one minimum chunk and
- * at most DMEM__HOSTPOOL_MAX_HEADROOM. Paced by demand, the pool stays ahead
+ * at most `max_headroom` (dmem_config_t.host_headroom, default 4 GiB; 0:
+ * the thread never grows the pool). Paced by demand, the pool stays ahead
  * of a burst of spills (cuBLAS at 2x oversubscription spills 256 MiB every
  * 20 ms; pinning runs at 22-24 GB/s) yet holds little more than it needs
  * when spills come slowly: a fixed fraction of what it holds (a quarter,
  * before) kept gigabytes pinned and unused in a Dask worker. Chunks grow
  * geometrically (half of what is held, between the backend's minimum and
  * 1 GiB) and are sized to a whole number of the last large block, so that
- * 256 MiB blocks fill a 1 GiB chunk four times rather than three. An
- * allocation that finds no room still grows the pool itself. Nobody holds
+ * 256 MiB blocks fill a 1 GiB chunk four times rather than three; but no
+ * chunk is larger than the largest of the block's need, max_headroom and
+ * the minimum chunk, so that a small headroom also leaves no large chunk
+ * unused (a Dask worker's pool held 4.8 GB more than its spilled data with
+ * the 4 GiB headroom and 1 GiB chunks). An allocation that finds no room
+ * still grows the pool itself. Nobody holds
  * the pool's mutex across the backend's host_alloc / host_free: one thread
  * grows at a time (`growing`), others wait for it on `cv` and look again.
  *
@@ -86,7 +91,6 @@ typedef struct block_header {
 #define DMEM__HOSTPOOL_IDLE_NS (30ull * 1000 * 1000 * 1000)
 #define DMEM__HOSTPOOL_MAX_CHUNK ((size_t)1 << 30)
 #define DMEM__HOSTPOOL_BUCKET_NS (100ull * 1000 * 1000)
-#define DMEM__HOSTPOOL_MAX_HEADROOM ((size_t)4 << 30)
 #define DMEM__HOSTPOOL_PIN_THREADS 4
 
 struct dmem__hostpool {
@@ -99,6 +103,7 @@ struct dmem__hostpool {
   size_t free_bytes;    /* bytes in free ranges */
   size_t min_chunk;
   size_t limit;         /* most bytes in chunks; 0: unlimited */
+  size_t max_headroom;  /* the most free bytes the thread keeps; bounds a chunk */
   bool growing;         /* a thread is in host_alloc for the pool */
   bool want_grow;       /* the free bytes ran low: the thread should add a chunk */
   bool stop;
@@ -209,12 +214,14 @@ static dmem_status_t pin_reserve(dmem__hostpool_t *p, size_t reserve) {
 }
 
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
-                                    size_t reserve, dmem__hostpool_t **pool_out) {
+                                    size_t reserve, size_t headroom,
+                                    dmem__hostpool_t **pool_out) {
   dmem__hostpool_t *p = calloc(1, sizeof *p);
   if (!p) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host pool allocation failed");
   p->be = be;
   p->min_chunk = be->host_chunk_min ? be->host_chunk_min : (size_t)4 << 20;
   p->limit = limit;
+  p->max_headroom = headroom;
   if (limit && p->min_chunk > limit) p->min_chunk = round_up(limit, 256);
   pthread_mutex_init(&p->mu, NULL);
   pthread_condattr_t ca;
@@ -304,16 +311,22 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
 /* The size of the next chunk for a block of `need` bytes: geometric (half
  * of what is held), at least the backend's minimum, at most 1 GiB unless
  * the block needs more, rounded to hold a whole number (2 to 16) of the
- * last large block (and the first one's page front), never past the
- * limit. 0 when the limit leaves no room for `need`. Under mu. */
+ * last large block (and the first one's page front); then at most the
+ * largest of `need` (rounded up to 2 MiB), max_headroom and the minimum
+ * chunk; never past the limit. 0 when the limit leaves no room for `need`.
+ * Under mu. */
 static size_t next_chunk(const dmem__hostpool_t *p, size_t need) {
   size_t c = p->reserved / 2;
   if (c < p->min_chunk) c = p->min_chunk;
   if (c > DMEM__HOSTPOOL_MAX_CHUNK) c = DMEM__HOSTPOOL_MAX_CHUNK;
-  if (c < need) c = round_up(need, (size_t)2 << 20);
+  size_t need_c = round_up(need, (size_t)2 << 20);
+  if (c < need) c = need_c;
   size_t unit = p->last_need;
   if (unit >= POOL_PAGE_MIN && unit <= c / 2 && unit > c / 16)
     c = round_up((c + unit - 1) / unit * unit + POOL_PAGE, (size_t)2 << 20);
+  size_t most = need_c > p->max_headroom ? need_c : p->max_headroom;
+  if (most < p->min_chunk) most = p->min_chunk;
+  if (c > most) c = most;
   if (p->limit) {
     if (p->reserved >= p->limit || need > p->limit - p->reserved) return 0;
     if (c > p->limit - p->reserved) c = p->limit - p->reserved;
@@ -369,13 +382,13 @@ static void demand_roll(dmem__hostpool_t *p, uint64_t now) {
 }
 
 /* The free bytes the background thread keeps: what was carved in the last
- * 100-200 ms, at least one minimum chunk, at most
- * DMEM__HOSTPOOL_MAX_HEADROOM. Under mu. */
+ * 100-200 ms, at least one minimum chunk, at most max_headroom (0: none).
+ * Under mu. */
 static size_t headroom(dmem__hostpool_t *p, uint64_t now) {
   demand_roll(p, now);
   size_t h = p->bucket_cur + p->bucket_prev;
   if (h < p->min_chunk) h = p->min_chunk;
-  if (h > DMEM__HOSTPOOL_MAX_HEADROOM) h = DMEM__HOSTPOOL_MAX_HEADROOM;
+  if (h > p->max_headroom) h = p->max_headroom;
   return h;
 }
 

@@ -133,10 +133,13 @@ void dmem__blocks_stats(dmem__blocks_t *blocks, dmem__blocks_stats_t *out);
  * unlimited); `background`: a thread grows it before it runs dry and trims
  * it when idle. `reserve` bytes (<= limit when limit is set) are pinned
  * before it returns, several chunks at once, and kept until destroy: trims
- * never go below them. DMEM_ERR_HOST_OUT_OF_MEMORY (nothing is left
- * pinned). */
+ * never go below them. `headroom` (dmem_config_t.host_headroom): the most
+ * free bytes the thread keeps ahead of demand, and with the block's bytes
+ * and the backend's minimum chunk the bound of one chunk.
+ * DMEM_ERR_HOST_OUT_OF_MEMORY (nothing is left pinned). */
 dmem_status_t dmem__hostpool_create(dmem__backend_t *be, size_t limit, bool background,
-                                    size_t reserve, dmem__hostpool_t **pool_out);
+                                    size_t reserve, size_t headroom,
+                                    dmem__hostpool_t **pool_out);
 void dmem__hostpool_destroy(dmem__hostpool_t *pool);
 /* A block of size bytes (256-byte aligned; 4 KiB from 64 KiB up, and then
  * taking whole pages, header included, so that such blocks pack). Grows

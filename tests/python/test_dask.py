@@ -426,6 +426,44 @@ def test_host_burst_reaches_the_runtime(tmp_path):
             d.runtime.close()
 
 
+def test_host_headroom_reaches_the_runtime(tmp_path, monkeypatch):
+    """dmem.dask's workers get a headroom of DASK_HOST_HEADROOM (0) unless
+    host_headroom or DMEM_HOST_HEADROOM gives one; a given one reaches the
+    runtime as it is (a size as Dask reads it)."""
+    from dmem.dask import data as dask_data
+    from dmem.dask.cluster import worker_options
+
+    assert dask_data.DASK_HOST_HEADROOM == 0
+    assert worker_options("host", host_headroom="64MiB")["data"][1]["host_headroom"] == "64MiB"
+    assert "host_headroom" not in worker_options("host")["data"][1]
+    monkeypatch.delenv("DMEM_HOST_HEADROOM", raising=False)
+
+    def headroom(**kw):
+        d = DmemWorkerData(backend="host", device_memory_limit=4 * MiB, spill_dir=str(tmp_path),
+                           worker_local_directory=str(tmp_path / "local"), **kw)
+        try:
+            return d.runtime.info()["host_headroom"]
+        finally:
+            d.close()
+            gc.collect()
+            if d._owned:
+                d.runtime.close()
+
+    assert headroom() == 0                                   # dmem.dask's default
+    assert headroom(host_headroom="64MiB") == 64 * MiB       # given
+    assert headroom(host_headroom="100MB") == 100 * 10**6    # as Dask reads sizes
+    assert headroom(host_headroom=3 * MiB) == 3 * MiB
+    monkeypatch.setenv("DMEM_HOST_HEADROOM", "16MiB")
+    assert headroom() == 16 * MiB                            # the environment's
+    assert headroom(host_headroom=0) == 0                    # the argument wins
+    monkeypatch.delenv("DMEM_HOST_HEADROOM")
+    for bad in (-1, "lots", "10%"):
+        with pytest.raises(ValueError):
+            headroom(host_headroom=bad)
+    with pytest.raises(TypeError):
+        headroom(host_headroom=1.5)
+
+
 def test_a_controller_already_installed_is_kept(tmp_path):
     rt = dmem.Runtime(backend="host", host_capacity=MiB, spill_dir=str(tmp_path))
     mine = dmem.Controller()

@@ -361,3 +361,26 @@ def test_host_limit_is_derived_from_the_workers_memory_limit():
         ((name, spec),) = c.new_worker_spec().items()
         assert spec["options"]["data"][1]["host_memory_limit"] == "2GB"
         assert "host_burst" not in spec["options"]["data"][1]
+
+
+def test_host_headroom_reaches_the_workers(tmp_path, monkeypatch):
+    """LocalCluster(host_headroom=) reaches each worker's runtime as it is;
+    without it the workers' runtimes get dmem.dask's default (0)."""
+    monkeypatch.delenv("DMEM_HOST_HEADROOM", raising=False)
+    for given, want in ((None, 0), ("64MiB", 64 << 20)):
+        kw = {} if given is None else {"host_headroom": given}
+        with dmem.dask.LocalCluster(n_workers=1, backend="host", dashboard_address=None,
+                                    device_memory_limit="16MiB", threads_per_worker=1,
+                                    memory_limit="4GiB", spill_dir=str(tmp_path),
+                                    **kw) as c, distributed.Client(c) as client:
+            ((name, spec),) = c.new_worker_spec().items()
+            if given is None:
+                assert "host_headroom" not in spec["options"]["data"][1]
+            else:
+                assert spec["options"]["data"][1]["host_headroom"] == given
+
+            def worker_headroom(dask_worker):
+                return dask_worker.data.runtime.info()["host_headroom"]
+
+            got = client.run(worker_headroom)
+            assert list(got.values()) == [want], got

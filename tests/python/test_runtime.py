@@ -200,6 +200,8 @@ def test_malformed_size_string_names_the_parser_detail():
     {"host_reserve": 1.5},
     {"host_burst": "20%"},
     {"host_burst": True},
+    {"host_headroom": 1.5},
+    {"host_headroom": True},
     {"spill_dir": 3},
 ])
 def test_create_type_errors(kwargs):
@@ -226,11 +228,52 @@ def test_create_type_errors(kwargs):
     {"host_burst": 1.5},
     {"host_burst": -0.1},
     {"host_burst": float("nan")},
+    {"host_headroom": -1},
+    {"host_headroom": "10%"},
+    {"host_headroom": "lots"},
 ])
 def test_create_value_errors(kwargs):
     kwargs.setdefault("backend", "host")
     with pytest.raises(ValueError):
         dmem.Runtime(**kwargs)
+
+
+def test_host_headroom_reaches_the_runtime_and_bounds_chunks(spill_dir, monkeypatch):
+    """host_headroom: the pinned pool's headroom (dmem_config_t.host_headroom),
+    bytes or a size string; DMEM_HOST_HEADROOM when not given; the argument
+    wins over the variable. With 0 each spilled 5 MiB block gets a chunk of
+    its own size (rounded up to 2 MiB); with the default (4 GiB) the chunks
+    grow geometrically, past what the blocks need."""
+    MiB = 1 << 20
+    monkeypatch.delenv("DMEM_HOST_HEADROOM", raising=False)
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(spill_dir)) as rt:
+        assert rt.info()["host_headroom"] == 4 << 30
+    for given, want in ((0, 0), ("256MiB", 256 * MiB), ("64MB", 64 * 10**6), (5 * MiB, 5 * MiB)):
+        with dmem.Runtime(backend="host", host_capacity=8 * MiB, host_headroom=given,
+                          spill_dir=str(spill_dir)) as rt:
+            assert rt.info()["host_headroom"] == want, given
+    monkeypatch.setenv("DMEM_HOST_HEADROOM", "32MiB")
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(spill_dir)) as rt:
+        assert rt.info()["host_headroom"] == 32 * MiB
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, host_headroom=0,
+                      spill_dir=str(spill_dir)) as rt:
+        assert rt.info()["host_headroom"] == 0
+    monkeypatch.delenv("DMEM_HOST_HEADROOM")
+    reserved = {}
+    for headroom in (0, None):
+        kw = {} if headroom is None else {"host_headroom": headroom}
+        with dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(spill_dir),
+                          **kw) as rt:
+            bufs = [rt.alloc(5 * MiB) for _ in range(8)]
+            for i, b in enumerate(bufs):
+                b.write(bytes([i]) * (5 * MiB))
+                b.spill("host")
+            reserved[headroom] = rt.stats()["host_pool_reserved"]
+            for i, b in enumerate(bufs):
+                assert bytes(b.peek(5 * MiB)) == bytes([i]) * (5 * MiB)
+                b.free()
+    assert reserved[0] == 8 * 6 * MiB, reserved
+    assert reserved[None] > reserved[0], reserved
 
 
 def test_host_burst_bounds_the_pinned_pool(spill_dir):

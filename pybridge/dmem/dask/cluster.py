@@ -185,8 +185,10 @@ def derived_host_options(memory_limit, nthreads, host_memory_limit, host_burst):
 
 
 def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
-                   host_target=None, ipc=None, host_burst=None):
-    """The Worker/Nanny keyword arguments that make a dmem worker."""
+                   host_target=None, ipc=None, host_burst=None, host_headroom=None):
+    """The Worker/Nanny keyword arguments that make a dmem worker (the
+    workers' DmemWorkerData applies DASK_HOST_HEADROOM when host_headroom
+    is None and DMEM_HOST_HEADROOM is not set)."""
     data = {"backend": backend}
     if device_memory_limit is not None:
         data["device_memory_limit"] = device_memory_limit
@@ -198,6 +200,8 @@ def worker_options(backend, device_memory_limit=None, host_memory_limit=None, sp
         data["host_target"] = host_target
     if host_burst is not None:
         data["host_burst"] = host_burst
+    if host_headroom is not None:
+        data["host_headroom"] = host_headroom
     return {"data": (DmemWorkerData, data), "plugins": {DmemWorkerPlugin(ipc=ipc)}}
 
 
@@ -219,6 +223,11 @@ class LocalCluster(distributed.LocalCluster):
     host_burst:
         Per worker: how far past host_memory_limit the host tier may grow
         while it is pushed down to disk (DmemWorkerData's host_burst).
+    host_headroom:
+        Per worker: the most free pinned host memory the pinned pool keeps
+        ahead of spills (bytes or a string as Dask reads it); None:
+        ``DMEM_HOST_HEADROOM``, else 0 (DmemWorkerData's host_headroom: the
+        pool grows only by what spills need; docs/dask.md, "Host memory").
     spill_dir:
         Parent folder of the workers' disk tiers (default: each worker's
         local directory).
@@ -240,7 +249,7 @@ class LocalCluster(distributed.LocalCluster):
 
     def __init__(self, n_workers=None, device_memory_limit=None, host_memory_limit=None,
                  spill_dir=None, *, backend=None, devices=None, host_target=None, ipc=None,
-                 host_burst=None, **kwargs):
+                 host_burst=None, host_headroom=None, **kwargs):
         if kwargs.get("processes") is False:
             raise ValueError("dmem.dask.LocalCluster runs one worker process per GPU: "
                              "processes=False is not supported")
@@ -270,7 +279,7 @@ class LocalCluster(distributed.LocalCluster):
             host_memory_limit, host_burst)
         self.host_memory_limit = host_memory_limit
         options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,
-                                 host_target, ipc, host_burst)
+                                 host_target, ipc, host_burst, host_headroom)
         plugins = set(kwargs.pop("plugins", ())) | options["plugins"]
         super().__init__(n_workers=0, processes=True, worker_class=Nanny, data=options["data"],
                          plugins=plugins, **kwargs)

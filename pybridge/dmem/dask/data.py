@@ -158,13 +158,26 @@ def parse_size(value, what="size"):
     return int(value)
 
 
+# The pinned pool's headroom (dmem.Runtime's host_headroom) of dmem.dask
+# workers when neither host_headroom nor DMEM_HOST_HEADROOM gives one: none,
+# the pool grows only by what spills need (docs/dask.md, "Host memory").
+DASK_HOST_HEADROOM = 0
+
+
 def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir,
-                 host_burst=None):
+                 host_burst=None, host_headroom=None):
     """(runtime, owned): the process's default runtime, configured with these
     limits when it does not exist yet; a private runtime when it already does
-    and limits were asked for."""
+    and limits were asked for. host_headroom None: DMEM_HOST_HEADROOM, else
+    DASK_HOST_HEADROOM (which alone does not make a private runtime)."""
     device_memory_limit = parse_size(device_memory_limit, "device_memory_limit")
     host_memory_limit = parse_size(host_memory_limit, "host_memory_limit")
+    host_headroom = parse_size(host_headroom, "host_headroom")
+    if isinstance(host_headroom, str):  # "N%": dmem.Runtime says what is wrong
+        raise ValueError(f"host_headroom must be a size, not {host_headroom!r}")
+    headroom_given = host_headroom is not None
+    if not headroom_given and not os.environ.get("DMEM_HOST_HEADROOM"):
+        host_headroom = DASK_HOST_HEADROOM
     kw = {}
     if backend is not None:
         kw["backend"] = backend
@@ -178,6 +191,8 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["spill_dir"] = spill_dir
     if host_burst is not None:
         kw["host_burst"] = host_burst
+    if host_headroom is not None:
+        kw["host_headroom"] = host_headroom
     if backend == "host" and isinstance(device_memory_limit, int):
         kw["host_capacity"] = device_memory_limit
     try:
@@ -186,7 +201,7 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         # the default runtime exists already (another mapping of this
         # process, or an allocator hook used first)
         if device_memory_limit is not None or host_memory_limit is not None or \
-                host_burst is not None:
+                host_burst is not None or headroom_given:
             return dmem.Runtime(**kw), True
     return dmem.default_runtime(device), False
 
@@ -209,6 +224,14 @@ class DmemWorkerData(MutableMapping):
         the worker grows to about host_memory_limit * (1 + host_burst) plus
         staging under sustained spilling: less burst with a higher limit
         holds more spilled data in the same memory.
+    host_headroom:
+        The most free pinned host memory the pinned pool keeps ahead of
+        spills (dmem.Runtime's host_headroom): bytes or a string as Dask
+        reads it. None: ``DMEM_HOST_HEADROOM``, else DASK_HOST_HEADROOM (0:
+        the pool grows only by what spills need, so that it holds little
+        more than the spilled data; docs/dask.md, "Host memory"). dmem's own
+        default, 4 GiB, pins ahead of bursts of spills at the price of up to
+        that much pinned memory left unused.
     spill_dir:
         Where dmem's disk tier puts its (unlinked) files; default: the
         worker's local directory.
@@ -229,7 +252,7 @@ class DmemWorkerData(MutableMapping):
 
     def __init__(self, device_memory_limit=None, host_memory_limit=None, spill_dir=None, *,
                  runtime=None, backend=None, device=None, host_target=None, host_burst=None,
-                 worker_local_directory=None):
+                 host_headroom=None, worker_local_directory=None):
         from distributed.spill import SpillBuffer
 
         global _current
@@ -248,7 +271,7 @@ class DmemWorkerData(MutableMapping):
         else:
             self.runtime, self._owned = _runtime_for(
                 backend, device, device_memory_limit, host_memory_limit,
-                spill_dir if spill_dir is not None else local, host_burst)
+                spill_dir if spill_dir is not None else local, host_burst, host_headroom)
         if host_target is None:
             host_target = sys.maxsize
         elif not isinstance(host_target, int) or isinstance(host_target, bool) or host_target < 0:

@@ -29,6 +29,10 @@ def _parser():
                    help="how far past the host limit (a fraction of it, 0 to 1) the host tier "
                         "may grow while it is pushed down to disk (default 0.2 with a derived "
                         "host limit, else 0.5)")
+    p.add_argument("--host-headroom", default=None,
+                   help="the most free pinned host memory the pinned pool keeps ahead of "
+                        "spills (bytes, '256MiB'; default: DMEM_HOST_HEADROOM, else 0: the "
+                        "pool grows only by what spills need, see docs/dask.md)")
     p.add_argument("--spill-dir", default=None, help="parent folder of the disk tiers")
     p.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
     p.add_argument("--memory-limit", default="auto",
@@ -89,7 +93,8 @@ async def _run(args):
     host_limit, host_burst = derived_host_options(args.memory_limit, args.nthreads,
                                                   args.host_memory_limit, args.host_burst)
     opts = worker_options(backend, args.device_memory_limit, host_limit,
-                          args.spill_dir, ipc=args.ipc, host_burst=host_burst)
+                          args.spill_dir, ipc=args.ipc, host_burst=host_burst,
+                          host_headroom=args.host_headroom)
     extra = {}
     if args.local_directory is not None:
         extra["local_directory"] = args.local_directory
