@@ -234,8 +234,11 @@ static void *leak_main(void *arg) {
         void *p;
         st = dmem_lock(l->rt, h[i], NULL, &p);
         if (st == DMEM_OK) {
+          /* read through a copy: under CUDA p is device memory */
+          static _Thread_local unsigned char tmp[LEAK_SIZE];
+          dmem_copy(l->rt, tmp, p, LEAK_SIZE, NULL);
           dmem_stream_synchronize(l->rt, NULL);
-          if (check_verify(p, LEAK_SIZE, seed[i])) atomic_fetch_add(l->bad, 1);
+          if (check_verify(tmp, LEAK_SIZE, seed[i])) atomic_fetch_add(l->bad, 1);
           dmem_unlock(l->rt, h[i]);
         }
       }
