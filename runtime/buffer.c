@@ -52,8 +52,12 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
   dmem_atomic_store_relaxed(&b->spill_event, NULL);
   dmem_atomic_store_relaxed(&b->priority, 0);
   dmem_atomic_store_relaxed(&b->spill_count, 0);
-  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* newer than every earlier unlock */
-  dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+  if (rt->pol_lru) {
+    dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* newer than every earlier unlock */
+    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+  } else {
+    dmem__policy_arrive(rt, b, DMEM__ARRIVE_NEW); /* before the word is published */
+  }
   if (flags & DMEM_ALLOC_PINNED) dmem_atomic_add_relaxed(&rt->device_pinned, size);
   dmem_atomic_add_relaxed(&rt->buffer_count, 1);
   uint64_t gen = dmem__w_gen(dmem_atomic_load_relaxed(&b->word));
@@ -125,6 +129,8 @@ dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priorit
   uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
   if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_atomic_store_relaxed(&b->priority, priority);
+  /* the next eviction pass moves it to its new class's lists */
+  dmem__policy_arrive(rt, b, DMEM__ARRIVE_PRIO);
   return DMEM_OK;
 }
 

@@ -73,6 +73,39 @@ typedef struct dmem__xstats {
   _Atomic uint64_t prefetch_count, prefetch_bytes;
 } dmem__xstats_t;
 
+/* A priority class of the default eviction policy (spill/reuse.c): four
+ * lists of slots (spill/reuse.c says what each holds): cold, hot, back,
+ * and back's window. */
+#define DMEM__PLISTS 4
+typedef struct dmem__pclass {
+  int prio;
+  uint32_t head[DMEM__PLISTS], tail[DMEM__PLISTS];
+  size_t n[DMEM__PLISTS]; /* entries on each list */
+  size_t win_bytes;       /* bytes on the window (as each entry was linked) */
+} dmem__pclass_t;
+
+/* The default eviction policy's state (spill/reuse.c). Everything but
+ * `arrivals` is under mu, which only eviction passes take: never an
+ * unlock, a lock or an allocation. */
+typedef struct dmem__policy {
+  pthread_mutex_t mu;
+  dmem__pclass_t *cls;   /* by class id (append-only) */
+  uint16_t *order;       /* class ids by ascending priority */
+  uint32_t ncls, capcls;
+  uint64_t tick;         /* victims taken so far: the policy's clock */
+  size_t win_max;        /* the most bytes a class's window holds: adapts
+                            between win_min and win_top */
+  size_t win_min, win_top;
+  bool no_class;         /* a class could not be made (no memory): some
+                            buffers are on no list, and eviction passes
+                            scan the whole table instead */
+  /* Buffers that came to the device (or changed priority) since the last
+   * drain: a stack of slots pushed with one CAS (release) by the arriving
+   * thread, taken whole (exchange, acquire) by the drain. Its own line:
+   * allocations on every thread push here. */
+  _Alignas(64) _Atomic uint32_t arrivals;
+} dmem__policy_t;
+
 typedef struct dmem__hostpool dmem__hostpool_t;
 typedef struct dmem__raw dmem__raw_t;
 typedef struct dmem__blocks dmem__blocks_t;
@@ -173,12 +206,19 @@ struct dmem_runtime {
    * which so refuses both at no extra cost: kept on a line of its own, away
    * from the counters that every thread writes. */
   _Alignas(64) _Atomic int fatal;
+  /* cfg.eviction_policy is DMEM_EVICTION_LRU: the unlock stamps last_use
+   * instead of marking the buffer. Set at create; read by every unlock
+   * that brings a count to 0, so it shares fatal's read-only line. */
+  bool pol_lru;
   /* The live runtimes of the process (runtime/fork.c), under its mutex. */
   dmem_runtime_t *fork_prev, *fork_next;
 
-  /* LRU epoch: read (relaxed) by unlocks, bumped by allocations and
-   * eviction passes. On its own line. */
+  /* LRU epoch (DMEM_EVICTION_LRU only): read (relaxed) by unlocks, bumped
+   * by allocations and eviction passes. On its own line. */
   _Alignas(64) _Atomic uint64_t lru_epoch;
+
+  /* The default eviction policy (spill/reuse.c). */
+  dmem__policy_t pol;
 
   /* Device bytes charged against the limit: live allocations (buffers and
    * raw) plus the shards' unused budget (memory/devmem.c). Never above the
@@ -341,6 +381,16 @@ static inline dmem_status_t dmem__check_live(dmem_runtime_t *rt) {
 static inline dmem_status_t dmem__check_forked(dmem_runtime_t *rt) {
   if (dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED) return dmem__forked_error();
   return DMEM_OK;
+}
+
+/* Mark b as unlocked (its count just reached 0) for the default eviction
+ * policy: one relaxed load and at most one relaxed store of a byte on b's
+ * first line, which the unlock's CAS owns already. The policy consumes the
+ * mark with an exchange under its mutex (spill/reuse.c); a mark racing
+ * that exchange may survive it, which only keeps the buffer a pass longer. */
+static inline void dmem__policy_mark(dmem__buffer_t *b) {
+  uint8_t r = dmem_atomic_load_relaxed(&b->ref);
+  if (r < 2) dmem_atomic_store_relaxed(&b->ref, (uint8_t)(r + 1));
 }
 
 /* LRU stamp of an unlock: the runtime's epoch (bumped by allocations and

@@ -47,6 +47,10 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
                        cfg->stats_interval_s, DMEM_STATS_INTERVAL_MAX);
   if ((int)cfg->host_pin < DMEM_HOST_PIN_AUTO || (int)cfg->host_pin > DMEM_HOST_PIN_REGISTER)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_pin %d not in 0..2", (int)cfg->host_pin);
+  if ((int)cfg->eviction_policy < DMEM_EVICTION_DEFAULT ||
+      (int)cfg->eviction_policy > DMEM_EVICTION_REUSE)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "eviction_policy %d not in 0..2",
+                       (int)cfg->eviction_policy);
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;
@@ -266,6 +270,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
     rt->limit = rt->capacity;
   }
   rt->host_limit = cfg.host_limit;
+  rt->pol_lru = cfg.eviction_policy == DMEM_EVICTION_LRU;
+  dmem__policy_init(rt);
   dmem__charge_init(rt);
   /* The pinned pool holds the host tier (up to its cap, host_burst past host_limit,
    * while the push-down to disk catches up) plus staging for copies in
@@ -341,6 +347,7 @@ fail_pool:
 fail_hostpool:
   dmem__hostpool_destroy(rt->hostpool);
 fail_backend:
+  dmem__policy_fini(rt);
   rt->be->destroy(rt->be);
 fail_track:
   dmem__fork_untrack(rt);
@@ -425,6 +432,7 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
   (void)rt->be->stream_destroy(rt->be, rt->order_stream);
   dmem__hostpool_destroy(rt->hostpool);
   rt->be->destroy(rt->be);
+  dmem__policy_fini(rt);
   destroy_mutexes(rt);
   dmem__table_fini(rt->table);
   free(rt->table);

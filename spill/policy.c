@@ -1,7 +1,10 @@
 /*
  * spill/policy.c - choosing spill victims and spilling them: the controller's
  * selection when it gives one, else lowest priority first and, within a
- * priority, least recently unlocked first.
+ * priority, the runtime's eviction policy: the default (spill/reuse.c: cold
+ * buffers before hot, victims from lists, amortised O(1) each) or, with
+ * DMEM_EVICTION_LRU, least recently unlocked first (every slot scanned and
+ * sorted at each pass).
  */
 #include "runtime/internal.h"
 #include <sched.h>
@@ -195,8 +198,60 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
   return DMEM_OK;
 }
 
+/* The default policy's victims (spill/reuse.c), a batch at a time, until
+ * `need` bytes are freed, the lists are exhausted, or the host tier and
+ * the disk cannot take more. With `contig`, the first victim of the first
+ * batch whose block makes a free range of that size is spilled first,
+ * alone, as the LRU path does (spill/policy.c: find_range_maker). *scan_out:
+ * scan the table instead: the lists could not hold every buffer (no
+ * memory), or no victim of the first batch makes the contiguous range
+ * (the scan looks at every candidate for one). */
+static dmem_status_t evict_reuse(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps,
+                                 bool *scan_out) {
+  dmem__victim_t cand[DMEM__SPILL_BATCH_MAX];
+  size_t looked = 0, entries = 0;
+  bool fallback = false;
+  *scan_out = false;
+  while (ps->freed < need) {
+    size_t n = dmem__policy_collect(rt, need - ps->freed, cand, DMEM__SPILL_BATCH_MAX, &entries,
+                                    &fallback);
+    if (fallback) {
+      *scan_out = true;
+      return DMEM_OK;
+    }
+    if (n == 0) break;
+    if (contig) {
+      long pick = find_range_maker(rt, cand, n, contig);
+      if (pick < 0) {
+        *scan_out = true;
+        return DMEM_OK;
+      }
+      dmem_status_t st = spill_victim(rt, cand[pick].b, cand[pick].h, ps);
+      if (hopeless(st)) return st;
+      if (st == DMEM_OK && dmem__pool_fits(rt->pool, contig, NULL)) need = ps->freed;
+      cand[pick].b = NULL; /* done: the batches skip it */
+      contig = 0;
+    }
+    size_t before = ps->freed;
+    for (size_t i = 0; i < n && ps->freed < need;) {
+      size_t used = 0;
+      dmem_status_t st = spill_batch(rt, cand + i, n - i, need, ps, &used);
+      i += used;
+      if (hopeless(st)) return st;
+      if (st == DMEM_ERR_HOST_OUT_OF_MEMORY || st == DMEM_ERR_IO) return DMEM_OK;
+    }
+    if (ps->freed == 0) note_freed_since_scan(rt, cand, n);
+    /* Candidates that could not be spilled (locked, moved or freed since)
+     * went to the lists' newest ends: the next batch takes others. Stop
+     * once as many as the lists hold were looked at. */
+    looked += n;
+    if (ps->freed == before && looked > entries) break;
+  }
+  return DMEM_OK;
+}
+
 static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, pass_t *ps) {
-  dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
+  if (rt->pol_lru) dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* unlocks from now on are newer */
   dmem_controller_t c;
   if (dmem__controller_get(rt, &c) && c.select_victims) {
     size_t cap = dmem_atomic_load_relaxed(&rt->buffer_count);
@@ -225,7 +280,17 @@ static dmem_status_t evict_pass(dmem_runtime_t *rt, size_t need, size_t contig, 
     free(v);
     if (ps->freed >= need) goto done;
   }
+  if (!rt->pol_lru) {
+    bool scan = false;
+    dmem_status_t st = evict_reuse(rt, need, contig, ps, &scan);
+    if (st != DMEM_OK || !scan) return st;
+    if (ps->freed >= need) goto done;
+  }
   {
+    /* LRU; or under the default policy, a contiguous range that its first
+     * victims do not make (every candidate is looked at, in the order of
+     * the policy's tick of each one's last known use), or lists short of
+     * memory */
     dmem__victim_t *cand;
     size_t n;
     if (dmem__victims_sorted(rt, spillable, &cand, &n) != DMEM_OK)

@@ -2,7 +2,8 @@
  * spill/prefetch.c - dmem_prefetch's batch: buffers brought back on the
  * host->device copy stream without being locked, and the caller's stream
  * ordered after the whole batch by one event. Each counts as just used (its
- * LRU stamp is renewed), so that eviction does not take it back first.
+ * LRU stamp renewed, or under the default policy the newest arrival or
+ * marked), so that eviction does not take it back first.
  */
 #include "runtime/internal.h"
 
@@ -22,12 +23,18 @@ dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t
       st = dmem__stale(hs[i]);
       break;
     }
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
+    bool resident = dmem__w_state(w) == DMEM_STATE_RESIDENT && !(w & DMEM__F_TRANSIT);
     st = dmem__retrieve(rt, b, hs[i], stream, DMEM__RETRIEVE_PREFETCH, NULL);
     if (st != DMEM_OK) break;
-    /* about to be locked: the most recently used, as an unlock would make
-     * it (else its old stamp made it the next victim, evicted before the
-     * lock it was brought back for) */
-    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+    /* About to be locked: not the next victim, which would evict it before
+     * the lock it was brought back for. LRU: the most recently used, as an
+     * unlock would make it (its old stamp made it the first victim). The
+     * default policy: brought back, it is the newest arrival (retrieve.c),
+     * the last of its class's cold buffers to go; resident already, it is
+     * marked as an unlock would mark it. */
+    if (rt->pol_lru) dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+    else if (resident) dmem__policy_mark(b);
   }
   /* One event after every copy enqueued so far on the host->device stream
    * (a FIFO): the caller's stream waits for the batch once. Buffers that

@@ -116,6 +116,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     dmem_atomic_add_relaxed(&rt->xs.prefetch_bytes, size);
   }
   dmem__staging_push(rt, b, h);
+  dmem__policy_arrive(rt, b, DMEM__ARRIVE_BACK); /* back on the device */
   /* release: publishes b->dev and b->unspill_event; partner is the lockers'
    * acquire */
   uint64_t nw = dmem__move_end(rt, b,

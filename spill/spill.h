@@ -366,6 +366,34 @@ dmem_status_t dmem__victims_sorted(dmem_runtime_t *rt,
                                    bool (*want)(uint64_t w, const dmem__buffer_t *b),
                                    dmem__victim_t **out_v, size_t *n_out);
 
+/* ---- the default eviction policy (reuse.c) ---------------------------------------- */
+
+/* What brought a buffer to the policy's notice. */
+typedef enum dmem__arrival {
+  DMEM__ARRIVE_NEW = 1,  /* allocated (or adopted) */
+  DMEM__ARRIVE_BACK = 2, /* retrieved from a tier (a lock, dmem_unspill, a prefetch) */
+  DMEM__ARRIVE_PRIO = 3  /* its priority changed */
+} dmem__arrival_t;
+
+/* At create (after rt->limit is known) and destroy. */
+void dmem__policy_init(dmem_runtime_t *rt);
+void dmem__policy_fini(dmem_runtime_t *rt);
+/* b, a live buffer, came to the device (NEW, BACK: called by the thread
+ * that made it resident, before the releasing CAS that publishes it; its
+ * mark is reset) or changed priority (PRIO). Lock-free: a CAS on the
+ * arrivals stack, none when b's arrival is pending already. Nothing under
+ * DMEM_EVICTION_LRU. */
+void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind);
+/* Up to max victims (in the policy's order) whose bytes reach need, into
+ * out[] (priority, b, h; last_use not set), each moved to its class's
+ * cold list's newest end so that passes running beside this one take
+ * others. *entries_out: the buffers on the policy's lists now (a bound on
+ * how many victims a pass may look at); *fallback_out: some buffers are
+ * on no list (no memory for a priority class), so the caller should scan
+ * the table. Takes rt->pol.mu. */
+size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out, size_t max,
+                            size_t *entries_out, bool *fallback_out);
+
 /* Why an eviction pass runs (stats and the DMEM_LOG=info line). */
 typedef enum dmem__evict_reason {
   DMEM__EVICT_EXPLICIT, /* dmem_evict */

@@ -240,6 +240,19 @@ static inline dmem_runtime_t *check_runtime(size_t device_limit) {
   return check_runtime_cfg(&cfg);
 }
 
+/* check_runtime with the given eviction policy (cases about one policy's
+ * order: dmem_config_t.eviction_policy). */
+static inline dmem_runtime_t *check_runtime_policy(size_t device_limit,
+                                                   dmem_eviction_policy_t policy) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0;
+  cfg.device_limit = device_limit;
+  cfg.eviction_policy = policy;
+  return check_runtime_cfg(&cfg);
+}
+
 /* runtime/backend/backend.h (the tests link dmem_static) */
 #ifdef __cplusplus
 extern "C"

@@ -30,10 +30,11 @@ static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
   return info.state;
 }
 
-static dmem_runtime_t *runtime_with_burst(size_t limit, size_t host_limit, double host_burst,
-                                          const char *spill_dir) {
+static dmem_runtime_t *runtime_with_policy(size_t limit, size_t host_limit, double host_burst,
+                                           const char *spill_dir, dmem_eviction_policy_t policy) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
+  cfg.eviction_policy = policy;
   if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
   cfg.device_limit = limit;
   cfg.host_limit = host_limit;
@@ -44,6 +45,11 @@ static dmem_runtime_t *runtime_with_burst(size_t limit, size_t host_limit, doubl
   if (st == DMEM_ERR_NO_DEVICE) SKIP("no device");
   if (st != DMEM_OK) abort();
   return rt;
+}
+
+static dmem_runtime_t *runtime_with_burst(size_t limit, size_t host_limit, double host_burst,
+                                          const char *spill_dir) {
+  return runtime_with_policy(limit, host_limit, host_burst, spill_dir, DMEM_EVICTION_DEFAULT);
 }
 
 static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char *spill_dir) {
@@ -182,10 +188,15 @@ static void hook_off(void) { dmem__disk_hook_set(NULL, NULL); }
 
 /* ---- the host limit and its push-down ------------------------------------------------ */
 
+/* Under DMEM_EVICTION_LRU the push-down takes the least recently unlocked
+ * host-tier buffer first (under the default policy, the one whose last use
+ * the policy saw longest ago, in victims taken: these unlocks, with no
+ * eviction pass between them, would tie). */
 TEST_CASE(pushdown_moves_least_recently_used_first) {
   char parent[64];
   make_parent(parent, sizeof parent);
-  dmem_runtime_t *rt = runtime_with(16 * MiB, 2 * MiB, parent);
+  dmem_runtime_t *rt =
+      runtime_with_policy(16 * MiB, 2 * MiB, DMEM_HOST_BURST_DEFAULT, parent, DMEM_EVICTION_LRU);
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
     REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));

@@ -167,17 +167,17 @@ static void unlock_on_new_thread(dmem_runtime_t *rt, dmem_handle_t h, int times)
   pthread_join(t, NULL);
 }
 
-/* Across threads, unlocks are ordered by LRU epoch (runtime/internal.h,
- * dmem__lru_stamp: an allocation or an eviction pass starts a new one), and
- * within one epoch by each thread's own count. x is unlocked by a busy
- * thread, then an allocation, then y by another thread's first unlock:
- * eviction takes x first, however many unlocks each thread did. (Exact
- * order between threads within an epoch would need a write that every
- * unlocking thread shares: tried, it made bench_lock's 4-thread rows 8x
- * slower on an H100.) */
-TEST_CASE(lru_across_threads_by_epoch) {
+/* DMEM_EVICTION_LRU: across threads, unlocks are ordered by LRU epoch
+ * (runtime/internal.h, dmem__lru_stamp: an allocation or an eviction pass
+ * starts a new one), and within one epoch by each thread's own count. x is
+ * unlocked by a busy thread, then an allocation, then y by another
+ * thread's first unlock: eviction takes x first, however many unlocks each
+ * thread did. (Exact order between threads within an epoch would need a
+ * write that every unlocking thread shares: tried, it made bench_lock's
+ * 4-thread rows 8x slower on an H100.) */
+TEST_CASE(lru_policy_across_threads_by_epoch) {
   for (int round = 0; round < 2; round++) {
-    dmem_runtime_t *rt = check_runtime(16 * MiB);
+    dmem_runtime_t *rt = check_runtime_policy(16 * MiB, DMEM_EVICTION_LRU);
     dmem_handle_t x, y, z;
     REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
     REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
@@ -197,6 +197,86 @@ TEST_CASE(lru_across_threads_by_epoch) {
     CHECK_OK(dmem_free(rt, z));
     dmem_runtime_destroy(rt);
   }
+}
+
+/* The default policy: a buffer's recency is its own mark, set by whichever
+ * thread unlocks it, so its promise holds across threads exactly. x, y
+ * and z arrive (allocated) in that order; then one thread unlocks x a
+ * thousand times, and another y twice; z is not used. Eviction takes z:
+ * x and y were used again since they arrived. Before (LRU stamps of epoch
+ * and per-thread count, all in one epoch here), y's stamp (its thread's
+ * second unlock) was older than z's (the allocating thread's third
+ * stamp), and y went first although it was unlocked last. */
+TEST_CASE(unlocks_from_other_threads_count_exactly) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t x, y, z;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &z));
+  unlock_on_new_thread(rt, x, 1000);
+  unlock_on_new_thread(rt, y, 2);
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_UEQ(freed, MiB);
+  CHECK_EQ(state_of(rt, z), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, x), DMEM_STATE_RESIDENT);
+  CHECK_EQ(state_of(rt, y), DMEM_STATE_RESIDENT);
+  CHECK_OK(dmem_free(rt, x));
+  CHECK_OK(dmem_free(rt, y));
+  CHECK_OK(dmem_free(rt, z));
+  dmem_runtime_destroy(rt);
+}
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  pthread_barrier_t *go;
+} marker_t;
+
+static void *mark_main(void *arg) {
+  marker_t *m = arg;
+  pthread_barrier_wait(m->go);
+  void *p;
+  if (dmem_lock(m->rt, m->h, NULL, &p) != DMEM_OK || dmem_unlock(m->rt, m->h) != DMEM_OK) abort();
+  return NULL;
+}
+
+/* The default policy's hot buffers: one that was unlocked since the policy
+ * last looked at it is passed over (its mark consumed) while one that was
+ * not is taken, whichever threads made the unlocks and in whatever order.
+ * Eight buffers, each used twice (hot once a pass has looked at them); a
+ * pass takes h[0] and looks at all; then four threads at once unlock h[1],
+ * h[3], h[5], h[7]; a pass asked for three buffers takes h[2], h[4], h[6]. */
+TEST_CASE(hot_buffers_unlocked_on_other_threads_are_kept) {
+  dmem_runtime_t *rt = check_runtime(16 * MiB);
+  dmem_handle_t h[8];
+  for (int i = 0; i < 8; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    for (int k = 0; k < 2; k++) {
+      void *p;
+      REQUIRE_OK(dmem_lock(rt, h[i], NULL, &p));
+      REQUIRE_OK(dmem_unlock(rt, h[i]));
+    }
+  }
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, 4);
+  marker_t m[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    m[i] = (marker_t){rt, h[2 * i + 1], &go};
+    pthread_create(&t[i], NULL, mark_main, &m[i]);
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&go);
+  CHECK_OK(dmem_evict(rt, 3 * MiB, &freed));
+  CHECK_UEQ(freed, 3 * MiB);
+  for (int i = 1; i < 8; i++)
+    CHECK_EQ(state_of(rt, h[i]), i % 2 ? DMEM_STATE_RESIDENT : DMEM_STATE_DEFERRED_HOST);
+  for (int i = 0; i < 8; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
 }
 
 /* ---- evict / retrieve churn: nothing leaks ------------------------------------ */

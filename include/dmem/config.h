@@ -68,6 +68,9 @@
  *                      background thread spills by policy down to M %
  *                      (default N - 5). Default: on for the CUDA backend,
  *                      off for the host backend (deterministic tests).
+ *   DMEM_EVICTION_POLICY  reuse | lru: which unlocked buffers eviction
+ *                      takes first within a priority class (see
+ *                      dmem_config_t.eviction_policy; default reuse)
  *   DMEM_FAULT_INJECT  <call>:<n>[:fatal][:persistent], for testing only:
  *                      fail the n-th call (counted process-wide) of a
  *                      backend function (device_alloc, host_alloc,
@@ -105,6 +108,23 @@ typedef enum dmem_host_pin {
    *  (MADV_DONTFORK): 22-24 GB/s on the lent H200 */
   DMEM_HOST_PIN_REGISTER = 2
 } dmem_host_pin_t;
+
+/** Which unlocked buffers eviction takes first within a priority class
+ *  (lower priorities always go first, and a controller's select_victims
+ *  before either): dmem_config_t.eviction_policy, DMEM_EVICTION_POLICY.
+ *  docs/design.md, "The eviction policy", says how each works and what it
+ *  costs; dmem_set_priority (buffer.h) states what each promises. */
+typedef enum dmem_eviction_policy {
+  DMEM_EVICTION_DEFAULT = 0, /**< DMEM_EVICTION_REUSE */
+  /** Least recently unlocked first: an LRU stamp per unlock, victims
+   *  sorted at each eviction pass (O(buffers log buffers) a pass). */
+  DMEM_EVICTION_LRU = 1,
+  /** Scan-resistant (hot and cold buffers, promoted by reuse; a mark per
+   *  unlock, consumed by the policy): a loop over more buffers than fit
+   *  keeps most of them resident instead of evicting each just before its
+   *  use; amortised O(1) a victim. */
+  DMEM_EVICTION_REUSE = 2
+} dmem_eviction_policy_t;
 
 /**
  * Creation parameters. Always start from dmem_config_init(), which sets
@@ -210,6 +230,10 @@ typedef struct dmem_config {
    *  ahead; 0: the pool grows only by what spills need. dmem.dask uses 0
    *  (docs/dask.md). Any value is valid. */
   size_t host_headroom;
+  /** Which unlocked buffers eviction takes first within a priority class
+   *  (DMEM_EVICTION_DEFAULT: DMEM_EVICTION_REUSE). Any other value:
+   *  dmem_runtime_create gives DMEM_ERR_INVALID_ARGUMENT. */
+  dmem_eviction_policy_t eviction_policy;
 } dmem_config_t;
 
 /** dmem_config_t.stats_interval_s: the most it may be (a day). */

@@ -149,6 +149,13 @@ static int parse_ahead(const char *s, double *high, double *low) {
   return 0;
 }
 
+static int parse_eviction(const char *s, dmem_eviction_policy_t *p) {
+  if (strcasecmp(s, "reuse") == 0) *p = DMEM_EVICTION_REUSE;
+  else if (strcasecmp(s, "lru") == 0) *p = DMEM_EVICTION_LRU;
+  else return -1;
+  return 0;
+}
+
 /* "N%" with 0 <= N <= 100 (decimals allowed) as a fraction; 0 or -1. */
 static int parse_percent(const char *s, double *f) {
   char *end = NULL;
@@ -309,6 +316,13 @@ static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
       cfg->spill_ahead = high;
       cfg->spill_ahead_low = low;
     }
+  }
+  if (ENV("DMEM_EVICTION_POLICY")) {
+    dmem_eviction_policy_t pol;
+    if (parse_eviction(v, &pol) != 0)
+      ENV_FAIL(!given || given->eviction_policy == d.eviction_policy,
+               "DMEM_EVICTION_POLICY=\"%s\": expected reuse or lru", v);
+    else if (cfg) cfg->eviction_policy = pol;
   }
   if (ENV("DMEM_FAULT_INJECT")) {
     dmem__fault_plan_t plan;

@@ -46,6 +46,8 @@
  *  13 diskspace the disk tier's extents and bounce buffers (spill/disk.c)
  *  14 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
  *                                 is taken under it)
+ *  15 policy    rt->pol.mu       (the default eviction policy's lists,
+ *                                 spill/reuse.c; nothing is taken under it)
  *
  * The device pool's mutexes (memory/pool.c) and the backends' own are
  * innermost: neither calls up.
@@ -105,7 +107,8 @@ typedef enum dmem__rank {
   DMEM__RANK_BLOCKS,
   DMEM__RANK_IO,
   DMEM__RANK_DISK_SPACE,
-  DMEM__RANK_AHEAD
+  DMEM__RANK_AHEAD,
+  DMEM__RANK_POLICY
 } dmem__rank_t;
 
 #ifdef DMEM_DEBUG
@@ -177,10 +180,24 @@ typedef struct dmem__buffer {
    * Each buffer starts a cache line: threads locking neighbouring buffers
    * do not share lines. */
   _Alignas(64) _Atomic uint64_t word;
-  /* LRU tick of the last unlock; written by unlock (relaxed), read by policy. */
+  /* The eviction policy's recency (spill/reuse.c, spill/policy.c). Under
+   * DMEM_EVICTION_LRU: the unlock's LRU stamp (relaxed). Under the default
+   * policy: the policy's tick of the last reference it knows of, written
+   * under the policy's mutex (relaxed; the push-down reads it too). */
   _Atomic uint64_t last_use;
   /* Written by dmem_set_priority (relaxed), read by policy. */
   _Atomic int priority;
+  /* The default policy's mark (spill/reuse.c): set to 0 when the buffer
+   * comes to the device; each unlock that brings the count to 0 adds 1,
+   * up to 2 (a relaxed load and store on this line, which the unlock's CAS
+   * owns already); the policy consumes it (exchange) under its mutex. */
+  _Atomic uint8_t ref;
+  /* A pending arrival (dmem__policy_arrive): its kind, or 0. Set
+   * (exchange) by the arriving thread, cleared by the policy's drain. */
+  _Atomic uint8_t parr;
+  /* Under the policy's mutex: the priority class (id + 1) whose list holds
+   * the buffer, 0 when in none. */
+  uint16_t pcls;
   /* Completed spills; written by the TRANSIT owner (relaxed). */
   _Atomic uint64_t spill_count;
   /* Set at alloc before the word is published (release in dmem_alloc).
@@ -188,6 +205,8 @@ typedef struct dmem__buffer {
    * that is being recycled; they validate the word around the read. */
   _Atomic size_t size;
   _Atomic unsigned flags;
+  uint8_t plist; /* under the policy's mutex: which of its class's lists */
+  uint8_t pback; /* under the policy's mutex: last taken from the back list */
   /* Device memory while RESIDENT. Written (relaxed) by the TRANSIT owner
    * before its releasing CAS; read by lockers after their acquiring CAS, and
    * (relaxed, as a hint validated by the spill that follows) by the victim
@@ -218,7 +237,19 @@ typedef struct dmem__buffer {
   _Atomic uint32_t store_watch;
   uint32_t slot;      /* index in the table; set once when the chunk is made */
   uint32_t next_free; /* free-list link, under the table mutex */
+  /* The default policy's list links (slots; DMEM__NO_SLOT ends a list)
+   * and the bytes its list counted when it took the buffer: under the
+   * policy's mutex. */
+  uint32_t pprev, pnext;
+  /* The policy's pending arrivals (a stack of slots): written by the
+   * arriving thread before its releasing push, read by the drain. */
+  _Atomic uint32_t anext;
+  size_t psize;
 } dmem__buffer_t;
+
+/* The whole per-buffer metadata: two cache lines (issue 25: at most 128
+ * bytes a buffer). */
+_Static_assert(sizeof(dmem__buffer_t) <= 128, "buffer metadata grew past 128 bytes");
 
 #define dmem__bsize(b) dmem_atomic_load_relaxed(&(b)->size)
 #define dmem__bflags(b) dmem_atomic_load_relaxed(&(b)->flags)

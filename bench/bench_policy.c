@@ -1,0 +1,333 @@
+/*
+ * bench/bench_policy.c - bytes moved by each eviction policy, replayed from
+ * access traces, against Belady's MIN computed offline on the same trace.
+ *
+ * Each trace is a sequence of allocations, accesses (dmem_lock then
+ * dmem_unlock) and frees of equal-sized buffers, replayed on a fresh runtime
+ * (host backend) whose device limit holds `cap` of them, fewer than the
+ * trace's working set:
+ *
+ *   scan     a loop over 1.5x (scan15) and 2x (scan20) the limit's buffers,
+ *            several passes (the cupy_loop pattern)
+ *   random   uniformly random accesses over 2x the limit's buffers
+ *   gemm     a tiled C += A * B, 8x8 tiles each, in blocked i-j-k order:
+ *            A[i][k], B[k][j], C[i][j] for each k (tiles of all three: 192,
+ *            room for 64: less than a row of products needs, 80)
+ *   gemm96, gemm128  the same product (repeated) with room for 96 and 128
+ *            tiles: a row's 80 fit, all 192 do not; LRU is close to MIN
+ *            there, and a scan-resistant policy must not lose to it
+ *   dask     a Dask-like mix: 16 long-lived hot keys (half the accesses,
+ *            skewed), and tasks that read two recent keys, allocate their
+ *            output and free keys that fell out of a window of 96
+ *
+ * Bytes moved are dmem's own count (dmem_stats: bytes_spilled +
+ * bytes_unspilled) after the trace. MIN: with equal sizes, Belady's rule
+ * (on a miss or an allocation with the limit full, evict the resident
+ * buffer whose next access is farthest away; a buffer whose next event is
+ * its free, or that is not used again, counts as never used again) gives
+ * the fewest retrieves of any policy; its bytes are its spills plus its
+ * retrieves, each a buffer's size. The LRU column is also simulated
+ * ("LRU sim"): dmem's LRU moving the same bytes checks that the limit
+ * holds exactly `cap` buffers and that dmem counts what the model does.
+ *
+ * Output: a table (bytes in buffers moved, ratios to MIN and to LRU) and
+ * lines `RESULT bench_policy.<trace>.<policy>_over_min=<x>` and
+ * `..._over_lru=<x>`.
+ *
+ *   bench_policy [--quick] [--check] [--only TRACE]
+ *
+ * --quick: shorter traces (the CTest run, bench.policy). --check: exit 1
+ * unless the default policy moves at most 1.2x MIN's bytes on the scan
+ * traces and at most 1.05x LRU's on every trace (the replay is
+ * deterministic: one thread, fixed seeds). The target of 1.2x MIN on the
+ * GEMM trace is judged too but not met (about 2.7-2.9x MIN, 0.7-0.8x LRU:
+ * docs/design.md, "The eviction policy", says why): a MISSED line, not a
+ * failure. --only TRACE: that trace alone.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dmem/dmem.h>
+
+#define SIZE ((size_t)64 << 10) /* every buffer of every trace */
+
+typedef enum { EV_ALLOC, EV_ACCESS, EV_FREE } ev_kind_t;
+typedef struct {
+  ev_kind_t kind;
+  uint32_t id;
+} ev_t;
+
+typedef struct {
+  const char *name;
+  size_t cap; /* buffers the limit holds */
+  uint32_t nids;
+  ev_t *ev;
+  size_t n, capv;
+  bool scan_like; /* held to 1.2x MIN */
+  bool min_target; /* judged against 1.2x MIN, not enforced */
+} trace_t;
+
+static void push(trace_t *t, ev_kind_t k, uint32_t id) {
+  if (t->n == t->capv) {
+    t->capv = t->capv ? t->capv * 2 : 1024;
+    t->ev = realloc(t->ev, t->capv * sizeof *t->ev);
+    if (!t->ev) {
+      fprintf(stderr, "bench_policy: out of memory\n");
+      exit(2);
+    }
+  }
+  t->ev[t->n++] = (ev_t){k, id};
+  if (id + 1 > t->nids) t->nids = id + 1;
+}
+
+/* The first access to an id allocates it. */
+static void touch(trace_t *t, uint8_t *live, uint32_t id) {
+  if (!live[id]) {
+    push(t, EV_ALLOC, id);
+    live[id] = 1;
+  }
+  push(t, EV_ACCESS, id);
+}
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  return *s = x;
+}
+
+static trace_t scan_trace(const char *name, uint32_t nbuf, size_t cap, int passes) {
+  trace_t t = {.name = name, .cap = cap, .scan_like = true};
+  uint8_t *live = calloc(nbuf, 1);
+  for (int p = 0; p < passes; p++)
+    for (uint32_t i = 0; i < nbuf; i++) touch(&t, live, i);
+  free(live);
+  return t;
+}
+
+static trace_t random_trace(uint32_t nbuf, size_t cap, size_t accesses) {
+  trace_t t = {.name = "random", .cap = cap};
+  uint8_t *live = calloc(nbuf, 1);
+  uint64_t s = 88172645463325252ull;
+  for (size_t i = 0; i < accesses; i++) touch(&t, live, (uint32_t)(rng_next(&s) % nbuf));
+  free(live);
+  return t;
+}
+
+static trace_t gemm_trace(const char *name, uint32_t nb, size_t cap, int reps, bool min_target) {
+  trace_t t = {.name = name, .cap = cap, .min_target = min_target};
+  uint32_t tiles = nb * nb;
+  uint8_t *live = calloc(3 * tiles, 1);
+  for (int r = 0; r < reps; r++)
+    for (uint32_t i = 0; i < nb; i++)
+      for (uint32_t j = 0; j < nb; j++)
+        for (uint32_t k = 0; k < nb; k++) {
+          touch(&t, live, i * nb + k);             /* A[i][k] */
+          touch(&t, live, tiles + k * nb + j);     /* B[k][j] */
+          touch(&t, live, 2 * tiles + i * nb + j); /* C[i][j] */
+        }
+  free(live);
+  return t;
+}
+
+#define DASK_HOT 16
+#define DASK_WINDOW 96
+static trace_t dask_trace(size_t cap, size_t tasks) {
+  trace_t t = {.name = "dask", .cap = cap};
+  uint32_t next = DASK_HOT;
+  uint32_t win[DASK_WINDOW];
+  size_t nwin = 0, head = 0; /* a ring of the live temporaries, oldest at head */
+  uint8_t *live = calloc(DASK_HOT + tasks + 1, 1);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < tasks; i++) {
+    /* a hot key: skewed towards the first ones */
+    uint32_t a = (uint32_t)(rng_next(&s) % DASK_HOT), b = (uint32_t)(rng_next(&s) % DASK_HOT);
+    touch(&t, live, a < b ? a : b);
+    /* a task: two inputs among the live temporaries, newer ones likelier */
+    for (int in = 0; in < 2 && nwin > 0; in++) {
+      size_t r1 = rng_next(&s) % nwin, r2 = rng_next(&s) % nwin;
+      size_t back = r1 < r2 ? r1 : r2; /* distance from the newest */
+      touch(&t, live, win[(head + nwin - 1 - back) % DASK_WINDOW]);
+    }
+    uint32_t out = next++;
+    touch(&t, live, out); /* allocate and write the output */
+    if (nwin == DASK_WINDOW) { /* the oldest temporary is released */
+      push(&t, EV_FREE, win[head]);
+      live[win[head]] = 0;
+      head = (head + 1) % DASK_WINDOW;
+      nwin--;
+    }
+    win[(head + nwin) % DASK_WINDOW] = out;
+    nwin++;
+  }
+  free(live);
+  return t;
+}
+
+/* ---- offline models -------------------------------------------------------- */
+
+/* next[i]: the index of the next access to ev[i]'s id after i, or SIZE_MAX
+ * (a free, or none). */
+static size_t *next_uses(const trace_t *t) {
+  size_t *next = malloc(t->n * sizeof *next), *last = malloc(t->nids * sizeof *last);
+  for (uint32_t i = 0; i < t->nids; i++) last[i] = SIZE_MAX;
+  for (size_t i = t->n; i-- > 0;) {
+    next[i] = last[t->ev[i].id];
+    if (t->ev[i].kind == EV_ACCESS) last[t->ev[i].id] = i;
+    else last[t->ev[i].id] = SIZE_MAX; /* an allocation or a free ends the reuse */
+  }
+  free(last);
+  return next;
+}
+
+/* Bytes moved (in buffers) by MIN (lru false) or LRU (lru true). */
+static uint64_t model(const trace_t *t, bool lru) {
+  size_t *next = lru ? NULL : next_uses(t);
+  /* per id: resident?, and its key (next use for MIN, last use for LRU) */
+  uint8_t *res = calloc(t->nids, 1);
+  size_t *key = calloc(t->nids, sizeof *key);
+  uint32_t *resident = malloc(t->cap * sizeof *resident);
+  size_t nres = 0;
+  uint64_t moved = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    uint32_t id = t->ev[i].id;
+    if (t->ev[i].kind == EV_FREE) {
+      if (res[id]) {
+        for (size_t r = 0; r < nres; r++)
+          if (resident[r] == id) {
+            resident[r] = resident[--nres];
+            break;
+          }
+        res[id] = 0;
+      }
+      continue;
+    }
+    if (!res[id]) {
+      if (t->ev[i].kind == EV_ACCESS) moved++; /* the retrieve */
+      if (nres == t->cap) {
+        size_t v = 0; /* victim: farthest next use (MIN), oldest use (LRU) */
+        for (size_t r = 1; r < nres; r++) {
+          size_t kr = key[resident[r]], kv = key[resident[v]];
+          if (lru ? kr < kv : kr > kv) v = r;
+        }
+        res[resident[v]] = 0;
+        resident[v] = resident[--nres];
+        moved++; /* its spill */
+      }
+      resident[nres++] = id;
+      res[id] = 1;
+    }
+    key[id] = lru ? i : next[i];
+  }
+  free(next);
+  free(res);
+  free(key);
+  free(resident);
+  return moved;
+}
+
+/* ---- replay on dmem ------------------------------------------------------------ */
+
+static int replay(const trace_t *t, dmem_eviction_policy_t pol, uint64_t *moved_out) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_backend_capacity = (t->cap + 64) * SIZE;
+  cfg.device_limit = t->cap * SIZE;
+  cfg.spill_ahead = 0;
+  cfg.eviction_policy = pol;
+  dmem_runtime_t *rt;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st != DMEM_OK) {
+    fprintf(stderr, "bench_policy: create: %s (%s)\n", dmem_status_name(st),
+            dmem_last_error_detail());
+    return -1;
+  }
+  dmem_handle_t *h = calloc(t->nids, sizeof *h);
+  for (size_t i = 0; i < t->n && st == DMEM_OK; i++) {
+    uint32_t id = t->ev[i].id;
+    switch (t->ev[i].kind) {
+      case EV_ALLOC: st = dmem_alloc(rt, SIZE, 0, &h[id]); break;
+      case EV_FREE: st = dmem_free(rt, h[id]); break;
+      case EV_ACCESS: {
+        void *p;
+        st = dmem_lock(rt, h[id], NULL, &p);
+        if (st == DMEM_OK) st = dmem_unlock(rt, h[id]);
+        break;
+      }
+    }
+    if (st != DMEM_OK)
+      fprintf(stderr, "bench_policy: %s, event %zu: %s (%s)\n", t->name, i, dmem_status_name(st),
+              dmem_last_error_detail());
+  }
+  dmem_stats_t s;
+  if (st == DMEM_OK) st = dmem_stats(rt, &s);
+  if (st == DMEM_OK) *moved_out = (s.bytes_spilled + s.bytes_unspilled) / SIZE;
+  free(h);
+  dmem_runtime_destroy(rt);
+  return st == DMEM_OK ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+  bool quick = false, check = false;
+  const char *only = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (strcmp(argv[i], "--check") == 0) check = true;
+    else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    else {
+      fprintf(stderr, "usage: bench_policy [--quick] [--check] [--only TRACE]\n");
+      return 2;
+    }
+  }
+  int passes = quick ? 4 : 10;
+  trace_t traces[] = {
+      scan_trace("scan15", 96, 64, passes),
+      scan_trace("scan20", 128, 64, passes),
+      random_trace(128, 64, quick ? 3000 : 20000),
+      gemm_trace("gemm", 8, 64, quick ? 1 : 3, true),
+      gemm_trace("gemm96", 8, 96, quick ? 1 : 3, false),
+      gemm_trace("gemm128", 8, 128, quick ? 2 : 3, false),
+      dask_trace(64, quick ? 2000 : 12000),
+  };
+  size_t ntr = sizeof traces / sizeof traces[0];
+  int bad = 0;
+  printf("bench_policy: bytes moved (spill + unspill), in %zu KiB buffers; MIN offline\n",
+         SIZE >> 10);
+  printf("%-8s %6s %7s %8s %8s %8s %8s %9s %9s\n", "trace", "cap", "events", "MIN", "LRU sim",
+         "lru", "reuse", "reuse/MIN", "reuse/LRU");
+  for (size_t i = 0; i < ntr; i++) {
+    trace_t *t = &traces[i];
+    if (only && strcmp(only, t->name) != 0) {
+      free(t->ev);
+      continue;
+    }
+    uint64_t min = model(t, false), lru_sim = model(t, true), lru = 0, reuse = 0;
+    if (replay(t, DMEM_EVICTION_LRU, &lru) != 0 || replay(t, DMEM_EVICTION_REUSE, &reuse) != 0)
+      return 1;
+    double rmin = min ? (double)reuse / (double)min : 1.0;
+    double rlru = lru ? (double)reuse / (double)lru : 1.0;
+    double lmin = min ? (double)lru / (double)min : 1.0;
+    printf("%-8s %6zu %7zu %8llu %8llu %8llu %8llu %9.3f %9.3f\n", t->name, t->cap, t->n,
+           (unsigned long long)min, (unsigned long long)lru_sim, (unsigned long long)lru,
+           (unsigned long long)reuse, rmin, rlru);
+    printf("RESULT bench_policy.%s.lru_over_min=%.3f\n", t->name, lmin);
+    printf("RESULT bench_policy.%s.reuse_over_min=%.3f\n", t->name, rmin);
+    printf("RESULT bench_policy.%s.reuse_over_lru=%.3f\n", t->name, rlru);
+    if (lru != lru_sim)
+      printf("note: %s: dmem's LRU moved %llu buffers, the model %llu\n", t->name,
+             (unsigned long long)lru, (unsigned long long)lru_sim);
+    if (check && ((t->scan_like && rmin > 1.2) || rlru > 1.05)) {
+      printf("FAILED: %s: reuse at %.3f of MIN, %.3f of LRU (targets: %s1.05 of LRU)\n",
+             t->name, rmin, rlru, t->scan_like ? "1.2 of MIN, " : "");
+      bad = 1;
+    }
+    if (check && t->min_target && rmin > 1.2)
+      printf("MISSED (not enforced): %s: reuse at %.3f of MIN (target 1.2)\n", t->name, rmin);
+    free(t->ev);
+  }
+  return bad;
+}
