@@ -35,6 +35,7 @@
  * `..._over_lru=<x>`.
  *
  *   bench_policy [--quick] [--check] [--only TRACE]
+ *   bench_policy --scale [--quick] [--check]
  *
  * --quick: shorter traces (the CTest run, bench.policy). --check: exit 1
  * unless the default policy moves at most 1.2x MIN's bytes on the scan
@@ -43,6 +44,14 @@
  * GEMM trace is judged too but not met (about 2.7-2.9x MIN, 0.7-0.8x LRU:
  * docs/design.md, "The eviction policy", says why): a MISSED line, not a
  * failure. --only TRACE: that trace alone.
+ *
+ * --scale: the cost of one eviction as the number of live buffers grows
+ * (10^3 .. 10^6; --quick: to 10^5): mean time of an allocation that
+ * evicts one of n resident 256-byte buffers filling the limit, under the
+ * default policy and (to 10^5) LRU, which sorts every slot at each pass.
+ * `RESULT bench_policy.evict_one_ns.n<N>=`; with --check, exit 1 if a
+ * figure is past 3x the figure at 10^3 (the target is 1.5x; CI machines
+ * are loaded).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -50,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <dmem/dmem.h>
 
@@ -229,6 +239,79 @@ static uint64_t model(const trace_t *t, bool lru) {
   return moved;
 }
 
+/* ---- the cost of a victim at scale --------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Mean seconds of an allocation that must evict one buffer, with n live
+ * buffers of `size` bytes filling the limit (each used once), under
+ * policy pol: `evictions` allocations (each kept, so the limit stays full
+ * and each evicts one), after `warm` such allocations. */
+static double evict_cost(size_t n, size_t size, dmem_eviction_policy_t pol, int warm,
+                         int evictions) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_backend_capacity = (n + 4096) * size + ((size_t)64 << 20);
+  cfg.device_limit = n * size;
+  cfg.spill_ahead = 0;
+  cfg.eviction_policy = pol;
+  dmem_runtime_t *rt;
+  if (dmem_runtime_create(&cfg, &rt) != DMEM_OK) return -1;
+  dmem_handle_t *h = malloc((n + (size_t)warm + (size_t)evictions) * sizeof *h);
+  double t = -1;
+  size_t i = 0;
+  for (; i < n; i++) {
+    void *p;
+    if (dmem_alloc(rt, size, 0, &h[i]) != DMEM_OK || dmem_lock(rt, h[i], NULL, &p) != DMEM_OK ||
+        dmem_unlock(rt, h[i]) != DMEM_OK)
+      break;
+  }
+  if (i == n) {
+    double t0 = 0;
+    int k = 0;
+    for (; k < warm + evictions; k++) {
+      if (k == warm) t0 = now_s();
+      if (dmem_alloc(rt, size, 0, &h[n + (size_t)k]) != DMEM_OK) break;
+    }
+    if (k == warm + evictions) t = (now_s() - t0) / evictions;
+  }
+  free(h);
+  dmem_runtime_destroy(rt);
+  return t;
+}
+
+static int scale_main(bool quick, bool check) {
+  size_t top = quick ? 100000 : 1000000;
+  printf("bench_policy --scale: an allocation that evicts one of n live 256-byte buffers "
+         "(each used once; the limit holds n)\n");
+  printf("%10s %14s %10s %14s\n", "n", "reuse ns", "vs 1e3", "lru ns");
+  double base = 0;
+  int bad = 0;
+  for (size_t n = 1000; n <= top; n *= 10) {
+    double r = evict_cost(n, 256, DMEM_EVICTION_REUSE, 64, quick ? 2000 : 10000);
+    double l = n <= 100000 ? evict_cost(n, 256, DMEM_EVICTION_LRU, 4, quick ? 20 : 50) : -1;
+    if (r < 0) {
+      fprintf(stderr, "bench_policy: scale run failed at n=%zu\n", n);
+      return 1;
+    }
+    if (n == 1000) base = r;
+    if (l >= 0) printf("%10zu %14.0f %10.2f %14.0f\n", n, r * 1e9, r / base, l * 1e9);
+    else printf("%10zu %14.0f %10.2f %14s\n", n, r * 1e9, r / base, "-");
+    printf("RESULT bench_policy.evict_one_ns.n%zu=%.0f\n", n, r * 1e9);
+    /* a loaded CI machine: generous; the ratio is the figure */
+    if (check && n > 1000 && r > 3 * base) {
+      printf("FAILED: one eviction at n=%zu costs %.2fx its cost at n=1000\n", n, r / base);
+      bad = 1;
+    }
+  }
+  return bad;
+}
+
 /* ---- replay on dmem ------------------------------------------------------------ */
 
 static int replay(const trace_t *t, dmem_eviction_policy_t pol, uint64_t *moved_out) {
@@ -274,15 +357,18 @@ static int replay(const trace_t *t, dmem_eviction_policy_t pol, uint64_t *moved_
 int main(int argc, char **argv) {
   bool quick = false, check = false;
   const char *only = NULL;
+  bool scale = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) quick = true;
     else if (strcmp(argv[i], "--check") == 0) check = true;
     else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    else if (strcmp(argv[i], "--scale") == 0) scale = true;
     else {
-      fprintf(stderr, "usage: bench_policy [--quick] [--check] [--only TRACE]\n");
+      fprintf(stderr, "usage: bench_policy [--quick] [--check] [--only TRACE] [--scale]\n");
       return 2;
     }
   }
+  if (scale) return scale_main(quick, check);
   int passes = quick ? 4 : 10;
   trace_t traces[] = {
       scan_trace("scan15", 96, 64, passes),

@@ -55,8 +55,6 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
   if (rt->pol_lru) {
     dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* newer than every earlier unlock */
     dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
-  } else {
-    dmem__policy_arrive(rt, b, DMEM__ARRIVE_NEW); /* before the word is published */
   }
   if (flags & DMEM_ALLOC_PINNED) dmem_atomic_add_relaxed(&rt->device_pinned, size);
   dmem_atomic_add_relaxed(&rt->buffer_count, 1);
@@ -67,6 +65,8 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
                                           ((uint64_t)DMEM_STATE_RESIDENT << DMEM__STATE_SHIFT) |
                                           (ready ? DMEM__F_UNSPILL_COPY : 0) | locks);
   dmem_handle_t h = (gen << 32) | slot;
+  /* after the word is published: a drain looks at it (spill/reuse.c) */
+  dmem__policy_arrive(rt, b, DMEM__ARRIVE_NEW);
   if (ready) dmem__staging_push(rt, b, h); /* clears UNSPILL_COPY once it completes */
   dmem__emit(rt, DMEM_EVENT_ALLOC, h, size, DMEM_TIER_DEVICE, 0);
   return h;

@@ -100,10 +100,11 @@ typedef struct dmem__policy {
                             buffers are on no list, and eviction passes
                             scan the whole table instead */
   /* Buffers that came to the device (or changed priority) since the last
-   * drain: a stack of slots pushed with one CAS (release) by the arriving
-   * thread, taken whole (exchange, acquire) by the drain. Its own line:
-   * allocations on every thread push here. */
-  _Alignas(64) _Atomic uint32_t arrivals;
+   * drain: a stack of slots, the top slot in the low 32 bits and how many
+   * are on it in the high 32, pushed with one CAS (release) by the
+   * arriving thread, taken whole (exchange, acquire) by the drain. Its own
+   * line: allocations on every thread push here. */
+  _Alignas(64) _Atomic uint64_t arrivals;
 } dmem__policy_t;
 
 typedef struct dmem__hostpool dmem__hostpool_t;

@@ -116,13 +116,14 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     dmem_atomic_add_relaxed(&rt->xs.prefetch_bytes, size);
   }
   dmem__staging_push(rt, b, h);
-  dmem__policy_arrive(rt, b, DMEM__ARRIVE_BACK); /* back on the device */
   /* release: publishes b->dev and b->unspill_event; partner is the lockers'
    * acquire */
   uint64_t nw = dmem__move_end(rt, b,
                                (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT),
                                                       .set = DMEM__F_UNSPILL_COPY,
                                                       .clear = DMEM__F_SPILL_COPY});
+  /* back on the device, and resident when a drain looks (spill/reuse.c) */
+  if (!(nw & DMEM__F_FREED)) dmem__policy_arrive(rt, b, DMEM__ARRIVE_BACK);
   DMEM_NVTX_POP();
   if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_UNSPILL, h, size, tier->tier, 0);
   return DMEM_OK;

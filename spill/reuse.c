@@ -53,6 +53,9 @@
 /* b->parr of an arrival the drain has linked, until it ends */
 #define DONE 0xFF
 
+/* Arrivals drained by the arriving thread (when the policy is free). */
+#define DMEM__DRAIN_EVERY 256u
+
 /* A class's window: a sixteenth of the limit at first, then between a
  * 64th and a quarter. */
 #define DMEM__WIN_START 16
@@ -68,7 +71,7 @@ void dmem__policy_init(dmem_runtime_t *rt) {
   rt->pol.win_max = rt->limit / DMEM__WIN_START;
   rt->pol.win_min = rt->limit / DMEM__WIN_MIN;
   rt->pol.win_top = rt->limit / DMEM__WIN_TOP;
-  atomic_init(&rt->pol.arrivals, DMEM__NO_SLOT);
+  atomic_init(&rt->pol.arrivals, (uint64_t)DMEM__NO_SLOT);
 }
 
 void dmem__policy_fini(dmem_runtime_t *rt) {
@@ -78,6 +81,8 @@ void dmem__policy_fini(dmem_runtime_t *rt) {
   rt->pol.order = NULL;
   pthread_mutex_destroy(&rt->pol.mu);
 }
+
+static void drain(dmem_runtime_t *rt);
 
 void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind) {
   if (rt->pol_lru) return;
@@ -90,11 +95,20 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
     dmem_atomic_store_relaxed(&b->ref, 0);
     if (dmem_atomic_exchange_acq_rel(&b->parr, (uint8_t)kind) != 0) return; /* pending */
   }
-  uint32_t head = dmem_atomic_load_relaxed(&rt->pol.arrivals);
+  uint64_t head = dmem_atomic_load_relaxed(&rt->pol.arrivals), top;
   do {
-    dmem_atomic_store_relaxed(&b->anext, head);
+    dmem_atomic_store_relaxed(&b->anext, (uint32_t)head);
+    top = ((head >> 32) + 1) << 32 | b->slot;
     /* release: publishes anext; partner is the drain's acquiring exchange */
-  } while (!dmem_atomic_cas_acq_rel(&rt->pol.arrivals, &head, b->slot));
+  } while (!dmem_atomic_cas_acq_rel(&rt->pol.arrivals, &head, top));
+  /* Every DMEM__DRAIN_EVERY arrivals, the arriving thread drains them if
+   * no eviction pass holds the policy: so a pass never links more than
+   * about that many at once (allocating a million buffers, then one
+   * eviction, costs the eviction no more than allocating a thousand). */
+  if ((top >> 32) % DMEM__DRAIN_EVERY == 0 && dmem__mutex_trylock(&rt->pol.mu, DMEM__RANK_POLICY)) {
+    drain(rt);
+    dmem__mutex_unlock(&rt->pol.mu, DMEM__RANK_POLICY);
+  }
 }
 
 /* ---- lists (under rt->pol.mu) --------------------------------------------------- */
@@ -307,7 +321,7 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
 static void drain(dmem_runtime_t *rt) {
   dmem__policy_t *p = &rt->pol;
   /* acquire: partner is dmem__policy_arrive's releasing CAS */
-  uint32_t s = dmem_atomic_exchange_acq_rel(&p->arrivals, DMEM__NO_SLOT);
+  uint32_t s = (uint32_t)dmem_atomic_exchange_acq_rel(&p->arrivals, (uint64_t)DMEM__NO_SLOT);
   uint32_t rev = DMEM__NO_SLOT;
   while (s != DMEM__NO_SLOT) { /* the stack is newest first: reverse it */
     dmem__buffer_t *b = at(rt, s);

@@ -133,6 +133,24 @@ static inline void dmem__mutex_lock(pthread_mutex_t *m, dmem__rank_t rank) {
 #endif
 }
 
+/* Take an internal mutex if it is free now (true), as dmem__mutex_lock
+ * checks; false when another thread holds it. */
+static inline bool dmem__mutex_trylock(pthread_mutex_t *m, dmem__rank_t rank) {
+#ifdef DMEM_DEBUG
+  if (dmem__held_ranks >> rank) {
+    fprintf(stderr, "dmem: lock order violated: taking rank %d while holding ranks 0x%x\n",
+            (int)rank, dmem__held_ranks);
+    abort();
+  }
+#endif
+  DMEM_SCHED_POINT();
+  if (pthread_mutex_trylock(m) != 0) return false;
+#ifdef DMEM_DEBUG
+  dmem__held_ranks |= 1u << rank;
+#endif
+  return true;
+}
+
 static inline void dmem__mutex_unlock(pthread_mutex_t *m, dmem__rank_t rank) {
 #ifdef DMEM_DEBUG
   DMEM_ASSERT(dmem__held_ranks & (1u << rank));
