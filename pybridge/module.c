@@ -92,7 +92,7 @@ static PyMethodDef pyd_mod_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))pyd_mod_configure, METH_VARARGS | METH_KEYWORDS,
      "configure(*, device_limit=None, host_limit=None, spill_dir=None, backend=None,\n"
      "          device=None, host_capacity=None, host_reserve=None, host_burst=None,\n"
-     "          log_level=None, host_headroom=None)\n\n"
+     "          log_level=None, host_headroom=None, eviction_policy=None)\n\n"
      "Configuration of the default runtimes, before their first use (BusyError after it).\n"
      "Arguments as for Runtime(...); those left None come from the DMEM_* environment."},
     {"_library_path", pyd_mod_library_path, METH_NOARGS,

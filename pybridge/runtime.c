@@ -69,16 +69,34 @@ static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dme
                             PyObject **dir_bytes, int *device_given) {
   static char *kwlist[] = {"backend",      "device",     "device_limit", "host_limit",
                            "spill_dir",    "host_capacity", "host_reserve", "host_burst",
-                           "log_level",    "host_headroom", NULL};
+                           "log_level",    "host_headroom", "eviction_policy", NULL};
   PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
            *spill_dir = Py_None, *host_capacity = Py_None, *host_reserve = Py_None,
-           *host_burst = Py_None, *log_level = Py_None, *host_headroom = Py_None;
+           *host_burst = Py_None, *log_level = Py_None, *host_headroom = Py_None,
+           *eviction_policy = Py_None;
   *dir_bytes = NULL;
   if (device_given) *device_given = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &backend, &device,
                                    &device_limit, &host_limit, &spill_dir, &host_capacity,
-                                   &host_reserve, &host_burst, &log_level, &host_headroom))
+                                   &host_reserve, &host_burst, &log_level, &host_headroom,
+                                   &eviction_policy))
     return -1;
+  if (eviction_policy != Py_None) {
+    if (!PyUnicode_Check(eviction_policy)) {
+      PyErr_Format(PyExc_TypeError, "eviction_policy must be a str, not %.100s",
+                   Py_TYPE(eviction_policy)->tp_name);
+      return -1;
+    }
+    if (PyUnicode_CompareWithASCIIString(eviction_policy, "reuse") == 0)
+      cfg->eviction_policy = DMEM_EVICTION_REUSE;
+    else if (PyUnicode_CompareWithASCIIString(eviction_policy, "lru") == 0)
+      cfg->eviction_policy = DMEM_EVICTION_LRU;
+    else {
+      PyErr_Format(PyExc_ValueError, "eviction_policy must be 'reuse' or 'lru', not %R",
+                   eviction_policy);
+      return -1;
+    }
+  }
   if (log_level != Py_None) {
     int l = pyd_log_level_arg(log_level);
     if (l < 0) return -1;
@@ -165,7 +183,7 @@ static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *k
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
-  if (pyd_config_parse(args, kwds, "|OOOOOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
+  if (pyd_config_parse(args, kwds, "|OOOOOOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
 
   pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
   if (!self) {
@@ -619,7 +637,7 @@ static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
   PyObject *dir = PyUnicode_DecodeFSDefault(info.spill_dir);
   if (!dir) return NULL;
   PyObject *d = Py_BuildValue(
-      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N,s:n}", "backend",
+      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N,s:n,s:s}", "backend",
       info.backend == DMEM_BACKEND_CUDA ? "cuda" : "host", "backend_reason", info.backend_reason,
       "device", info.device, "log_level",
       (unsigned)info.log_level <= 4u ? pyd_log_names[info.log_level] : "?", "device_capacity",
@@ -627,7 +645,8 @@ static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
       "device_limit_asked", (Py_ssize_t)info.device_limit_asked, "host_limit",
       (Py_ssize_t)info.host_limit, "print_stats", info.print_stats ? Py_True : Py_False,
       "stats_interval_s", info.stats_interval_s, "spill_dir", dir, "host_headroom",
-      (Py_ssize_t)info.host_headroom);
+      (Py_ssize_t)info.host_headroom, "eviction_policy",
+      info.eviction_policy == DMEM_EVICTION_LRU ? "lru" : "reuse");
   return d;
 }
 
@@ -711,7 +730,7 @@ PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
   dmem_config_init(&cfg);
   PyObject *dir_bytes = NULL;
   int device_given = 0;
-  if (pyd_config_parse(args, kwds, "|$OOOOOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
+  if (pyd_config_parse(args, kwds, "|$OOOOOOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
     return NULL;
   for (int d = 0; d < PYD_MAX_DEVICES; d++) {
     if (pyd_defaults[d]) {
@@ -841,7 +860,7 @@ static PyMethodDef pyd_runtime_methods[] = {
     {"info", (PyCFunction)pyd_runtime_info, METH_NOARGS,
      "info() -> dict: dmem_runtime_info: backend, backend_reason, device, log_level,\n"
      "device_capacity, device_limit (in effect), device_limit_asked, host_limit,\n"
-     "print_stats, stats_interval_s, spill_dir, host_headroom."},
+     "print_stats, stats_interval_s, spill_dir, host_headroom, eviction_policy."},
     {"device_malloc", (PyCFunction)(void (*)(void))pyd_runtime_device_malloc,
      METH_VARARGS | METH_KEYWORDS,
      "device_malloc(nbytes, stream=None, *, dedicated=False) -> DeviceMemory\n\n"
@@ -909,14 +928,16 @@ PyTypeObject pyd_runtime_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
               "        spill_dir=None, host_capacity=None, host_reserve=None, host_burst=None,\n"
-              "        log_level=None, host_headroom=None)\n\n"
+              "        log_level=None, host_headroom=None, eviction_policy=None)\n\n"
               "A dmem runtime. device_limit: bytes, '8GB' (8e9), '8GiB' (2**33) or '80%'; host_limit: bytes\n"
               "of spilled data kept in host memory (None: unlimited); host_burst: how far past\n"
               "host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow while\n"
               "it is pushed down to disk (dmem_config_t.host_burst); host_reserve: pinned host\n"
               "memory taken at creation and kept (dmem_config_t.host_reserve); host_headroom: the\n"
               "most free pinned host memory the pinned pool keeps ahead of spills (default 4GiB;\n"
-              "0: it grows only by what spills need; dmem_config_t.host_headroom); host_capacity: simulated\n"
+              "0: it grows only by what spills need; dmem_config_t.host_headroom); eviction_policy:\n"
+              "'reuse' (the default: scan-resistant) or 'lru' (dmem_config_t.eviction_policy);\n"
+              "host_capacity: simulated\n"
               "device memory of the host backend. Strings are read as the DMEM_* variables\n"
               "are, which is as dask.utils.parse_bytes reads them: K/M/G/T/P alone or with B\n"
               "are powers of 1000 ('8G' = '8GB' = 8e9), Ki/Mi/Gi/Ti/Pi alone or with B powers\n"

@@ -43,7 +43,8 @@ typedef struct dmem_buffer_info {
  * Allocate a spillable buffer of `size` bytes, resident on the device. Its
  * contents are uninitialised. If the allocation would pass the device limit,
  * or the backend runs out of memory, unlocked buffers are spilled (lowest
- * priority first, least recently unlocked first) and the allocation retried.
+ * priority first, then by the eviction policy: dmem_set_priority) and the
+ * allocation retried.
  *
  * @param flags  0 or DMEM_ALLOC_PINNED.
  * @param h_out  receives the handle on success; untouched on failure.
@@ -195,14 +196,45 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
                                         void *dst, size_t n);
 
 /**
- * Set a buffer's priority class. Eviction spills lower priorities first, and
- * within a class the least recently unlocked first. "Least recently" is
+ * Set a buffer's priority class. Eviction spills lower priorities first (a
+ * controller's select_victims, when it names victims, before any); within
+ * a class the runtime's eviction policy (dmem_config_t.eviction_policy)
+ * orders them:
+ *
+ * DMEM_EVICTION_REUSE (the default). An unlock that brings a buffer's lock
+ * count to 0 marks the buffer; the policy reads and clears marks when it
+ * looks at a buffer, and counts time in victims taken. A buffer is "cold"
+ * from its arrival (its allocation, or the lock, dmem_unspill or
+ * dmem_prefetch that brought it back to the device) until it is unlocked
+ * twice: the first unlock after the arrival is the arrival's own use, the
+ * second makes it "hot". A buffer brought back that had been unused longer
+ * (in victims taken since the policy last saw it used) than every resident
+ * buffer of its class, that is one LRU would have evicted too, is a
+ * "loop" buffer. Within a class eviction takes: first loop buffers, newest
+ * arrival first, except those among the newest arrivals that fit in a
+ * window of 1/64 to 1/4 of the limit (at least the newest one); then, of
+ * the oldest-arrived cold buffer and the hot buffer the policy saw used
+ * least recently, the one seen used less recently (the cold one on a tie);
+ * then the window's buffers, oldest first. A cold or loop buffer found
+ * unlocked twice since its arrival becomes hot instead of being taken; a hot
+ * buffer found marked is passed over, its mark cleared and its recency
+ * renewed, so a hot buffer unlocked since the policy last looked at it is
+ * taken only after every hot buffer of its class that was not. These hold
+ * exactly whichever threads made the unlocks: every unlock that happens
+ * before an eviction pass starts (the same thread, or ordered before it by
+ * the caller's synchronisation) is seen by that pass, and unlocks write no
+ * memory that other threads or buffers share. Within one tick (no victim
+ * taken between two unlocks) recency is not ordered further.
+ *
+ * DMEM_EVICTION_LRU. Least recently unlocked first. "Least recently" is
  * exact among the unlocks of one thread; across threads it holds between
  * unlocks with an allocation or an eviction pass between them (each starts
  * a new LRU epoch), and within one epoch two threads' unlocks are ordered by
  * how many each thread did (exact order across threads would cost every
- * unlock a write to a line all threads share). Default 0; every int
- * (INT_MIN to INT_MAX) is a priority.
+ * unlock a write to a line all threads share).
+ *
+ * A buffer whose priority changes joins its new class at the next eviction
+ * pass. Default 0; every int (INT_MIN to INT_MAX) is a priority.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_STALE_HANDLE.

@@ -121,6 +121,9 @@ typedef struct dmem_runtime_info {
   char spill_dir[256];
   /** The pinned pool's headroom (dmem_config_t.host_headroom). */
   size_t host_headroom;
+  /** The eviction policy in effect (DMEM_EVICTION_REUSE or
+   *  DMEM_EVICTION_LRU; dmem_config_t.eviction_policy). */
+  dmem_eviction_policy_t eviction_policy;
 } dmem_runtime_info_t;
 
 /**

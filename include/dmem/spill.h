@@ -84,10 +84,12 @@ DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_st
  * resident buffer is left as it is; a buffer whose spill copy is in flight
  * has its spill cancelled (it stays resident). Making room for the copies
  * may spill other unlocked buffers by policy, as a lock would. Nothing is
- * locked, but each buffer counts as just used (its LRU position is that of
- * a buffer unlocked now), so the policy takes the others first; it may
- * still be spilled again before it is locked (the lock then brings it back
- * as usual). A lock that arrives while the
+ * locked, but each buffer counts as just used, so the policy takes the
+ * others first (DMEM_EVICTION_LRU: its LRU position is that of a buffer
+ * unlocked now; the default policy: a buffer brought back is the newest
+ * arrival of its class, one resident already is marked as by an unlock:
+ * dmem_set_priority); it may still be spilled again before it is locked
+ * (the lock then brings it back as usual). A lock that arrives while the
  * prefetch copy is in flight orders its stream after that copy.
  *
  * The handles are checked first: a zero, freed, forged or another

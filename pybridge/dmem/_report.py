@@ -26,6 +26,7 @@ _VARIABLES = [
     ("DMEM_SPILL_DIR", "spill directory", "spill_dir"),
     ("DMEM_SPILL_AHEAD", "spill-ahead", None),
     ("DMEM_OOM_WAIT", "allocation wait", None),
+    ("DMEM_EVICTION_POLICY", "eviction policy", "eviction_policy"),
     ("DMEM_LOG", "log level", "log_level"),
     ("DMEM_STATS", "statistics", "print_stats"),
     ("DMEM_TRACE", "trace file", None),

@@ -67,7 +67,8 @@ class Controller:
 
     def select_victims(self, nbytes):
         """Return buffers (or int handles) to spill so that nbytes are freed,
-        or None for the default policy (LRU within priority classes). Locked,
+        or None for the runtime's policy (within priority classes: the
+        eviction_policy, 'reuse' or 'lru'). Locked,
         pinned or stale victims are skipped; if they do not free enough the
         default policy frees the rest."""
         return None

@@ -276,6 +276,44 @@ def test_host_headroom_reaches_the_runtime_and_bounds_chunks(spill_dir, monkeypa
     assert reserved[None] > reserved[0], reserved
 
 
+def test_eviction_policy_reaches_the_runtime(spill_dir, monkeypatch):
+    """eviction_policy: 'reuse' (the default) or 'lru'; DMEM_EVICTION_POLICY
+    when not given, the argument winning over it. On a loop over more than
+    fits, LRU brings every buffer back every pass; the default policy keeps
+    most of them."""
+    MiB = 1 << 20
+    monkeypatch.delenv("DMEM_EVICTION_POLICY", raising=False)
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(spill_dir)) as rt:
+        assert rt.info()["eviction_policy"] == "reuse"
+    monkeypatch.setenv("DMEM_EVICTION_POLICY", "lru")
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(spill_dir)) as rt:
+        assert rt.info()["eviction_policy"] == "lru"
+    with dmem.Runtime(backend="host", host_capacity=8 * MiB, eviction_policy="reuse",
+                      spill_dir=str(spill_dir)) as rt:
+        assert rt.info()["eviction_policy"] == "reuse"
+    monkeypatch.delenv("DMEM_EVICTION_POLICY")
+    with pytest.raises(ValueError):
+        dmem.Runtime(backend="host", eviction_policy="mru")
+    with pytest.raises(TypeError):
+        dmem.Runtime(backend="host", eviction_policy=1)
+    unspills = {}
+    for policy in ("lru", "reuse"):
+        with dmem.Runtime(backend="host", host_capacity=16 * MiB, device_limit=8 * MiB,
+                          eviction_policy=policy, spill_dir=str(spill_dir)) as rt:
+            bufs = []
+            for p in range(4):
+                for i in range(12):
+                    if p == 0:
+                        bufs.append(rt.alloc(MiB))
+                    bufs[i].write(bytes([p * 16 + i]) * 16)
+            unspills[policy] = rt.stats()["unspill_count"]
+            for i, b in enumerate(bufs):
+                assert bytes(b.peek(16)) == bytes([48 + i]) * 16
+                b.free()
+    # LRU: every write after the first pass brings its buffer back (36)
+    assert unspills["lru"] == 36 and unspills["reuse"] <= 20, unspills
+
+
 def test_host_burst_bounds_the_pinned_pool(spill_dir):
     """host_burst: how far past host_limit the host tier may grow; with 0 a
     spill past the limit goes to disk itself, with 0.5 the tier takes it."""
