@@ -382,6 +382,7 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
       if (b) b->pback = 1;
       if (!b) b = oldest(rt, c, &w);
       if (!b) b = first(rt, c, WIN, false, &w);
+      if (!b) b = oldest(rt, c, &w); /* what the window promoted to hot */
       if (!b) break;
       /* taken: to the cold list's newest end, so that a pass running
        * beside this one takes others; if its spill fails it stays there,

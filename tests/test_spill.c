@@ -272,6 +272,34 @@ TEST_CASE(on_demand_spilling_reuse_and_priority) {
   dmem_runtime_destroy(rt);
 }
 
+/* The default policy: a buffer brought back after a victim was taken (it
+ * joins the loop buffers' window) and then used twice is promoted to hot
+ * when the policy looks at it, and is still a victim of that same pass.
+ * Found by tests/python/test_model.py: dmem_evict freed nothing while the
+ * buffer sat resident and unlocked (the pass looked at the window last and
+ * stopped there). */
+TEST_CASE(window_buffer_used_again_is_still_a_victim) {
+  dmem_runtime_t *rt = check_runtime_policy(4 * MiB, DMEM_EVICTION_REUSE);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  check_put(rt, h, MiB, 7);
+  size_t freed = 0;
+  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_UEQ(freed, MiB);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  for (int k = 0; k < 2; k++) { /* brought back by the first lock */
+    void *p;
+    CHECK_OK(dmem_lock(rt, h, NULL, &p));
+    CHECK_OK(dmem_unlock(rt, h));
+  }
+  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_UEQ(freed, MiB);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 7), 0);
+  CHECK_OK(dmem_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
 /* A loop over more buffers than fit (the default policy): LRU would evict
  * each buffer just before its use, moving every buffer every pass; the
  * default policy keeps most of them, as Belady's MIN does (bench_policy
