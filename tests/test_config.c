@@ -8,7 +8,7 @@ static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIM
                              "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
                              "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
                              "DMEM_SPILL_AHEAD", "DMEM_HOST_RESERVE", "DMEM_HOST_PIN",
-                             "DMEM_HOST_BURST", "DMEM_HOST_HEADROOM"};
+                             "DMEM_HOST_BURST", "DMEM_HOST_HEADROOM", "DMEM_EVICTION_POLICY"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -406,6 +406,58 @@ TEST_CASE(host_reserve_and_pin_from_env) {
   CHECK_GE(s.host_pool_reserved, (size_t)6 << 20);
   dmem_runtime_destroy(rt);
   clear_env();
+}
+
+/* DMEM_EVICTION_POLICY: reuse or lru (any case) into eviction_policy
+ * (default DMEM_EVICTION_DEFAULT, in effect DMEM_EVICTION_REUSE, as
+ * dmem_runtime_info reports); malformed: DMEM_ERR_CONFIG naming the
+ * variable, unless the config gives the policy (then ignored); an
+ * eviction_policy outside the enum: DMEM_ERR_INVALID_ARGUMENT. */
+TEST_CASE(eviction_policy_from_env_and_struct) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_EQ(cfg.eviction_policy, DMEM_EVICTION_DEFAULT);
+  cfg.backend = DMEM_BACKEND_HOST;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  CHECK_OK(dmem_runtime_info(rt, &info));
+  CHECK_EQ(info.eviction_policy, DMEM_EVICTION_REUSE);
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_EVICTION_POLICY", "LRU", 1);
+  dmem_config_init(&cfg);
+  CHECK_EQ(cfg.eviction_policy, DMEM_EVICTION_LRU);
+  REQUIRE_OK(create_with_env("DMEM_EVICTION_POLICY", "lru", &rt));
+  CHECK_OK(dmem_runtime_info(rt, &info));
+  CHECK_EQ(info.eviction_policy, DMEM_EVICTION_LRU);
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_EVICTION_POLICY", "reuse", 1);
+  dmem_config_init(&cfg);
+  CHECK_EQ(cfg.eviction_policy, DMEM_EVICTION_REUSE);
+  const char *bad[] = {"mru", "1", "lru,reuse"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rt = (dmem_runtime_t *)0x1;
+    CHECK_STATUS(create_with_env("DMEM_EVICTION_POLICY", bad[i], &rt), DMEM_ERR_CONFIG);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_EVICTION_POLICY") != NULL);
+  }
+  /* the config gives the policy: the malformed variable is ignored */
+  setenv("DMEM_EVICTION_POLICY", "mru", 1);
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.eviction_policy = DMEM_EVICTION_LRU;
+  rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_runtime_destroy(rt);
+  clear_env();
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.eviction_policy = (dmem_eviction_policy_t)3;
+  rt = (dmem_runtime_t *)0x1;
+  CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
 }
 
 /* DMEM_SPILL_AHEAD sets the marks: "N%,M%" both, "N%" the high one with

@@ -20,7 +20,8 @@ static const char *vars[] = {"DMEM_BACKEND",      "DMEM_DEVICE",     "DMEM_DEVIC
                              "DMEM_HOST_LIMIT",   "DMEM_SPILL_DIR",  "DMEM_LOG",
                              "DMEM_STATS",        "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
                              "DMEM_SPILL_AHEAD",  "DMEM_HOST_RESERVE", "DMEM_HOST_PIN",
-                             "DMEM_HOST_BURST",   "DMEM_TRACE",      "DMEM_HOST_HEADROOM"};
+                             "DMEM_HOST_BURST",   "DMEM_TRACE",      "DMEM_HOST_HEADROOM",
+                             "DMEM_EVICTION_POLICY"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
