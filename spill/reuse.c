@@ -101,11 +101,17 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
     top = ((head >> 32) + 1) << 32 | b->slot;
     /* release: publishes anext; partner is the drain's acquiring exchange */
   } while (!dmem_atomic_cas_acq_rel(&rt->pol.arrivals, &head, top));
-  /* Every DMEM__DRAIN_EVERY arrivals, the arriving thread drains them if
-   * no eviction pass holds the policy: so a pass never links more than
-   * about that many at once (allocating a million buffers, then one
-   * eviction, costs the eviction no more than allocating a thousand). */
-  if ((top >> 32) % DMEM__DRAIN_EVERY == 0 && dmem__mutex_trylock(&rt->pol.mu, DMEM__RANK_POLICY)) {
+  /* Every DMEM__DRAIN_EVERY arrivals, once device use is past half the
+   * limit (evictions in sight), the arriving thread drains them if no
+   * eviction pass holds the policy: so a pass links at most about that
+   * many (a million buffers allocated, then one eviction, cost the
+   * eviction no more than a thousand do). Below half the limit nothing is
+   * linked: a workload that never evicts pays one CAS an arrival (and none
+   * for a slot whose arrival is still pending). The charge read is one
+   * relaxed load, every DMEM__DRAIN_EVERY arrivals. */
+  if ((top >> 32) % DMEM__DRAIN_EVERY == 0 &&
+      dmem_atomic_load_relaxed(&rt->device_charged) >= rt->limit / 2 &&
+      dmem__mutex_trylock(&rt->pol.mu, DMEM__RANK_POLICY)) {
     drain(rt);
     dmem__mutex_unlock(&rt->pol.mu, DMEM__RANK_POLICY);
   }
@@ -138,6 +144,21 @@ static void link_tail(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l
   if (c->tail[l] != DMEM__NO_SLOT) at(rt, c->tail[l])->pnext = b->slot;
   else c->head[l] = b->slot;
   c->tail[l] = b->slot;
+  c->n[l]++;
+  b->psize = dmem__bsize(b);
+  if (l == WIN) c->win_bytes += b->psize;
+}
+
+/* To the head of list l of class cid (under the policy's mutex). */
+static void link_head(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l) {
+  dmem__pclass_t *c = &rt->pol.cls[cid];
+  b->pcls = (uint16_t)(cid + 1);
+  b->plist = (uint8_t)l;
+  b->pprev = DMEM__NO_SLOT;
+  b->pnext = c->head[l];
+  if (c->head[l] != DMEM__NO_SLOT) at(rt, c->head[l])->pprev = b->slot;
+  else c->tail[l] = b->slot;
+  c->head[l] = b->slot;
   c->n[l]++;
   b->psize = dmem__bsize(b);
   if (l == WIN) c->win_bytes += b->psize;
@@ -237,7 +258,10 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
       continue;
     }
     if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
-      move_tail(rt, b, l, false);
+      uint32_t cid = b->pcls - 1u;
+      unlink_b(rt, b);
+      if (newest_first) link_head(rt, b, cid, l); /* the end this walk reaches last */
+      else link_tail(rt, b, cid, l);
       continue;
     }
     uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
