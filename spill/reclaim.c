@@ -91,8 +91,12 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
      * acquiring CAS */
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
   if (dmem__w_count(nw) == 0) {
-    if (__builtin_expect(rt->pol_lru, 0)) dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
-    else dmem__policy_mark(b);
+    /* the eviction policy's recency: a mark on this buffer's own line (the
+     * default), or the LRU stamp (DMEM_EVICTION_POLICY=lru) */
+    if (__builtin_expect(rt->pol_lru, 0))
+      dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+    else
+      dmem__policy_mark(b);
     if ((nw & DMEM__F_FREED) && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
   }
   return DMEM_OK;
