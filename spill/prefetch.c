@@ -30,11 +30,12 @@ dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t
     /* About to be locked: not the next victim, which would evict it before
      * the lock it was brought back for. LRU: the most recently used, as an
      * unlock would make it (its old stamp made it the first victim). The
-     * default policy: brought back, it is the newest arrival (retrieve.c),
-     * the last of its class's cold buffers to go; resident already, it is
-     * marked as an unlock would mark it. */
+     * default policy: brought back, it is the newest arrival (retrieve.c);
+     * resident already, it moves to its list's newest end (spill/reuse.c),
+     * unmarked: a prefetch is not a use, or a loop that prefetches ahead
+     * would make every buffer hot (LRU again). */
     if (rt->pol_lru) dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
-    else if (resident) dmem__policy_mark(b);
+    else if (resident) dmem__policy_arrive(rt, b, DMEM__ARRIVE_SOON);
   }
   /* One event after every copy enqueued so far on the host->device stream
    * (a FIFO): the caller's stream waits for the batch once. Buffers that

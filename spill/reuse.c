@@ -57,10 +57,10 @@
 #define DMEM__DRAIN_EVERY 256u
 
 /* A class's window: a sixteenth of the limit at first, then between a
- * 64th and a quarter. */
+ * 64th and a half. */
 #define DMEM__WIN_START 16
 #define DMEM__WIN_MIN 64
-#define DMEM__WIN_TOP 4
+#define DMEM__WIN_TOP 2
 
 /* The most priority classes (pcls is an id + 1 in 16 bits); a priority
  * past them joins the nearest class below it (or the lowest). */
@@ -86,8 +86,9 @@ static void drain(dmem_runtime_t *rt);
 
 void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind) {
   if (rt->pol_lru) return;
-  if (kind == DMEM__ARRIVE_PRIO) {
-    /* an arrival already pending re-classes the buffer too */
+  if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
+    /* an arrival already pending re-classes the buffer too, and puts it at
+     * its list's newest end */
     uint8_t none = 0;
     if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) return;
   } else {
@@ -313,6 +314,16 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     }
     return;
   }
+  if (kind == DMEM__ARRIVE_SOON && b->pcls) {
+    /* prefetched while resident: about to be locked, so the newest of its
+     * list (back's buffers go to the window's newest end), recency renewed;
+     * not a use: a loop that prefetches ahead stays a loop */
+    int l = b->plist == BACK ? WIN : b->plist;
+    unlink_b(rt, b);
+    link_tail(rt, b, cid, l);
+    dmem_atomic_store_relaxed(&b->last_use, p->tick);
+    return;
+  }
   if (b->pcls) unlink_b(rt, b);
   bool was_back = b->pback;
   b->pback = 0;
@@ -329,11 +340,16 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     if (reuse > 0 && reuse >= age) l = WIN;
     if (was_back) {
       /* It went through the window unused and was evicted from back: if
-       * it is back soon (used again shortly after its window), the
-       * window was too small; if it is back as a loop's member again,
-       * the window only held what the loop evicts anyway. */
+       * it is back soon (used again shortly after its window: a buffer
+       * prefetched ahead, a GEMM's A tile), the window was too small: it
+       * grows by the buffer's size; if it is back as a loop's member
+       * again, the window may be larger than it needs: it shrinks by an
+       * eighth of that (so a loop that prefetches d buffers ahead keeps a
+       * window of about d + 1 at the price of a few early evictions a
+       * pass, and one that does not lets it shrink). */
       size_t size = dmem__bsize(b);
-      if (l == WIN) p->win_max = p->win_max > p->win_min + size ? p->win_max - size : p->win_min;
+      if (l == WIN)
+        p->win_max = p->win_max > p->win_min + size / 8 ? p->win_max - size / 8 : p->win_min;
       else p->win_max = p->win_max + size < p->win_top ? p->win_max + size : p->win_top;
     }
   }

@@ -372,17 +372,19 @@ dmem_status_t dmem__victims_sorted(dmem_runtime_t *rt,
 typedef enum dmem__arrival {
   DMEM__ARRIVE_NEW = 1,  /* allocated (or adopted) */
   DMEM__ARRIVE_BACK = 2, /* retrieved from a tier (a lock, dmem_unspill, a prefetch) */
-  DMEM__ARRIVE_PRIO = 3  /* its priority changed */
+  DMEM__ARRIVE_PRIO = 3, /* its priority changed */
+  DMEM__ARRIVE_SOON = 4  /* resident, prefetched: about to be locked */
 } dmem__arrival_t;
 
 /* At create (after rt->limit is known) and destroy. */
 void dmem__policy_init(dmem_runtime_t *rt);
 void dmem__policy_fini(dmem_runtime_t *rt);
 /* b, a live buffer, came to the device (NEW, BACK: called by the thread
- * that made it resident, before the releasing CAS that publishes it; its
- * mark is reset) or changed priority (PRIO). Lock-free: a CAS on the
- * arrivals stack, none when b's arrival is pending already. Nothing under
- * DMEM_EVICTION_LRU. */
+ * that made it resident, after the releasing CAS that publishes it; its
+ * mark is reset), changed priority (PRIO) or, resident, was prefetched
+ * (SOON: it moves to its list's newest end, unmarked). Lock-free: a CAS on
+ * the arrivals stack, none when b's arrival is pending already. Nothing
+ * under DMEM_EVICTION_LRU. */
 void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind);
 /* Up to max victims (in the policy's order) whose bytes reach need, into
  * out[] (priority, b, h; last_use not set), each moved to its class's

@@ -212,7 +212,7 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
  * buffer of its class, that is one LRU would have evicted too, is a
  * "loop" buffer. Within a class eviction takes: first loop buffers, newest
  * arrival first, except those among the newest arrivals that fit in a
- * window of 1/64 to 1/4 of the limit (at least the newest one); then, of
+ * window of 1/64 to 1/2 of the limit (at least the newest one); then, of
  * the oldest-arrived cold buffer and the hot buffer the policy saw used
  * least recently, the one seen used less recently (the cold one on a tie);
  * then the window's buffers, oldest first. A cold or loop buffer found
@@ -225,6 +225,9 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
  * the caller's synchronisation) is seen by that pass, and unlocks write no
  * memory that other threads or buffers share. Within one tick (no victim
  * taken between two unlocks) recency is not ordered further.
+ *
+ * A dmem_prefetch of a resident buffer is not a use: it moves the buffer to
+ * its list's newest end (a loop buffer to the window's).
  *
  * DMEM_EVICTION_LRU. Least recently unlocked first. "Least recently" is
  * exact among the unlocks of one thread; across threads it holds between
