@@ -30,6 +30,10 @@
  *                8 GiB initial pool (built with RMM: DMEM_RMM_ROOT)
  *   RMM arena    rmm::mr::arena_memory_resource over cuda_memory_resource,
  *                8 GiB global arena
+ * and, in a table of its own (built with RMM), dmem as an RMM resource
+ * (dmem::rmm_resource, include/dmem/rmm.hpp) against the RMM pool, both
+ * called through an rmm::device_async_resource_ref as RMM's users call the
+ * current device resource, with RESULT lines.
  * Ratios are dmem / baseline: below 1 means dmem is faster.
  *
  * Everything is stream-ordered on the thread's stream (streams made by
@@ -164,7 +168,10 @@ typedef struct allocator {
   void *self;
 } allocator_t;
 
-enum { A_DMEM, A_BUF, A_MALLOC, A_ASYNC, A_POOL, A_ARENA, A_COUNT };
+/* A_RMM_DMEM and A_RMM_POOL (built with RMM) run only in table_rmm_hook:
+ * dmem::rmm_resource and the RMM pool, each called through an
+ * rmm::device_async_resource_ref, as RMM's users call the current resource. */
+enum { A_DMEM, A_BUF, A_MALLOC, A_ASYNC, A_POOL, A_ARENA, A_RMM_DMEM, A_RMM_POOL, A_COUNT };
 
 static void *dmem_raw_alloc(void *self, size_t n, dmem_stream_t s) {
   (void)self;
@@ -239,9 +246,15 @@ static allocator_t g_alloc[A_COUNT] = {
     [A_POOL] = {"RMM pool", false, false, false, bench_rmm_pool_alloc, bench_rmm_pool_free, NULL},
     [A_ARENA] = {"RMM arena", false, false, false, bench_rmm_arena_alloc, bench_rmm_arena_free,
                  NULL},
+    [A_RMM_DMEM] = {"dmem via RMM", false, false, false, bench_rmm_ref_alloc, bench_rmm_ref_free,
+                    NULL},
+    [A_RMM_POOL] = {"pool via RMM", false, false, false, bench_rmm_ref_alloc, bench_rmm_ref_free,
+                    NULL},
 #else
     [A_POOL] = {"RMM pool", false, false, false, NULL, NULL, NULL},
     [A_ARENA] = {"RMM arena", false, false, false, NULL, NULL, NULL},
+    [A_RMM_DMEM] = {"dmem via RMM", false, false, false, NULL, NULL, NULL},
+    [A_RMM_POOL] = {"pool via RMM", false, false, false, NULL, NULL, NULL},
 #endif
 };
 
@@ -605,6 +618,42 @@ static void row_single(const char *what, const double ns[A_COUNT]) {
 static const size_t k_sizes[] = {256, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB};
 #define NSIZES ((int)(sizeof k_sizes / sizeof k_sizes[0]))
 
+/* The RMM hook (issue 24): dmem::rmm_resource (include/dmem/rmm.hpp) against
+ * the RMM pool, both through rmm::device_async_resource_ref, 1 thread, its
+ * own stream; with dmem's raw pair for reference. Prints RESULT lines
+ * (ns per pair and the ratio). Built with RMM only. */
+static void table_rmm_hook(void) {
+#ifdef DMEM_BENCH_HAVE_RMM
+  if (!g_alloc[A_RMM_DMEM].self || !g_alloc[A_RMM_POOL].self) return;
+  bool saved[A_COUNT];
+  for (int a = 0; a < A_COUNT; a++) {
+    saved[a] = g_alloc[a].available;
+    g_alloc[a].available = a == A_DMEM || a == A_RMM_DMEM || a == A_RMM_POOL;
+  }
+  printf("\nRMM hook: alloc+free pair through rmm::device_async_resource_ref, 1 thread "
+         "(its own stream), ns per pair\n");
+  printf("%-18s | %11s | %12s | %12s | %13s\n", "size", "dmem raw", "dmem via RMM",
+         "pool via RMM", "dmem/pool RMM");
+  printf("-------------------+-------------+--------------+--------------+--------------\n");
+  static const size_t sizes[] = {256, MiB, 64 * MiB};
+  for (int i = 0; i < 3; i++) {
+    double ns[A_COUNT];
+    long count[A_COUNT];
+    bench_case_t c = {CASE_PAIRS, sizes[i], 1, false, NULL};
+    measure(&c, ns, count);
+    char what[32];
+    size_name(what, sizeof what, sizes[i]);
+    printf("%-18s | %11.0f | %12.0f | %12.0f | %13.2f\n", what, ns[A_DMEM], ns[A_RMM_DMEM],
+           ns[A_RMM_POOL], ns[A_RMM_DMEM] / ns[A_RMM_POOL]);
+    printf("RESULT rmm_cpp_dmem_%zu_ns=%.1f\nRESULT rmm_cpp_pool_%zu_ns=%.1f\n"
+           "RESULT rmm_cpp_dmem_over_pool_%zu=%.3f\n",
+           sizes[i], ns[A_RMM_DMEM], sizes[i], ns[A_RMM_POOL], sizes[i],
+           ns[A_RMM_DMEM] / ns[A_RMM_POOL]);
+  }
+  for (int a = 0; a < A_COUNT; a++) g_alloc[a].available = saved[a];
+#endif
+}
+
 static double g_single[NSIZES][A_COUNT]; /* the 1-thread figures, for the speedups */
 static double g_raw4k, g_raw4k_live;     /* dmem's 4 KiB pair, alone and with 1000 live */
 
@@ -755,6 +804,9 @@ static void make_baselines(char *desc, size_t cap) {
   g_alloc[A_POOL].self = bench_rmm_pool_create(bytes);
   g_alloc[A_ARENA].self = bench_rmm_arena_create(bytes);
   g_alloc[A_POOL].available = g_alloc[A_ARENA].available = true;
+  /* only in table_rmm_hook (not available in the other tables) */
+  g_alloc[A_RMM_DMEM].self = bench_rmm_dmem_ref_create(g_rt);
+  g_alloc[A_RMM_POOL].self = bench_rmm_pool_ref_create(g_alloc[A_POOL].self);
   snprintf(rmm_desc, sizeof rmm_desc, "RMM %s, pool and arena of %zu MiB", bench_rmm_version(),
            bytes / MiB);
   rmm = rmm_desc;
@@ -767,6 +819,8 @@ static void make_baselines(char *desc, size_t cap) {
 
 static void destroy_baselines(void) {
 #ifdef DMEM_BENCH_HAVE_RMM
+  if (g_alloc[A_RMM_DMEM].self) bench_rmm_ref_destroy(g_alloc[A_RMM_DMEM].self);
+  if (g_alloc[A_RMM_POOL].self) bench_rmm_ref_destroy(g_alloc[A_RMM_POOL].self);
   if (g_alloc[A_POOL].self) bench_rmm_pool_destroy(g_alloc[A_POOL].self);
   if (g_alloc[A_ARENA].self) bench_rmm_arena_destroy(g_alloc[A_ARENA].self);
 #endif
@@ -818,6 +872,7 @@ int main(int argc, char **argv) {
 
   const replay_t *rs[] = {&r1000, &r10000};
   table_replay(rs, 2);
+  table_rmm_hook();
   team_stop();
   printf("ratios: dmem / baseline, below 1 = dmem faster\n");
   printf(
