@@ -128,8 +128,9 @@ def _build():
         def deallocate(self, ptr, size, stream=None):
             """Give ptr back to dmem. Its last use must be enqueued on stream
             or on the stream it was allocated for: freed in that stream's
-            order (another stream is waited for first). 0 does nothing; a
-            pointer this resource did not give raises ValueError."""
+            order (another stream is waited for first; if that wait fails,
+            the error is raised and the buffer stays allocated). 0 does
+            nothing; a pointer this resource did not give raises ValueError."""
             addr = int(ptr)
             if addr == 0:
                 return
@@ -141,9 +142,12 @@ def _build():
             if stream is not None and not _same_stream(_stream_obj(stream), mem.stream):
                 # dmem frees in the order of the allocation's stream: let
                 # that order include the work on this one
-                sync = getattr(_stream_obj(stream), "sync", None)
-                if sync is not None:
-                    sync()
+                try:
+                    self._rt.synchronize(_stream_obj(stream))
+                except BaseException:
+                    with self._mu:
+                        self._live[addr] = mem  # still allocated: the caller may retry
+                    raise
             mem.free()
 
         @property

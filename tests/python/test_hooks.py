@@ -261,6 +261,19 @@ def test_cuda_core_resource_over_stand_in(tmp_path):
             assert "host backend" in str(e), str(e)
         else:
             raise AssertionError("host backend took a foreign stream")
+        assert rt.stats()["raw_used"] == 0
+        # freed on another stream than its own: that stream is waited for
+        # first; when the wait fails, the buffer stays allocated
+        f = mr.allocate(512)
+        try:
+            mr.deallocate(f.handle, 512, stream=cc.Stream(99))
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("waited for a foreign stream on the host backend")
+        assert rt.stats()["raw_used"] == 512
+        mr.deallocate(f.handle, 512)
+        assert rt.stats()["raw_used"] == 0
         for bad, exc in [(-2, ValueError), ("x", TypeError)]:
             try:
                 MR(bad)
