@@ -54,10 +54,12 @@
  * The last line gives dmem's 4 KiB pair alone and with 1000 live blocks
  * (target on the host backend: <= 150 ns).
  *
- *   bench_alloc [--quick]
+ *   bench_alloc [--quick] [--rmm-hook]
  *
  * --quick: 3 repetitions of ~2 ms and, on the host backend, only cases
  * needing at most 512 MiB (the CTest runs bench.alloc and cuda.bench.alloc).
+ * --rmm-hook: only the RMM hook table (dmem::rmm_resource against the RMM
+ * pool, built with RMM, CUDA backend).
  * Exit 77 when DMEM_BACKEND asks for a device that is not there; 1 on any
  * dmem, CUDA or RMM error; never fails on speed.
  */
@@ -94,6 +96,7 @@
 
 static int g_reps = 7;
 static bool g_quick = false;
+static bool g_rmm_hook_only = false; /* --rmm-hook: only table_rmm_hook */
 static double g_budget_ns = 50e6;  /* aimed-at time of one repetition */
 static long g_max_pairs = 200000;  /* most pairs in one repetition (all threads) */
 static long g_replay_len = 200000; /* steps of the replay sequences (most per repetition) */
@@ -832,8 +835,10 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       g_quick = true;
+    } else if (strcmp(argv[i], "--rmm-hook") == 0) {
+      g_rmm_hook_only = true;
     } else {
-      fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--rmm-hook]\n", argv[0]);
       return 2;
     }
   }
@@ -860,25 +865,33 @@ int main(int argc, char **argv) {
   replay_make(&r10000, 10000, g_replay_len, 2);
 
   team_start();
-  table_single(&r1000);
-  table_threads(4, false);
-  table_threads(16, false);
-  table_threads(4, true);
-  table_threads(16, true);
-  printf(
-      "threads: the pairs of a repetition split evenly among them; speedup = 1-thread "
-      "ns / aggregate ns (default-stream tables too: against 1 thread on its own stream); "
-      "cudaMalloc takes no stream: see the own-stream tables\n");
+  if (g_rmm_hook_only) {
+    table_rmm_hook();
+    team_stop();
+    printf("bench_alloc --rmm-hook: %s\n",
+           g_alloc[A_RMM_DMEM].self ? "done"
+                                    : "no RMM hook table (built without RMM, or the host backend)");
+  } else {
+    table_single(&r1000);
+    table_threads(4, false);
+    table_threads(16, false);
+    table_threads(4, true);
+    table_threads(16, true);
+    printf(
+        "threads: the pairs of a repetition split evenly among them; speedup = 1-thread "
+        "ns / aggregate ns (default-stream tables too: against 1 thread on its own stream); "
+        "cudaMalloc takes no stream: see the own-stream tables\n");
 
-  const replay_t *rs[] = {&r1000, &r10000};
-  table_replay(rs, 2);
-  table_rmm_hook();
-  team_stop();
-  printf("ratios: dmem / baseline, below 1 = dmem faster\n");
-  printf(
-      "\n== dmem raw 4 KiB pair (dmem_device_malloc + dmem_device_free, 1 thread, %s "
-      "backend): %.0f ns alone, %.0f ns with 1000 live blocks%s\n",
-      g_host ? "host" : "CUDA", g_raw4k, g_raw4k_live, g_host ? " (target <= 150 ns)" : "");
+    const replay_t *rs[] = {&r1000, &r10000};
+    table_replay(rs, 2);
+    table_rmm_hook();
+    team_stop();
+    printf("ratios: dmem / baseline, below 1 = dmem faster\n");
+    printf(
+        "\n== dmem raw 4 KiB pair (dmem_device_malloc + dmem_device_free, 1 thread, %s "
+        "backend): %.0f ns alone, %.0f ns with 1000 live blocks%s\n",
+        g_host ? "host" : "CUDA", g_raw4k, g_raw4k_live, g_host ? " (target <= 150 ns)" : "");
+  }
 
   /* Sanity: everything given back. */
   for (int i = 0; i < MAX_THREADS; i++) sync_stream(g_streams[i]);

@@ -75,6 +75,11 @@ macro(dmem_find_rmm)
       THRUST_IGNORE_ABI_NAMESPACE_ERROR CCCL_DISABLE_PDL)
     target_compile_features(dmem_rmm INTERFACE cxx_std_17)
     target_link_libraries(dmem_rmm INTERFACE ${_dmem_rmm_lib} ${_dmem_rmm_logger})
+    # librmm needs librapids_logger, which its RUNPATH ($ORIGIN) does not
+    # find in the wheels' layout: keep it a direct dependency (a toolchain
+    # linking --as-needed would drop it when no symbol of it is used), so
+    # that the loader has it, through our RPATH, before librmm asks.
+    target_link_options(dmem_rmm INTERFACE "LINKER:--no-as-needed")
     message(STATUS "dmem: RMM ${DMEM_RMM_VERSION} from ${_dmem_rmm_root}")
   elseif(NOT DMEM_RMM_FOUND)
     message(STATUS "dmem: RMM not used (${_dmem_rmm_why})")

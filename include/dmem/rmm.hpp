@@ -24,8 +24,9 @@
  *
  * Header only, over dmem's C API; it needs RMM's headers (its CCCL and
  * <rmm/error.hpp>: link librmm) and the CUDA runtime's headers. It is
- * usable with the CUDA backend only: a stream is a cudaStream_t (the host
- * backend takes none but the default stream, {} or cudaStreamLegacy).
+ * meant for the CUDA backend, where a stream is a cudaStream_t; on the host
+ * backend only the default stream (cudaStream_t{}) may be passed, as
+ * tests/test_rmm.cpp does.
  *
  * Thread safety: every member function may be called from any thread at
  * any time, as dmem's calls can.
