@@ -143,6 +143,28 @@ PyObject *mod_attach(PyObject *, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+PyObject *mod_forget_stream(PyObject *, PyObject *args) {
+  int device;
+  PyObject *handle_o;
+  if (!PyArg_ParseTuple(args, "iO!:forget_stream", &device, &PyLong_Type, &handle_o))
+    return nullptr;
+  unsigned long long handle = PyLong_AsUnsignedLongLong(handle_o); /* OverflowError if < 0 */
+  if (handle == (unsigned long long)-1 && PyErr_Occurred()) return nullptr;
+  if (device < 0 || device >= max_devices) {
+    PyErr_Format(PyExc_ValueError, "forget_stream: device %d not in 0..%d", device,
+                 max_devices - 1);
+    return nullptr;
+  }
+  dmem::rmm_resource *r = resources[device];
+  if (!r || handle <= 2) Py_RETURN_NONE; /* never used by RMM here / a default stream */
+  dmem_status_t st;
+  Py_BEGIN_ALLOW_THREADS
+  st = dmem_stream_forget(r->runtime(), reinterpret_cast<dmem_stream_t>(handle));
+  Py_END_ALLOW_THREADS
+  if (st != DMEM_OK) return raise_status(PyExc_RuntimeError, "dmem_stream_forget", st);
+  Py_RETURN_NONE;
+}
+
 PyObject *mod_layout_ok(PyObject *, PyObject *args) {
   PyObject *obj, *base_o;
   if (!PyArg_ParseTuple(args, "OO:layout_ok", &obj, &base_o)) return nullptr;
@@ -162,6 +184,10 @@ PyMethodDef methods[] = {
      "from dmem's default runtime of device. TypeError for other objects, RuntimeError\n"
      "when RMM's layout is not the one dmem was built for, ValueError for a device outside\n"
      "0..63, a resource attached already, or a default runtime on the host backend."},
+    {"forget_stream", mod_forget_stream, METH_VARARGS,
+     "forget_stream(device, handle): dmem_stream_forget of the cudaStream_t `handle` in the\n"
+     "runtime behind RMM's resource of device (nothing when none was made, or for the\n"
+     "default streams 0, 1, 2). ValueError for a device outside 0..63."},
     {"layout_ok", mod_layout_ok, METH_VARARGS,
      "layout_ok(obj, base) -> True, or a string saying why base's C layout is not the one\n"
      "dmem was built for."},

@@ -28,6 +28,14 @@
  * backend only the default stream (cudaStream_t{}) may be passed, as
  * tests/test_rmm.cpp does.
  *
+ * Streams: dmem's pool may, later, record an event on the stream a block
+ * was last freed on (when another stream wants the block). Before
+ * destroying a stream it passed here, a program calls
+ * dmem_stream_forget(rt, stream) (while no other call passes that stream);
+ * otherwise, when that record fails, the blocks stay unused (quarantined)
+ * until the runtime is destroyed. Streams that live as long as the program
+ * (the default streams, RMM's cuda_stream_pool) need nothing.
+ *
  * Thread safety: every member function may be called from any thread at
  * any time, as dmem's calls can.
  */

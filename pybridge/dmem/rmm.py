@@ -29,7 +29,7 @@ minor version; otherwise ``use_dmem_for_rmm`` raises ImportError (RMM or
 
 import threading
 
-__all__ = ["DmemMemoryResource", "use_dmem_for_rmm"]
+__all__ = ["DmemMemoryResource", "forget_stream", "use_dmem_for_rmm"]
 
 _cls = None
 _mu = threading.Lock()
@@ -141,6 +141,46 @@ def use_dmem_for_rmm(device=None):
     mr = cls(d)
     rmm.mr.set_per_device_resource(d, mr)
     return mr
+
+
+def _stream_handle(stream):
+    """The cudaStream_t of an int, an object with __cuda_stream__ (RMM's and
+    cuda.core's streams), .ptr (CuPy) or .cuda_stream (PyTorch)."""
+    if isinstance(stream, bool):
+        raise TypeError("stream must be a stream or an int cudaStream_t, not bool")
+    if isinstance(stream, int):
+        h = stream
+    elif hasattr(stream, "__cuda_stream__"):
+        h = int(stream.__cuda_stream__()[1])
+    elif hasattr(stream, "ptr"):
+        h = int(stream.ptr)
+    elif hasattr(stream, "cuda_stream"):
+        h = int(stream.cuda_stream)
+    else:
+        raise TypeError(f"stream must be a stream or an int cudaStream_t, not "
+                        f"{type(stream).__name__}")
+    if h < 0:
+        raise ValueError(f"stream handle must be >= 0, not {h}")
+    return h
+
+
+def forget_stream(stream, device=None):
+    """Before destroying a stream that RMM allocations through dmem were made
+    or freed on: dmem's pool may otherwise, later, record an event on it
+    (when another stream wants a block last freed there), and when that
+    record fails, the blocks stay unused (quarantined) until the process
+    ends. Streams that live as long as the process (the default ones, RMM's
+    and CuPy's stream pools) need nothing. No other call may pass the
+    stream while this runs. stream: an rmm or cuda.core Stream, a CuPy or
+    PyTorch stream, or an int cudaStream_t; device None: RMM's current
+    device. Does nothing when RMM never used dmem on that device."""
+    h = _stream_handle(stream)
+    native = _native()
+    if device is None:
+        d = _device_arg(None)
+    else:
+        d = _device_arg(device)
+    native.forget_stream(d, h)
 
 
 def __getattr__(name):

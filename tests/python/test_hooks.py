@@ -108,7 +108,8 @@ def test_rmm_without_native_module_says_how_to_build(tmp_path):
         import sys
         sys.modules["dmem._rmm"] = None       # a dmem built without RMM's headers
         import dmem.rmm
-        for f in (dmem.rmm.use_dmem_for_rmm, lambda: dmem.rmm.DmemMemoryResource):
+        for f in (dmem.rmm.use_dmem_for_rmm, lambda: dmem.rmm.DmemMemoryResource,
+                  lambda: dmem.rmm.forget_stream(5)):
             try:
                 f()
             except ImportError as e:
@@ -168,6 +169,26 @@ def test_rmm_foreign_layout_and_bad_devices_are_refused(tmp_path):
                 raise AssertionError(args)
         why = native.layout_ok(B(), B)
         assert isinstance(why, str) and "size" in why, why
+        # forget_stream: typed errors; a device RMM never used through dmem: nothing
+        class CupyLike:
+            ptr = 12345
+        for bad, exc in [(True, TypeError), (-3, ValueError), (object(), TypeError),
+                         (1.5, TypeError)]:
+            try:
+                dmem.rmm.forget_stream(bad, device=0)
+            except exc:
+                pass
+            else:
+                raise AssertionError(repr(bad))
+        for bad, exc in [((-1, 5), ValueError), ((64, 5), ValueError), ((0, -5), OverflowError)]:
+            try:
+                native.forget_stream(*bad)
+            except exc:
+                pass
+            else:
+                raise AssertionError(bad)
+        assert dmem.rmm.forget_stream(CupyLike(), device=0) is None
+        assert dmem.rmm.forget_stream(0) is None           # the default stream
         print("ok")
     """, env=env)
 

@@ -369,7 +369,8 @@ c = rmm.DeviceBuffer.to_device(data)
 assert c.tobytes() == data
 del b, c
 gc.collect()
-rmm.pylibrmm.stream.DEFAULT_STREAM.synchronize()
+from rmm.pylibrmm.stream import DEFAULT_STREAM
+DEFAULT_STREAM.synchronize()
 assert rt.stats()["raw_used"] == 0, rt.stats()["raw_used"]
 p = mr.allocate(4096)                                      # the Python methods go to C++
 assert p % 256 == 0 and rt.stats()["raw_used"] == 4096
@@ -390,6 +391,15 @@ except MemoryError as e:
 e = rmm.DeviceBuffer(size=1 << 20)
 assert rt.stats()["raw_used"] >= 1 << 20
 del e
+# a stream of its own, forgotten by dmem before it is destroyed
+from rmm.pylibrmm.stream import Stream
+s = Stream()
+f = rmm.DeviceBuffer(size=1 << 20, stream=s)
+del f
+dmem.rmm.forget_stream(s)
+s.synchronize()
+del s
+gc.collect()
 try:
     import cupy as cp
 except ImportError:
