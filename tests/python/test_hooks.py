@@ -408,6 +408,83 @@ def test_numba_without_cuda_core_is_a_no_op_with_a_reason(tmp_path):
 
 # ---- dmem.torch.mempool's arguments ---------------------------------------------------------
 
+FAKE_TORCH = {
+    "torch/__init__.py": '''
+        __version__ = "2.9.0+stand-in"
+        from . import cuda
+        class device:
+            def __init__(self, kind, index=None):
+                if isinstance(kind, device):
+                    kind, index = kind.type, kind.index
+                elif ":" in str(kind):
+                    kind, index = str(kind).split(":")
+                    index = int(index)
+                self.type, self.index = kind, index
+    ''',
+    "torch/cuda/__init__.py": '''
+        import contextlib
+        from . import memory
+        current = [1]
+        made = []
+        def current_device():
+            return current[0]
+        @contextlib.contextmanager
+        def device(d):
+            old, current[0] = current[0], d
+            try:
+                yield
+            finally:
+                current[0] = old
+        class MemPool:
+            def __init__(self, allocator=None):
+                self.allocator, self.device = allocator, current[0]
+                made.append(self)
+    ''',
+    "torch/cuda/memory.py": '''
+        class CUDAPluggableAllocator:
+            def __init__(self, path, alloc, free):
+                self.args = (path, alloc, free)
+            def allocator(self):
+                return ("pluggable", self.args)
+    ''',
+}
+
+
+def test_torch_mempool_over_stand_in(tmp_path):
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed: test_integrations_gpu.py tests mempool")
+    env = stand_ins(tmp_path, FAKE_TORCH)
+    check("""
+        import torch, dmem.torch
+        p = dmem.torch.mempool()                    # the current device (1 here)
+        assert isinstance(p, torch.cuda.MemPool) and p.device == 1
+        kind, (path, a, f) = p.allocator
+        assert (kind, a, f) == ("pluggable", "dmem_torch_alloc", "dmem_torch_free")
+        assert path == dmem.torch.library_path()
+        q = dmem.torch.mempool("cuda:3")
+        assert q.device == 3 and torch.cuda.current_device() == 1   # made on 3, then back
+        assert dmem.torch.mempool(torch.device("cuda", 2)).device == 2
+        assert dmem.torch.mempool(0).device == 0 and p is not q
+        for bad in ("cpu", torch.device("cpu")):
+            try:
+                dmem.torch.mempool(bad)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError(bad)
+        n = len(torch.cuda.made)
+        del torch.cuda.MemPool                      # PyTorch before 2.8
+        try:
+            dmem.torch.mempool(0)
+        except RuntimeError as e:
+            assert "2.8" in str(e), str(e)
+        else:
+            raise AssertionError("no RuntimeError without MemPool")
+        assert len(torch.cuda.made) == n
+        print("ok")
+    """, env=env)
+
 def test_torch_mempool_needs_torch_and_a_cuda_device():
     import importlib.util
     if importlib.util.find_spec("torch") is not None:
