@@ -374,6 +374,7 @@ def hooks_summary(rows):
           "allocator (same run); ratio = dmem time / own time (below 1: dmem faster)")
     print("| hook | own allocator | size | dmem pairs/s | own pairs/s | ratio |")
     print("|---|---|---|---|---|---|")
+    results = []
     for hook, res, dk, ok in rows:
         slug = hook.lower().replace(" ", "_").replace(".", "_").replace("-", "_")
         for n in SIZES:
@@ -381,9 +382,10 @@ def hooks_summary(rows):
             if d is None or o is None:
                 continue
             print(f"| {hook} | {ok} | {label(n)} | {1 / d:,.0f} | {1 / o:,.0f} | {d / o:.2f} |")
-            print(f"RESULT hook_{slug}_{n}_pairs_per_s_dmem={1 / d:.0f}")
-            print(f"RESULT hook_{slug}_{n}_pairs_per_s_own={1 / o:.0f}")
-            print(f"RESULT hook_{slug}_{n}_ratio={d / o:.3f}")
+            results += [f"RESULT hook_{slug}_{n}_pairs_per_s_dmem={1 / d:.0f}",
+                        f"RESULT hook_{slug}_{n}_pairs_per_s_own={1 / o:.0f}",
+                        f"RESULT hook_{slug}_{n}_ratio={d / o:.3f}"]
+    print("\n".join(results))
 
 
 # ---- report -------------------------------------------------------------------------------------
