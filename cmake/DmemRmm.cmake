@@ -41,9 +41,9 @@ macro(dmem_find_rmm)
     set(_dmem_rmm_logger ${_dmem_rmm_root}/rapids_logger/lib64/librapids_logger.so)
     if(NOT EXISTS ${_dmem_rmm_root}/librmm/include/rmm/mr/pool_memory_resource.hpp
        OR NOT EXISTS ${_dmem_rmm_lib} OR NOT EXISTS ${_dmem_rmm_logger})
-      set(_dmem_rmm_why "${_dmem_rmm_root} has no librmm/include/rmm, librmm/lib64/librmm.so "
-                        "and rapids_logger/lib64/librapids_logger.so (unzip or install the "
-                        "librmm-cu13 and rapids-logger wheels there)")
+      string(CONCAT _dmem_rmm_why "${_dmem_rmm_root} has no librmm/include/rmm, "
+        "librmm/lib64/librmm.so and rapids_logger/lib64/librapids_logger.so (unzip or "
+        "install the librmm-cu13 and rapids-logger wheels there)")
       if(DMEM_RMM_ROOT)
         message(FATAL_ERROR "DMEM_RMM_ROOT=${_dmem_rmm_why}")
       endif()
