@@ -409,9 +409,9 @@ else:
     cp.cuda.set_allocator(rmm_cupy_allocator)
     gc.collect()
     before = rt.stats()["raw_used"]
-    a = cp.arange(1 << 22, dtype=cp.float32)               # 16 MiB
+    a = cp.arange(1 << 21, dtype=cp.float64)               # 16 MiB, an exact sum
     assert rt.stats()["raw_used"] >= before + (16 << 20), rt.stats()["raw_used"]
-    assert float(a.sum()) == float((1 << 22) * ((1 << 22) - 1) // 2)
+    assert float(a.sum()) == float((1 << 21) * ((1 << 21) - 1) // 2), float(a.sum())
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         x = cp.ones(1 << 20, dtype=cp.float64)
