@@ -20,8 +20,9 @@
  * covers the earlier work, never less), when
  *  - a release finds it holds DMEM__RELEASE_GROUP releases or is
  *    DMEM__RELEASE_AGE_NS old (or holds DMEM__RELEASE_MAX_ENTRIES locks);
- *  - anyone polls (the list above: each records an event for every open
- *    group first, so a group never waits for more releases to come);
+ *  - anyone polls (the list above: each looks at every open group first,
+ *    so a group never waits for more releases to come; a group whose
+ *    stream is idle, backend stream_query, unlocks at once with no event);
  *  - the stream is destroyed (dmem__pending_stream_forget).
  * A synchronisation of the stream (dmem_stream_synchronize,
  * dmem_sync_and_unlock) takes the group before it begins and unlocks it
@@ -324,13 +325,20 @@ void dmem__pending_taken_done(dmem_runtime_t *rt, void *stream, dmem__reg_entry_
   uint64_t now = dmem__now_ns();
   dmem__mutex_lock(&rt->pending_mu, DMEM__RANK_PENDING);
   dmem__defer_t *d = defer_find(rt, stream);
-  if (!d) d = defer_add(rt, stream);
-  bool merged = d && d->n > 0; /* a release opened a new group meanwhile */
-  if (d && group_append(rt, d, v, n, now)) {
+  if (!d) {
+    /* dmem_stream_destroy forgot the stream meanwhile, after its work had
+     * run (it waits for it): nothing of the group's can still run */
+    dmem__mutex_unlock(&rt->pending_mu, DMEM__RANK_PENDING);
+    unlock_entries(rt, v, n);
+    free(v);
+    npending_done(rt);
+    return;
+  }
+  if (group_append(rt, d, v, n, now)) {
     /* group_append counted a newly opened group: this one was counted
-     * already, and a merge joins two counted groups into one */
+     * already (and a merge into a group a release opened meanwhile joins
+     * two counted groups into one) */
     dmem_atomic_sub_relaxed(&rt->npending, 1);
-    if (!merged) d->releases = 1;
     dmem__mutex_unlock(&rt->pending_mu, DMEM__RANK_PENDING);
     free(v);
     return;

@@ -421,6 +421,9 @@ static void finished_group_seen_by(tell_t how) {
   REQUIRE_OK(dmem_stream_enqueue_host(rt, s, set_flag, &ran));
   gate_open(&g);
   while (!atomic_load(&ran)) usleep(100);
+  /* under CUDA the stream is idle a moment after its last host function
+   * ran: wait for that (the backend's own look, not a dmem call) */
+  while (rt->be->stream_query(rt->be, s) == DMEM_ERR_BUSY) usleep(100);
   REQUIRE_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), 1); /* nobody looked yet */
   dmem_buffer_info_t info;
   dmem_stats_t st;
