@@ -254,9 +254,50 @@ void dmem__staging_fini(dmem_runtime_t *rt);
 /* Unlock entries v[0..n) once `event` completes; takes ownership of v and
  * event. */
 dmem_status_t dmem__pending_add(dmem_runtime_t *rt, void *event, dmem__reg_entry_t *v, size_t n);
-/* Unlock the releases whose event completed (wait_all: wait for all).
- * Returns how many releases completed. */
+/* dmem_stream_release's half below the registry. On a stream dmem made, a
+ * release that follows the stream's last release event within
+ * DMEM__RELEASE_GAP_NS (pending.c) joins the stream's open group: its
+ * entries v[0..n) are copied there, and the group gets one event later.
+ * Returns DMEM__GROUP_JOINED, DMEM__GROUP_DUE (joined, and the group is
+ * due for its event: call dmem__pending_group_record) or DMEM__GROUP_NO
+ * (nothing copied: record an event for these entries now, with
+ * dmem__pending_release_now). */
+enum { DMEM__GROUP_NO, DMEM__GROUP_JOINED, DMEM__GROUP_DUE };
+#define DMEM__RELEASE_GAP_NS 50000u  /* closer releases are grouped */
+#define DMEM__RELEASE_AGE_NS 200000u /* a group older than this records (at a release) */
+#define DMEM__RELEASE_GROUP 64u      /* ... or one with this many releases */
+int dmem__pending_group(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *v,
+                        size_t n);
+/* Record the event of stream's open group now (if it still has one). On
+ * failure the group stays open: the next poll tries again. */
+dmem_status_t dmem__pending_group_record(dmem_runtime_t *rt, void *stream, bool *recorded);
+/* Record an event on stream now for v[0..n) (an array from malloc, taken on
+ * success; on failure nothing changed). */
+dmem_status_t dmem__pending_release_now(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v,
+                                        size_t n);
+/* Unlock the releases whose event completed (wait_all: wait for all),
+ * after recording an event for every open group. Returns how many
+ * releases completed. */
 size_t dmem__pending_poll(dmem_runtime_t *rt, bool wait_all);
+/* As dmem__pending_poll(rt, false) without recording: only the events
+ * recorded already (dmem_stream_release's own look). */
+size_t dmem__pending_poll_recorded(dmem_runtime_t *rt);
+/* A synchronisation of `stream` covers its open group: take it (*v_out,
+ * *n_out; NULL, 0: none) before the synchronisation begins, then hand it to
+ * dmem__pending_taken_done: unlocked when the synchronisation succeeded (or
+ * the context is lost), else back into the stream's group. */
+void dmem__pending_take_stream(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
+                               size_t *n_out);
+void dmem__pending_taken_done(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v, size_t n,
+                              dmem_status_t sync_status);
+/* dmem_stream_create: releases on `stream` may be grouped (no effect when
+ * the list cannot grow: its releases record at once). */
+void dmem__pending_stream_add(dmem_runtime_t *rt, void *stream);
+/* dmem_stream_destroy, before the stream goes: its open group gets its
+ * event (or, if none can be recorded, waits for the stream and unlocks). */
+void dmem__pending_stream_forget(dmem_runtime_t *rt, void *stream);
+/* At destroy, after dmem__pending_poll(rt, true). */
+void dmem__pending_fini(dmem_runtime_t *rt);
 
 /* ---- moving out (spill.c) and back (retrieve.c) --------------------------------- */
 

@@ -527,6 +527,21 @@ static dmem_status_t cuda_stream_synchronize(dmem__backend_t *be, void *stream) 
   return st;
 }
 
+static dmem_status_t cuda_stream_query(dmem__backend_t *be, void *stream) {
+  cuda_backend_t *cb = cuda_of(be);
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cudaStreamQuery", &sc);
+  if (st != DMEM_OK) return st;
+  cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+  /* Not ready is an answer, not a failure (as cudaEventQuery's) */
+  if (e == cudaErrorNotReady)
+    st = DMEM_ERR_BUSY;
+  else if (e != cudaSuccess)
+    st = cuda_fail(cb, e, "cudaStreamQuery");
+  cuda_leave(cb, &sc);
+  return st;
+}
+
 static dmem_status_t cuda_stream_wait_event(dmem__backend_t *be, void *stream, void *event) {
   cuda_backend_t *cb = cuda_of(be);
   if (event == NULL)
@@ -823,6 +838,7 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->stream_create = cuda_stream_create;
   be->stream_destroy = cuda_stream_destroy;
   be->stream_synchronize = cuda_stream_synchronize;
+  be->stream_query = cuda_stream_query;
   be->stream_wait_event = cuda_stream_wait_event;
   be->launch_host_func = cuda_launch_host_func;
   be->event_create = cuda_event_create;
