@@ -20,8 +20,10 @@
  * exclusively and waits for the direct I/O in flight, so each punch
  * stalled the next buffer's read, and costs the filesystem time in
  * proportion to the blocks (7 GB/s on ext4 in CI, about as much again as
- * the read). The file never holds more blocks than at its largest. I/O is
- * pread/pwrite in chunks of DISK_CHUNK with
+ * the read). So while the disk is busy the file holds the blocks of the
+ * extents in use and of the kept ones (which were in use, and are taken
+ * again before the file grows). I/O is pread/pwrite in chunks of
+ * DISK_CHUNK with
  * O_DIRECT where the filesystem takes it (so spilled bytes do not sit in
  * the page cache as well): a chunk whose memory is not aligned goes through
  * an aligned bounce buffer, and a filesystem that rejects O_DIRECT (at
@@ -52,7 +54,7 @@
 /* ... polling this often while it is busy, and punching at most this many
  * bytes at once (a read that comes meanwhile waits for one such punch). */
 #define DISK_QUIET_POLL_NS ((uint64_t)1000 * 1000)
-#define DISK_PUNCH_MAX ((uint64_t)64 << 20)
+#define DISK_PUNCH_MAX ((uint64_t)16 << 20)
 
 typedef struct extent {
   struct extent *next;
@@ -298,12 +300,12 @@ static bool free_insert(dmem__disk_t *d, uint64_t off, uint64_t len) {
  * so that no extent is placed past it meanwhile. */
 static void punch_free(dmem__disk_t *d, uint64_t off, uint64_t len) {
   dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
-  bool tail = off + len == d->end;
-  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
-  if (!tail && hook(DMEM__DISK_OP_PUNCH, off, len) == 0)
-    (void)fallocate(d->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
-  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
-  /* a tail the file grew past meanwhile keeps its blocks until reused */
+  if (off + len != d->end) {
+    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+    if (hook(DMEM__DISK_OP_PUNCH, off, len) == 0)
+      (void)fallocate(d->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  }
   (void)free_insert(d, off, len);
   dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
 }
@@ -333,16 +335,23 @@ static bool quiet(dmem__disk_t *d, uint64_t *wait_ns) {
   return false;
 }
 
-/* The I/O thread's task: once the file is quiet, punch the kept extents
+/* The I/O threads' task: once the file is quiet, punch the kept extents
  * (DISK_PUNCH_MAX bytes at a time, looking again in between) until none
- * is left; the pool stopping ends it (dmem__disk_io_gone then drops
- * them: the file is closed next). */
+ * is left. While it waits, a task queued for a thread (a read's helper)
+ * gets this one: the punch is queued again behind it. The pool stopping
+ * ends it (dmem__disk_io_gone then drops them: the file is closed next). */
 static void punch_run(dmem__io_task_t *t) {
   dmem__disk_t *d = (dmem__disk_t *)((char *)t - offsetof(dmem__disk_t, punch_task));
   for (;;) {
     uint64_t wait_ns;
     if (dmem__io_stopping(d->io)) break; /* d->io stays until the pool is joined */
     if (!quiet(d, &wait_ns)) {
+      /* once queued again another thread may run it at once: t is
+       * not touched after that */
+      if (dmem__io_queued(d->io)) {
+        if (dmem__io_submit(d->io, t)) return;
+        break; /* stopping */
+      }
       struct timespec ts = {(time_t)(wait_ns / 1000000000u), (long)(wait_ns % 1000000000u)};
       (void)nanosleep(&ts, NULL);
       continue;
@@ -434,16 +443,17 @@ void dmem__disk_free(dmem__disk_t *d, uint64_t off, size_t n) {
     return;
   }
   bool kept = list_insert(&d->kept, off, len);
-  bool submit = kept && d->io && !d->punch_queued;
+  dmem__io_t *io = d->io;
+  bool submit = kept && io && !d->punch_queued;
   if (submit) d->punch_queued = true;
   dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
   if (!kept) { /* no memory for the record: punched here */
     punch_free(d, off, len);
-  } else if (!d->io) { /* no I/O threads (never in a runtime): punched here */
+  } else if (!io) { /* no I/O threads (never in a runtime): punched here */
     punch_all(d);
   } else if (submit) {
     d->punch_task.run = punch_run;
-    if (!dmem__io_submit(d->io, &d->punch_task)) { /* the pool is stopping */
+    if (!dmem__io_submit(io, &d->punch_task)) { /* the pool is stopping */
       dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
       d->punch_queued = false;
       dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);

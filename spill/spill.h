@@ -201,6 +201,8 @@ bool dmem__io_submit(dmem__io_t *io, dmem__io_task_t *t);
 bool dmem__io_withdraw(dmem__io_t *io, dmem__io_task_t *t);
 /* Have the background job run (again). Never blocks on I/O. */
 void dmem__io_kick(dmem__io_t *io);
+/* True while a task is queued that no thread has taken yet. */
+bool dmem__io_queued(dmem__io_t *io);
 /* True once destroy began. */
 bool dmem__io_stopping(dmem__io_t *io);
 /* Wait until no task is queued or running and the background job has

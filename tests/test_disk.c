@@ -840,6 +840,71 @@ TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
   rm_tree(parent);
 }
 
+/* Readers of a buffer's chunks met at a gate: how many were in at once
+ * (the gate opens when `target` are in, or after 2 s). */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int inside, most, target;
+  bool open;
+} read_gate_t;
+
+static int read_gate_fn(void *user, dmem__disk_op_t op, uint64_t off, size_t len) {
+  (void)off;
+  (void)len;
+  read_gate_t *g = user;
+  if (op != DMEM__DISK_OP_READ) return 0;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 2;
+  pthread_mutex_lock(&g->mu);
+  if (++g->inside > g->most) g->most = g->inside;
+  if (g->inside >= g->target) g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  while (!g->open && pthread_cond_timedwait(&g->cv, &g->mu, &until) != ETIMEDOUT) {
+  }
+  g->open = true;
+  g->inside--;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  return 0;
+}
+
+/* Kept blocks waiting for a quiet disk hold no I/O thread that a read
+ * wants: a buffer of 1 + DMEM__IO_THREADS chunks is read by the retrieving
+ * thread and every I/O thread at once. */
+TEST_CASE(kept_blocks_wait_without_an_io_thread) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  const size_t big = (1 + DMEM__IO_THREADS) * DMEM__DISK_CHUNK;
+  dmem_runtime_t *rt = runtime_with(big + 32 * MiB, 0, parent);
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, big, 0, &b));
+  check_put(rt, a, MiB, 51);
+  check_put(rt, b, big, 52);
+  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
+  dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
+  REQUIRE_TRUE(disk != NULL);
+  dmem__disk_quiet_set(disk, (uint64_t)60 * 1000 * 1000 * 1000);
+  CHECK_OK(dmem_unspill(rt, a, NULL)); /* its extent kept: the punch waits */
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL); /* an I/O thread has taken the waiting punch */
+  read_gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0,
+                   1 + DMEM__IO_THREADS, false};
+  dmem__disk_hook_set(read_gate_fn, &g);
+  CHECK_OK(dmem_unspill(rt, b, NULL));
+  dmem__disk_hook_set(NULL, NULL);
+  CHECK_EQ(g.most, 1 + DMEM__IO_THREADS);
+  CHECK_UEQ(check_bad_bytes(rt, b, big, 52), 0);
+  CHECK_UEQ(check_bad_bytes(rt, a, MiB, 51), 0);
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
 /* A reservation that finds the filesystem full while freed extents keep
  * their blocks: those go back to the filesystem and it is tried once more
  * (a disk full only of kept blocks does not fail a spill); a full disk
