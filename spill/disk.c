@@ -49,8 +49,10 @@
 #define DISK_BOUNCE_KEEP 8 /* bounce buffers kept for reuse */
 /* Kept extents are punched once the file has had no read or write in
  * flight for this long (a retrieve follows another within microseconds;
- * a gap this long means the disk is not being waited for)... */
-#define DISK_QUIET_NS ((uint64_t)10 * 1000 * 1000)
+ * a gap this long means the disk is not being waited for; with 10 ms a
+ * process stalled between two retrieves on a loaded machine punched in
+ * the middle of bench_disk's reads)... */
+#define DISK_QUIET_NS ((uint64_t)50 * 1000 * 1000)
 /* ... polling this often while it is busy, and punching at most this many
  * bytes at once (a read that comes meanwhile waits for one such punch). */
 #define DISK_QUIET_POLL_NS ((uint64_t)1000 * 1000)

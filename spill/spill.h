@@ -108,7 +108,7 @@ dmem_status_t dmem__disk_alloc(dmem__disk_t *disk, size_t n, uint64_t *off_out);
 /* Give back an extent of n bytes at off. It keeps its blocks and is the
  * first reused (dmem__disk_alloc); the blocks go back to the filesystem (a
  * hole punched) on an I/O thread once the file has had no read or write
- * for the quiet time (10 ms), or when an allocation finds the filesystem
+ * for the quiet time (50 ms), or when an allocation finds the filesystem
  * full; without I/O threads, here. disk NULL: nothing. */
 void dmem__disk_free(dmem__disk_t *disk, uint64_t off, size_t n);
 /* The I/O threads are gone (dmem_runtime_destroy, after dmem__io_destroy):
