@@ -105,13 +105,18 @@ bool dmem__disk_direct(const dmem__disk_t *disk);
 /* Reserve an extent for n bytes; *off_out is its file offset.
  * DMEM_ERR_IO when the filesystem has no room. */
 dmem_status_t dmem__disk_alloc(dmem__disk_t *disk, size_t n, uint64_t *off_out);
-/* Give back an extent of n bytes at off. Its blocks go back to the
- * filesystem (a hole punched) on an I/O thread, and the extent is reused
- * only after that; without I/O threads, here. disk NULL: nothing. */
+/* Give back an extent of n bytes at off. It keeps its blocks and is the
+ * first reused (dmem__disk_alloc); the blocks go back to the filesystem (a
+ * hole punched) on an I/O thread once the file has had no read or write
+ * for the quiet time (50 ms), or when an allocation finds the filesystem
+ * full; without I/O threads, here. disk NULL: nothing. */
 void dmem__disk_free(dmem__disk_t *disk, uint64_t off, size_t n);
 /* The I/O threads are gone (dmem_runtime_destroy, after dmem__io_destroy):
- * punch the holes still queued here, and every later one at once. */
+ * nothing is punched from now on (the file is closed next). */
 void dmem__disk_io_gone(dmem__disk_t *disk);
+/* Tests: how long the file must have been quiet before kept extents are
+ * punched. */
+void dmem__disk_quiet_set(dmem__disk_t *disk, uint64_t ns);
 /* Asked between chunks of a write: true stops it (DMEM_ERR_BUSY). Runs on
  * the writing thread or an I/O thread. */
 typedef bool (*dmem__disk_cancel_fn)(void *arg);
@@ -160,7 +165,10 @@ typedef enum dmem__disk_op {
   DMEM__DISK_OP_DIRECT, /* turning O_DIRECT on for the file */
   DMEM__DISK_OP_ALLOC,  /* reserving an extent (fallocate) */
   DMEM__DISK_OP_WRITE,  /* one pwrite */
-  DMEM__DISK_OP_READ    /* one pread */
+  DMEM__DISK_OP_READ,   /* one pread */
+  DMEM__DISK_OP_PUNCH   /* giving a freed extent's blocks back (fallocate
+                           PUNCH_HOLE; an error skips it, as a filesystem
+                           that cannot punch: the blocks stay till reuse) */
 } dmem__disk_op_t;
 typedef int (*dmem__disk_hook_fn)(void *user, dmem__disk_op_t op, uint64_t off, size_t len);
 void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user);
@@ -193,6 +201,8 @@ bool dmem__io_submit(dmem__io_t *io, dmem__io_task_t *t);
 bool dmem__io_withdraw(dmem__io_t *io, dmem__io_task_t *t);
 /* Have the background job run (again). Never blocks on I/O. */
 void dmem__io_kick(dmem__io_t *io);
+/* True while a task is queued that no thread has taken yet. */
+bool dmem__io_queued(dmem__io_t *io);
 /* True once destroy began. */
 bool dmem__io_stopping(dmem__io_t *io);
 /* Wait until no task is queued or running and the background job has
