@@ -30,6 +30,10 @@
  *                8 GiB initial pool (built with RMM: DMEM_RMM_ROOT)
  *   RMM arena    rmm::mr::arena_memory_resource over cuda_memory_resource,
  *                8 GiB global arena
+ * and, in a table of its own (built with RMM), dmem as an RMM resource
+ * (dmem::rmm_resource, include/dmem/rmm.hpp) against the RMM pool, both
+ * called through an rmm::device_async_resource_ref as RMM's users call the
+ * current device resource, with RESULT lines.
  * Ratios are dmem / baseline: below 1 means dmem is faster.
  *
  * Everything is stream-ordered on the thread's stream (streams made by
@@ -50,10 +54,12 @@
  * The last line gives dmem's 4 KiB pair alone and with 1000 live blocks
  * (target on the host backend: <= 150 ns).
  *
- *   bench_alloc [--quick]
+ *   bench_alloc [--quick] [--rmm-hook]
  *
  * --quick: 3 repetitions of ~2 ms and, on the host backend, only cases
  * needing at most 512 MiB (the CTest runs bench.alloc and cuda.bench.alloc).
+ * --rmm-hook: only the RMM hook table (dmem::rmm_resource against the RMM
+ * pool, built with RMM, CUDA backend).
  * Exit 77 when DMEM_BACKEND asks for a device that is not there; 1 on any
  * dmem, CUDA or RMM error; never fails on speed.
  */
@@ -90,6 +96,7 @@
 
 static int g_reps = 7;
 static bool g_quick = false;
+static bool g_rmm_hook_only = false; /* --rmm-hook: only table_rmm_hook */
 static double g_budget_ns = 50e6;  /* aimed-at time of one repetition */
 static long g_max_pairs = 200000;  /* most pairs in one repetition (all threads) */
 static long g_replay_len = 200000; /* steps of the replay sequences (most per repetition) */
@@ -164,7 +171,10 @@ typedef struct allocator {
   void *self;
 } allocator_t;
 
-enum { A_DMEM, A_BUF, A_MALLOC, A_ASYNC, A_POOL, A_ARENA, A_COUNT };
+/* A_RMM_DMEM and A_RMM_POOL (built with RMM) run only in table_rmm_hook:
+ * dmem::rmm_resource and the RMM pool, each called through an
+ * rmm::device_async_resource_ref, as RMM's users call the current resource. */
+enum { A_DMEM, A_BUF, A_MALLOC, A_ASYNC, A_POOL, A_ARENA, A_RMM_DMEM, A_RMM_POOL, A_COUNT };
 
 static void *dmem_raw_alloc(void *self, size_t n, dmem_stream_t s) {
   (void)self;
@@ -239,9 +249,15 @@ static allocator_t g_alloc[A_COUNT] = {
     [A_POOL] = {"RMM pool", false, false, false, bench_rmm_pool_alloc, bench_rmm_pool_free, NULL},
     [A_ARENA] = {"RMM arena", false, false, false, bench_rmm_arena_alloc, bench_rmm_arena_free,
                  NULL},
+    [A_RMM_DMEM] = {"dmem via RMM", false, false, false, bench_rmm_ref_alloc, bench_rmm_ref_free,
+                    NULL},
+    [A_RMM_POOL] = {"pool via RMM", false, false, false, bench_rmm_ref_alloc, bench_rmm_ref_free,
+                    NULL},
 #else
     [A_POOL] = {"RMM pool", false, false, false, NULL, NULL, NULL},
     [A_ARENA] = {"RMM arena", false, false, false, NULL, NULL, NULL},
+    [A_RMM_DMEM] = {"dmem via RMM", false, false, false, NULL, NULL, NULL},
+    [A_RMM_POOL] = {"pool via RMM", false, false, false, NULL, NULL, NULL},
 #endif
 };
 
@@ -605,6 +621,42 @@ static void row_single(const char *what, const double ns[A_COUNT]) {
 static const size_t k_sizes[] = {256, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB};
 #define NSIZES ((int)(sizeof k_sizes / sizeof k_sizes[0]))
 
+/* The RMM hook (issue 24): dmem::rmm_resource (include/dmem/rmm.hpp) against
+ * the RMM pool, both through rmm::device_async_resource_ref, 1 thread, its
+ * own stream; with dmem's raw pair for reference. Prints RESULT lines
+ * (ns per pair and the ratio). Built with RMM only. */
+static void table_rmm_hook(void) {
+#ifdef DMEM_BENCH_HAVE_RMM
+  if (!g_alloc[A_RMM_DMEM].self || !g_alloc[A_RMM_POOL].self) return;
+  bool saved[A_COUNT];
+  for (int a = 0; a < A_COUNT; a++) {
+    saved[a] = g_alloc[a].available;
+    g_alloc[a].available = a == A_DMEM || a == A_RMM_DMEM || a == A_RMM_POOL;
+  }
+  printf("\nRMM hook: alloc+free pair through rmm::device_async_resource_ref, 1 thread "
+         "(its own stream), ns per pair\n");
+  printf("%-18s | %11s | %12s | %12s | %13s\n", "size", "dmem raw", "dmem via RMM",
+         "pool via RMM", "dmem/pool RMM");
+  printf("-------------------+-------------+--------------+--------------+--------------\n");
+  static const size_t sizes[] = {256, MiB, 64 * MiB};
+  for (int i = 0; i < 3; i++) {
+    double ns[A_COUNT];
+    long count[A_COUNT];
+    bench_case_t c = {CASE_PAIRS, sizes[i], 1, false, NULL};
+    measure(&c, ns, count);
+    char what[32];
+    size_name(what, sizeof what, sizes[i]);
+    printf("%-18s | %11.0f | %12.0f | %12.0f | %13.2f\n", what, ns[A_DMEM], ns[A_RMM_DMEM],
+           ns[A_RMM_POOL], ns[A_RMM_DMEM] / ns[A_RMM_POOL]);
+    printf("RESULT rmm_cpp_dmem_%zu_ns=%.1f\nRESULT rmm_cpp_pool_%zu_ns=%.1f\n"
+           "RESULT rmm_cpp_dmem_over_pool_%zu=%.3f\n",
+           sizes[i], ns[A_RMM_DMEM], sizes[i], ns[A_RMM_POOL], sizes[i],
+           ns[A_RMM_DMEM] / ns[A_RMM_POOL]);
+  }
+  for (int a = 0; a < A_COUNT; a++) g_alloc[a].available = saved[a];
+#endif
+}
+
 static double g_single[NSIZES][A_COUNT]; /* the 1-thread figures, for the speedups */
 static double g_raw4k, g_raw4k_live;     /* dmem's 4 KiB pair, alone and with 1000 live */
 
@@ -755,6 +807,9 @@ static void make_baselines(char *desc, size_t cap) {
   g_alloc[A_POOL].self = bench_rmm_pool_create(bytes);
   g_alloc[A_ARENA].self = bench_rmm_arena_create(bytes);
   g_alloc[A_POOL].available = g_alloc[A_ARENA].available = true;
+  /* only in table_rmm_hook (not available in the other tables) */
+  g_alloc[A_RMM_DMEM].self = bench_rmm_dmem_ref_create(g_rt);
+  g_alloc[A_RMM_POOL].self = bench_rmm_pool_ref_create(g_alloc[A_POOL].self);
   snprintf(rmm_desc, sizeof rmm_desc, "RMM %s, pool and arena of %zu MiB", bench_rmm_version(),
            bytes / MiB);
   rmm = rmm_desc;
@@ -767,6 +822,8 @@ static void make_baselines(char *desc, size_t cap) {
 
 static void destroy_baselines(void) {
 #ifdef DMEM_BENCH_HAVE_RMM
+  if (g_alloc[A_RMM_DMEM].self) bench_rmm_ref_destroy(g_alloc[A_RMM_DMEM].self);
+  if (g_alloc[A_RMM_POOL].self) bench_rmm_ref_destroy(g_alloc[A_RMM_POOL].self);
   if (g_alloc[A_POOL].self) bench_rmm_pool_destroy(g_alloc[A_POOL].self);
   if (g_alloc[A_ARENA].self) bench_rmm_arena_destroy(g_alloc[A_ARENA].self);
 #endif
@@ -778,8 +835,10 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       g_quick = true;
+    } else if (strcmp(argv[i], "--rmm-hook") == 0) {
+      g_rmm_hook_only = true;
     } else {
-      fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--rmm-hook]\n", argv[0]);
       return 2;
     }
   }
@@ -806,24 +865,33 @@ int main(int argc, char **argv) {
   replay_make(&r10000, 10000, g_replay_len, 2);
 
   team_start();
-  table_single(&r1000);
-  table_threads(4, false);
-  table_threads(16, false);
-  table_threads(4, true);
-  table_threads(16, true);
-  printf(
-      "threads: the pairs of a repetition split evenly among them; speedup = 1-thread "
-      "ns / aggregate ns (default-stream tables too: against 1 thread on its own stream); "
-      "cudaMalloc takes no stream: see the own-stream tables\n");
+  if (g_rmm_hook_only) {
+    table_rmm_hook();
+    team_stop();
+    printf("bench_alloc --rmm-hook: %s\n",
+           g_alloc[A_RMM_DMEM].self ? "done"
+                                    : "no RMM hook table (built without RMM, or the host backend)");
+  } else {
+    table_single(&r1000);
+    table_threads(4, false);
+    table_threads(16, false);
+    table_threads(4, true);
+    table_threads(16, true);
+    printf(
+        "threads: the pairs of a repetition split evenly among them; speedup = 1-thread "
+        "ns / aggregate ns (default-stream tables too: against 1 thread on its own stream); "
+        "cudaMalloc takes no stream: see the own-stream tables\n");
 
-  const replay_t *rs[] = {&r1000, &r10000};
-  table_replay(rs, 2);
-  team_stop();
-  printf("ratios: dmem / baseline, below 1 = dmem faster\n");
-  printf(
-      "\n== dmem raw 4 KiB pair (dmem_device_malloc + dmem_device_free, 1 thread, %s "
-      "backend): %.0f ns alone, %.0f ns with 1000 live blocks%s\n",
-      g_host ? "host" : "CUDA", g_raw4k, g_raw4k_live, g_host ? " (target <= 150 ns)" : "");
+    const replay_t *rs[] = {&r1000, &r10000};
+    table_replay(rs, 2);
+    table_rmm_hook();
+    team_stop();
+    printf("ratios: dmem / baseline, below 1 = dmem faster\n");
+    printf(
+        "\n== dmem raw 4 KiB pair (dmem_device_malloc + dmem_device_free, 1 thread, %s "
+        "backend): %.0f ns alone, %.0f ns with 1000 live blocks%s\n",
+        g_host ? "host" : "CUDA", g_raw4k, g_raw4k_live, g_host ? " (target <= 150 ns)" : "");
+  }
 
   /* Sanity: everything given back. */
   for (int i = 0; i < MAX_THREADS; i++) sync_stream(g_streams[i]);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 
 #include <cuda_runtime_api.h>
 
@@ -20,7 +21,10 @@
 #include <rmm/mr/arena_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
 #include <rmm/mr/pool_memory_resource.hpp>
+#include <rmm/resource_ref.hpp>
 #include <rmm/version_config.hpp>
+
+#include <dmem/rmm.hpp>
 
 namespace {
 
@@ -70,6 +74,12 @@ void destroy(void *mr, const char *what) {
 using pool_mr = rmm::mr::pool_memory_resource;
 using arena_mr = rmm::mr::arena_memory_resource;
 
+/* A ref and, for dmem, the resource it refers to. */
+struct ref_holder {
+  std::optional<dmem::rmm_resource> dmem;
+  std::optional<rmm::device_async_resource_ref> ref;
+};
+
 }  // namespace
 
 extern "C" {
@@ -95,6 +105,33 @@ void bench_rmm_arena_free(void *mr, void *p, size_t n, void *stream) {
   release<arena_mr>(mr, p, n, stream);
 }
 void bench_rmm_arena_destroy(void *mr) { destroy<arena_mr>(mr, "arena destroy"); }
+
+void *bench_rmm_dmem_ref_create(void *rt) {
+  try {
+    auto *h = new ref_holder;
+    h->dmem.emplace(static_cast<dmem_runtime_t *>(rt));
+    h->ref.emplace(*h->dmem);
+    return h;
+  } catch (const std::exception &e) {
+    die("dmem::rmm_resource", e);
+  }
+}
+void *bench_rmm_pool_ref_create(void *pool) {
+  auto *h = new ref_holder;
+  h->ref.emplace(*static_cast<pool_mr *>(pool));
+  return h;
+}
+void *bench_rmm_ref_alloc(void *ref, size_t n, void *stream) {
+  try {
+    return static_cast<ref_holder *>(ref)->ref->allocate(stream_of(stream), n, align);
+  } catch (const std::exception &e) {
+    die("allocate through a resource_ref", e);
+  }
+}
+void bench_rmm_ref_free(void *ref, void *p, size_t n, void *stream) {
+  static_cast<ref_holder *>(ref)->ref->deallocate(stream_of(stream), p, n, align);
+}
+void bench_rmm_ref_destroy(void *ref) { delete static_cast<ref_holder *>(ref); }
 
 const char *bench_rmm_version(void) { return RMM_VERSION; }
 

@@ -29,6 +29,16 @@ void *bench_rmm_arena_alloc(void *mr, size_t n, void *stream);
 void bench_rmm_arena_free(void *mr, void *p, size_t n, void *stream);
 void bench_rmm_arena_destroy(void *mr);
 
+/** A resource called through an rmm::device_async_resource_ref (as RMM's
+ *  users call the current device resource): over dmem::rmm_resource of the
+ *  runtime `rt` (a dmem_runtime_t *), or over the pool of
+ *  bench_rmm_pool_create. Destroying it leaves the pool and the runtime. */
+void *bench_rmm_dmem_ref_create(void *rt);
+void *bench_rmm_pool_ref_create(void *pool);
+void *bench_rmm_ref_alloc(void *ref, size_t n, void *stream);
+void bench_rmm_ref_free(void *ref, void *p, size_t n, void *stream);
+void bench_rmm_ref_destroy(void *ref);
+
 /** RMM's version string, e.g. "26.10.0". */
 const char *bench_rmm_version(void);
 

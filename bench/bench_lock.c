@@ -8,6 +8,11 @@
  *   launch_async + sync_and_unlock      vs  a bare dmem_stream_synchronize of
  *   (no-op launch fn; 1, 4, 16 handles)     the same stream (what the caller
  *                                           pays anyway)
+ *   1000 x launch_async (the "kernel":     vs  the same host function enqueued
+ *   a no-op host function), then one        bare 1000 times, then a
+ *   sync_and_unlock; or with a              dmem_stream_synchronize (the launch
+ *   dmem_stream_release after each          rows of bench_spill; RESULT
+ *   launch, then a synchronize              bench_lock.launch_batched / _release)
  *   lock+unlock, 4 threads, each on its vs  4 threads doing the CAS pair on
  *   own buffer (aggregate ns per pair;      distinct cache lines
  *   buffers adjacent in the handle table,
@@ -144,6 +149,48 @@ static double m_sync(ctx_t *c, long iters, size_t n) {
     dmem_status_t a = dmem_stream_synchronize(c->rt, c->stream);
     if (a != DMEM_OK) die("dmem_stream_synchronize", a);
   }
+  return (double)(now_ns() - t0) / (double)iters;
+}
+
+/* The launch rows of bench_spill on any backend: the "kernel" is a no-op
+ * host function (dmem_stream_enqueue_host: cudaLaunchHostFunc under CUDA,
+ * the stream thread's work item on the host backend). 1000 launches a
+ * repetition; dmem's launch function enqueues the same host function. */
+static void noop_host(void *user) { (void)user; }
+
+static dmem_status_t host_launch(void *user, dmem_stream_t s, void *const *ptrs, size_t n) {
+  (void)ptrs;
+  (void)n;
+  return dmem_stream_enqueue_host((dmem_runtime_t *)user, s, noop_host, NULL);
+}
+
+/* n: 0 = then one sync_and_unlock, 1 = a dmem_stream_release after each
+ * launch, then a dmem_stream_synchronize */
+static double m_launch_kernel(ctx_t *c, long iters, size_t n) {
+  uint64_t t0 = now_ns();
+  for (long i = 0; i < iters; i++) {
+    dmem_status_t a = dmem_launch_async(c->rt, c->stream, c->h, 1, host_launch, c->rt);
+    if (a != DMEM_OK) die("dmem_launch_async", a);
+    if (n == 1 && (a = dmem_stream_release(c->rt, c->stream)) != DMEM_OK)
+      die("dmem_stream_release", a);
+  }
+  dmem_status_t a = n == 1 ? dmem_stream_synchronize(c->rt, c->stream)
+                           : dmem_sync_and_unlock(c->rt, c->stream);
+  if (a != DMEM_OK) die("sync", a);
+  double ns = (double)(now_ns() - t0) / (double)iters;
+  if (n == 1 && (a = dmem_runtime_poll(c->rt)) != DMEM_OK) die("dmem_runtime_poll", a);
+  return ns;
+}
+
+static double m_bare_kernel(ctx_t *c, long iters, size_t n) {
+  (void)n;
+  uint64_t t0 = now_ns();
+  for (long i = 0; i < iters; i++) {
+    dmem_status_t a = dmem_stream_enqueue_host(c->rt, c->stream, noop_host, NULL);
+    if (a != DMEM_OK) die("dmem_stream_enqueue_host", a);
+  }
+  dmem_status_t a = dmem_stream_synchronize(c->rt, c->stream);
+  if (a != DMEM_OK) die("dmem_stream_synchronize", a);
   return (double)(now_ns() - t0) / (double)iters;
 }
 
@@ -305,6 +352,12 @@ int main(int argc, char **argv) {
     measure(&c, m_launch, m_sync, g_launch_iters, ns[i], &d, &b);
     row(name, d, b);
   }
+  measure(&c, m_launch_kernel, m_bare_kernel, 1000, 0, &d, &b);
+  row("1000 launches, then sync_and_unlock", d, b);
+  printf("RESULT bench_lock.launch_batched=%.4f\n", d / b);
+  measure(&c, m_launch_kernel, m_bare_kernel, 1000, 1, &d, &b);
+  row("1000 x (launch + stream_release), then sync", d, b);
+  printf("RESULT bench_lock.launch_release=%.4f\n", d / b);
   int saved = g_reps;
   g_reps = quick ? 3 : 5;
   measure(&c, m_mt_dmem, m_mt_base, g_mt_iters, 0, &d, &b);
@@ -313,7 +366,10 @@ int main(int argc, char **argv) {
   row("lock+unlock, 4 threads, spaced buffers", d, b);
   g_reps = saved;
   printf("baselines: lock+unlock = two CAS on a plain _Atomic uint64_t; launch rows = "
-         "dmem_stream_synchronize of the same (idle) stream; 4 threads = the CAS pair on "
+         "dmem_stream_synchronize of the same (idle) stream; 1000-launch rows = the same "
+         "no-op host function enqueued bare (dmem_stream_enqueue_host), then a "
+         "synchronisation (bench_spill's launch rows with a host function for the "
+         "kernel); 4 threads = the CAS pair on "
          "4 distinct cache lines. 4-thread rows: aggregate ns per pair (wall time / all "
          "pairs), each thread on its own buffer: adjacent = 4 consecutive allocations, "
          "spaced = %d handle slots apart\n", SPACING);

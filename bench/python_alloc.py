@@ -13,6 +13,26 @@ allocator and RMM's hooks, on the GPU, in one run (issue 10):
            the caching allocator, each in its own process (an allocator is
            fixed once PyTorch has allocated).
 
+Issue 24's hooks, each against the library's own allocator in the same run:
+
+  RMM       rmm.DeviceBuffer(size=n, mr=...) + drop with dmem.rmm's
+            DmemMemoryResource against an RMM pool (PoolMemoryResource over
+            CudaMemoryResource, 1 GiB) and RMM's default CudaMemoryResource;
+  cuda.core mr.allocate(n, stream=s) + close() with dmem.cuda_core's
+            MemoryResource against the device's own (cuda.core's
+            DeviceMemoryResource), and Device.allocate(n, stream=s) with
+            each set as the device's resource (what numba-cuda 0.25+ calls
+            for the device copy of a host array passed to a kernel);
+  PyTorch   torch.empty(n) + drop inside torch.cuda.use_mem_pool(pool), with
+            pool = dmem.torch.mempool() against torch.cuda.MemPool()
+            (PyTorch's own allocator), in a process of its own.
+
+The summary ("hooks") gives every hook's alloc+free pairs per second
+through dmem and through the library's own allocator, and the cost ratio
+(dmem time / own time: below 1, dmem is faster), also as RESULT lines
+(RESULT hook_<hook>_<size>_pairs_per_s_dmem=..., ..._own=..., ..._ratio=...).
+RMM's C++ resource is measured by bench_alloc (its "RMM hook" table).
+
 Sizes 256 B, 1 MiB, 64 MiB. Each figure: the best of 5 runs of about 50 ms
 after a warm-up (the MLP: the whole loop, best of 3); the CuPy allocators
 are measured in three interleaved rounds and keep their best. Prints a table and the
@@ -251,6 +271,123 @@ def bench_torch(budget, steps):
     return out
 
 
+# ---- issue 24's hooks: RMM, cuda.core (and numba-cuda's kernel-argument copies) ----------------
+
+def bench_rmm_hook(budget):
+    try:
+        import rmm
+        import rmm.mr
+        import dmem.rmm
+
+        mrs = {"dmem": dmem.rmm.DmemMemoryResource(0),
+               "rmm pool": rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(),
+                                                     initial_pool_size=1 << 30),
+               "rmm cuda": rmm.mr.CudaMemoryResource()}
+    except Exception as e:  # noqa: BLE001
+        print(f"rmm hook: not used ({type(e).__name__}: {e})")
+        return {}
+    DeviceBuffer = rmm.DeviceBuffer
+    out = {}
+    for _ in range(3):  # interleaved rounds, best kept
+        for name, mr in mrs.items():
+            for n in SIZES:
+                def loop(k, n=n, mr=mr):
+                    for _ in range(k):
+                        DeviceBuffer(size=n, mr=mr)
+                t = per_call(loop, budget)
+                out[(name, n)] = min(out.get((name, n), t), t)
+    return out
+
+
+def bench_cuda_core_hook(budget):
+    try:
+        from cuda.core import Device
+        import dmem.cuda_core
+
+        dev = Device(0)
+        dev.set_current()
+        own = dev.memory_resource
+        mrs = {"dmem": dmem.cuda_core.MemoryResource(0), "cuda.core": own}
+        s = dev.create_stream()
+    except Exception as e:  # noqa: BLE001
+        print(f"cuda.core hook: not used ({type(e).__name__}: {e})")
+        return {}, {}
+    direct, device = {}, {}
+    for _ in range(3):
+        for name, mr in mrs.items():
+            dev.memory_resource = mr
+            for n in SIZES:
+                def loop(k, n=n, mr=mr):
+                    for _ in range(k):
+                        mr.allocate(n, stream=s).close(s)
+
+                def via_device(k, n=n):
+                    for _ in range(k):
+                        dev.allocate(n, stream=s).close(s)
+                t = per_call(loop, budget)
+                direct[(name, n)] = min(direct.get((name, n), t), t)
+                t = per_call(via_device, budget)
+                device[(name, n)] = min(device.get((name, n), t), t)
+    dev.memory_resource = own
+    s.sync()
+    return direct, device
+
+
+def torch_mempool_worker(budget):
+    import torch
+
+    import dmem.torch
+
+    pools = {"dmem": dmem.torch.mempool(0), "torch": torch.cuda.MemPool()}
+    res = {}
+    for _ in range(3):
+        for name, pool in pools.items():
+            with torch.cuda.use_mem_pool(pool):
+                for n in SIZES:
+                    def loop(k, n=n):
+                        for _ in range(k):
+                            torch.empty(n, dtype=torch.uint8, device="cuda")
+                    t = per_call(loop, budget)
+                    key = f"{name} {n}"
+                    res[key] = min(res.get(key, t), t)
+    print(json.dumps(res))
+
+
+def bench_torch_mempool(budget):
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", "mempool",
+                        "--budget", str(budget)], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"torch mempool: not used ({last})")
+        return {}
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return {(k.split()[0], int(k.split()[1])): v for k, v in res.items()}
+
+
+def hooks_summary(rows):
+    """rows: (hook, results, dmem key, own key). Pairs per second and the
+    cost ratio per size, as a table and RESULT lines."""
+    rows = [r for r in rows if r[1]]
+    if not rows:
+        return
+    print("\nhooks: alloc+free pairs per second through dmem and through the library's own "
+          "allocator (same run); ratio = dmem time / own time (below 1: dmem faster)")
+    print("| hook | own allocator | size | dmem pairs/s | own pairs/s | ratio |")
+    print("|---|---|---|---|---|---|")
+    results = []
+    for hook, res, dk, ok in rows:
+        slug = hook.lower().replace(" ", "_").replace(".", "_").replace("-", "_")
+        for n in SIZES:
+            d, o = res.get((dk, n)), res.get((ok, n))
+            if d is None or o is None:
+                continue
+            print(f"| {hook} | {ok} | {label(n)} | {1 / d:,.0f} | {1 / o:,.0f} | {d / o:.2f} |")
+            results += [f"RESULT hook_{slug}_{n}_pairs_per_s_dmem={1 / d:.0f}",
+                        f"RESULT hook_{slug}_{n}_pairs_per_s_own={1 / o:.0f}",
+                        f"RESULT hook_{slug}_{n}_ratio={d / o:.3f}"]
+    print("\n".join(results))
+
+
 # ---- report -------------------------------------------------------------------------------------
 
 def table(title, res, dmem_key, others, unit=1e-9, unit_name="ns"):
@@ -276,23 +413,28 @@ def main():
     ap.add_argument("--quick", action="store_true", help="shorter runs (CI smoke)")
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--torch-worker", choices=("dmem", "caching"))
-    ap.add_argument("--only", choices=("cupy", "numba", "torch"), action="append")
+    ap.add_argument("--torch-worker", choices=("dmem", "caching", "mempool"))
+    ap.add_argument("--only", choices=("cupy", "numba", "torch", "hooks"), action="append")
     ap.add_argument("--diagnose", action="store_true",
                     help="also time the parts of one dmem.cupy.allocator call")
     a = ap.parse_args()
     budget = a.budget or (0.01 if a.quick else 0.05)
+    if a.torch_worker == "mempool":
+        return torch_mempool_worker(budget)
     if a.torch_worker:
         return torch_worker(a.torch_worker, budget, a.steps)
-    only = set(a.only or ("cupy", "numba", "torch"))
+    only = set(a.only or ("cupy", "numba", "torch", "hooks"))
     gc.disable()  # no collection pauses inside the timed loops (refcounting frees)
     rmm = rmm_pool() if only & {"cupy", "numba"} else None
     cres = bench_cupy(budget, rmm) if "cupy" in only else {}
     if a.diagnose and cres:
         diagnose_cupy(budget)
     nres = bench_numba(budget, rmm) if "numba" in only else {}
+    rres = bench_rmm_hook(budget) if "hooks" in only else {}
+    ccres, kres = bench_cuda_core_hook(budget) if "hooks" in only else ({}, {})
     gc.enable()
     tres = bench_torch(budget, 20 if a.quick else a.steps) if "torch" in only else {}
+    mres = bench_torch_mempool(budget) if "hooks" in only else {}
     table("CuPy: cupy.cuda.alloc(n) with each allocator set", cres, "dmem", ["cupy pool", "rmm"])
     table("Numba: memalloc(n) of each EMM manager", nres, "dmem",
           ["numba", "rmm", "numba device_array"], unit=1e-6, unit_name="us")
@@ -303,6 +445,20 @@ def main():
         print(f"\nPyTorch MLP (1024-4096-4096-10, batch 256, Adam), {steps} steps: "
               f"dmem.torch {d * 1e3:.1f} ms, caching allocator {c * 1e3:.1f} ms, "
               f"ratio {d / c:.3f} (target <= 1.10)")
+    table("RMM: rmm.DeviceBuffer(size=n, mr=...)", rres, "dmem", ["rmm pool", "rmm cuda"],
+          unit=1e-6, unit_name="us")
+    table("cuda.core: mr.allocate(n, stream=s).close(s)", ccres, "dmem", ["cuda.core"],
+          unit=1e-6, unit_name="us")
+    table("cuda.core: Device.allocate(n, stream=s).close(s) (numba-cuda's kernel-argument copies)",
+          kres, "dmem", ["cuda.core"], unit=1e-6, unit_name="us")
+    table("PyTorch: torch.empty(n) in torch.cuda.use_mem_pool(pool)", mres, "dmem", ["torch"])
+    hooks_summary([("Numba EMM", nres, "dmem", "numba"),
+                   ("Numba kernel-argument copies", kres, "dmem", "cuda.core"),
+                   ("CuPy", cres, "dmem", "cupy pool"),
+                   ("PyTorch global", tres, "dmem", "caching"),
+                   ("PyTorch MemPool", mres, "dmem", "torch"),
+                   ("RMM Python", rres, "dmem", "rmm pool"),
+                   ("cuda.core", ccres, "dmem", "cuda.core")])
     verdicts = []
     for n in SIZES:
         if ("dmem", n) in cres and ("cupy pool", n) in cres:

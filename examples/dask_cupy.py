@@ -71,6 +71,62 @@ def worker_peak_rss(client):
     return client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
+def start_rss_sampler(client, period=0.02):
+    """Start a thread in each worker that samples its RSS every `period` s
+    and, at each new maximum, notes what the worker held: the keys in
+    memory it computed and those it fetched from a peer (replicas), their
+    bytes, and dmem's device and host tiers. worker_at_peak_rss() reads it:
+    where a worker's peak host memory went."""
+    def install(dask_worker, period=period):
+        import threading
+
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+        note = {"rss": 0}
+
+        def sample():
+            while not note.get("stop"):
+                r = rss()
+                if r > note["rss"]:
+                    computed = fetched = cb = fb = 0
+                    for ts in list(dask_worker.state.tasks.values()):
+                        if ts.state != "memory":
+                            continue
+                        if ts.run_spec is None:
+                            fetched += 1
+                            fb += ts.nbytes or 0
+                        else:
+                            computed += 1
+                            cb += ts.nbytes or 0
+                    n = {"rss": r, "keys_computed": computed, "bytes_computed": cb,
+                         "keys_fetched": fetched, "bytes_fetched": fb}
+                    rt = getattr(dask_worker.data, "runtime", None)
+                    if rt is not None:
+                        s = rt.stats()
+                        n |= {k: s[k] for k in ("device_used", "host_used", "host_pool_reserved",
+                                                "disk_used")}
+                    note.update(n)
+                time.sleep(period)
+
+        dask_worker._rss_note = note
+        threading.Thread(target=sample, daemon=True, name="rss-sampler").start()
+
+    client.run(install)
+
+
+def worker_at_peak_rss(client):
+    def get(dask_worker):
+        note = getattr(dask_worker, "_rss_note", None)
+        if note is None:
+            return None
+        note["stop"] = True
+        return {k: v for k, v in note.items() if k != "stop"}
+
+    return client.run(get)
+
+
 def worker_dmem(client):
     def get(dask_worker):
         d = dask_worker.data
@@ -195,6 +251,7 @@ def run(kind, args):
         ref = ((7 * i[:, None] + 3 * i[None, :]) % 1000).astype(cupy.float64)
         out["small_exact"] = bool(cupy.array_equal(small, ref + ref.T))
         del small, ref
+        start_rss_sampler(client)
         pcie0 = pcie_bytes()
         t0 = time.perf_counter()
         x = make_x(args.n, args.c).persist()
@@ -210,6 +267,7 @@ def run(kind, args):
         out["total_s"] = t2 - t0
         out["sum"] = total
         out["peak_worker_rss"] = max(worker_peak_rss(client).values())
+        out["at_peak_rss"] = worker_at_peak_rss(client)
         out["dmem"] = worker_dmem(client)
         out["transfers"] = worker_transfers(client)
         if pcie0 and pcie1:

@@ -57,6 +57,7 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
     dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
   }
   if (flags & DMEM_ALLOC_PINNED) dmem_atomic_add_relaxed(&rt->device_pinned, size);
+  if (locks > 0) dmem__locked_add(rt->table, size);
   dmem_atomic_add_relaxed(&rt->buffer_count, 1);
   uint64_t gen = dmem__w_gen(dmem_atomic_load_relaxed(&b->word));
   /* release: publishes the fields above; partner is the acquire load in
@@ -165,6 +166,8 @@ static inline bool lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out
                        1) &&
       dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
     *dev_out = dmem__bdev(b);
+    /* the first lock: its bytes count as locked (a thread-private add) */
+    if (dmem__w_count(w) == 0) dmem__locked_add(rt->table, dmem__bsize(b));
     return true;
   }
   *w_out = w;

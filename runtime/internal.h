@@ -49,6 +49,19 @@ typedef struct dmem__pending {
   size_t n;
 } dmem__pending_t;
 
+/* A stream whose releases may wait for a later event (spill/pending.c): one
+ * that dmem made, so that an event can be recorded on it later (until
+ * dmem_stream_destroy, which records what is left). The open group holds the
+ * entries of releases no event covers yet. Under pending_mu. */
+typedef struct dmem__defer {
+  void *stream;
+  dmem__reg_entry_t *v; /* the open group's entries (NULL: no group) */
+  size_t n, cap;
+  unsigned releases;       /* releases in the group */
+  uint64_t first_ns;       /* when the group opened */
+  uint64_t last_record_ns; /* the last event recorded on the stream for releases */
+} dmem__defer_t;
+
 /* One shard of the device-limit charge (memory/devmem.c): threads charge
  * and uncharge their own shard, so allocations on many threads do not all
  * write one counter. */
@@ -175,9 +188,21 @@ struct dmem_runtime {
   /* Stream releases waiting for their event (spill/pending.c). */
   pthread_mutex_t pending_mu;
   dmem__pending_t *pending;
-  /* Releases not yet done: raised under pending_mu, lowered (release) only
+  /* Releases not yet done (events waiting, open groups, groups a
+   * synchronisation took): raised under pending_mu, lowered (release) only
    * after the release unlocked its buffers; read lock-free (acquire). */
   _Atomic size_t npending;
+  /* Streams whose releases may be grouped (dmem__defer_t), under pending_mu;
+   * ndeferred: how many have an open group (written under pending_mu, read
+   * relaxed by pollers as a hint). */
+  dmem__defer_t *defer;
+  size_t ndefer, capdefer;
+  _Atomic size_t ndeferred;
+  /* When releases are grouped (spill/pending.c; DMEM__RELEASE_* by
+   * default, set by dmem__registry_init; tests may change them before the
+   * first release). */
+  uint64_t release_gap_ns, release_age_ns;
+  unsigned release_group;
 
   /* Waiters for a buffer's TRANSIT to end (core/transit.c). */
   pthread_mutex_t tmu;
@@ -477,7 +502,7 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
                                    uint32_t locks);
 
 /* runtime/registry.c */
-dmem_status_t dmem__registry_init(dmem__registry_t *r);
+dmem_status_t dmem__registry_init(dmem_runtime_t *rt);
 void dmem__registry_fini(dmem_runtime_t *rt);
 dmem_status_t dmem__registry_add(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
                                  size_t n);
@@ -488,6 +513,10 @@ void dmem__registry_commit(dmem_runtime_t *rt, void *stream, const dmem__reg_ent
 dmem_status_t dmem__registry_take(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
                                   size_t *n_out);
 bool dmem__registry_has(dmem_runtime_t *rt, void *stream);
-dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream);
+/* dmem_stream_release below the API: an event now, or a place in the
+ * stream's group (spill/pending.c); *recorded: an event was recorded. */
+dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded);
+/* dmem_stream_destroy: drop the stream's (empty) list. */
+void dmem__registry_forget(dmem_runtime_t *rt, void *stream);
 
 #endif /* DMEM_INTERNAL_H */

@@ -155,10 +155,14 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   /* What is registered now is what this call covers: launches registered
    * later (their work may be enqueued after the synchronisation began) stay
    * for a later sync or release. */
-  dmem__reg_entry_t *v;
-  size_t n;
+  dmem__reg_entry_t *v, *gv;
+  size_t n, gn;
   (void)dmem__registry_take(rt, stream, &v, &n);
+  /* the stream's releases that wait for an event: this synchronisation
+   * covers them (spill/pending.c) */
+  dmem__pending_take_stream(rt, stream, &gv, &gn);
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
+  dmem__pending_taken_done(rt, stream, gv, gn, st);
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
   /* A lost context runs nothing more: the buffers are unlocked as after a
    * successful synchronisation (else the stream could never be destroyed).
@@ -178,7 +182,12 @@ dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_release: rt is NULL");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
-  st = dmem__registry_release(rt, stream);
-  dmem__pending_poll(rt, false);
+  bool recorded = false;
+  st = dmem__registry_release(rt, stream, &recorded);
+  /* Finished releases unlock when anyone looks (launch.h); this call looks
+   * at the recorded events only when it recorded one itself, so that a
+   * release that joined its stream's group stays O(1) and host-only, and
+   * the list stays short for a caller that does nothing but release. */
+  if (recorded) dmem__pending_poll_recorded(rt);
   return st;
 }

@@ -8,8 +8,13 @@
 #include <string.h>
 
 
-dmem_status_t dmem__registry_init(dmem__registry_t *r) {
+dmem_status_t dmem__registry_init(dmem_runtime_t *rt) {
+  dmem__registry_t *r = &rt->reg;
   memset(r, 0, sizeof *r);
+  /* when stream releases are grouped (spill/pending.c) */
+  rt->release_gap_ns = DMEM__RELEASE_GAP_NS;
+  rt->release_age_ns = DMEM__RELEASE_AGE_NS;
+  rt->release_group = DMEM__RELEASE_GROUP;
   if (pthread_mutex_init(&r->mu, NULL) != 0)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "pthread_mutex_init failed");
   return DMEM_OK;
@@ -23,6 +28,7 @@ static void unlock_entries(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
 void dmem__registry_fini(dmem_runtime_t *rt) {
   dmem__registry_t *r = &rt->reg;
   (void)dmem__pending_poll(rt, true);
+  dmem__pending_fini(rt);
   for (size_t i = 0; i < r->nlists; i++) {
     unlock_entries(rt, r->lists[i].v, r->lists[i].n);
     free(r->lists[i].v);
@@ -111,18 +117,29 @@ bool dmem__registry_has(dmem_runtime_t *rt, void *stream) {
   return has;
 }
 
-dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream) {
-  dmem__reg_entry_t *v;
-  size_t n;
-  (void)dmem__registry_take(rt, stream, &v, &n);
-  if (n == 0) {
-    free(v);
+dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded) {
+  dmem__registry_t *r = &rt->reg;
+  *recorded = false;
+  dmem__mutex_lock(&r->mu, DMEM__RANK_REGISTRY);
+  dmem__reg_list_t *l = find_list(r, stream);
+  if (!l || l->n == 0) {
+    dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
     return DMEM_OK;
   }
-  void *ev = NULL;
-  dmem_status_t st = dmem__event_get(rt, &ev);
-  if (st == DMEM_OK) st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, stream));
-  if (st == DMEM_OK) st = dmem__pending_add(rt, ev, v, n);
+  /* Into the stream's group (spill/pending.c): copied there, host-only;
+   * the list keeps its array for the next launches (no allocation). */
+  int g = dmem__pending_group(rt, stream, l->v, l->n);
+  if (g != DMEM__GROUP_NO) {
+    l->n = 0;
+    dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
+    return g == DMEM__GROUP_DUE ? dmem__pending_group_record(rt, stream, recorded) : DMEM_OK;
+  }
+  /* An event now: the entries go with it. */
+  dmem__reg_entry_t *v = l->v;
+  size_t n = l->n;
+  *l = r->lists[--r->nlists];
+  dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
+  dmem_status_t st = dmem__pending_release_now(rt, stream, v, n);
   if (st != DMEM_OK) {
     /* put the registrations back: nothing is unlocked early */
     if (dmem__registry_add(rt, stream, v, n) != DMEM_OK) {
@@ -131,8 +148,19 @@ dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream) {
       unlock_entries(rt, v, n);
     }
     free(v);
-    if (ev) dmem__event_put(rt, ev);
     return st;
   }
+  *recorded = true;
   return DMEM_OK;
+}
+
+void dmem__registry_forget(dmem_runtime_t *rt, void *stream) {
+  dmem__registry_t *r = &rt->reg;
+  dmem__mutex_lock(&r->mu, DMEM__RANK_REGISTRY);
+  dmem__reg_list_t *l = find_list(r, stream);
+  if (l && l->n == 0) {
+    free(l->v);
+    *l = r->lists[--r->nlists];
+  }
+  dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
 }

@@ -238,7 +238,7 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   dmem_atomic_store_relaxed(&rt->sum_last_ns, dmem__now_ns());
   st = dmem__table_init(rt->table);
   if (st != DMEM_OK) goto fail_rt;
-  st = dmem__registry_init(&rt->reg);
+  st = dmem__registry_init(rt);
   if (st != DMEM_OK) goto fail_table;
   pthread_mutex_init(&rt->disk_mu, NULL);
   pthread_mutex_init(&rt->evpool_mu, NULL);

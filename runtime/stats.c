@@ -75,17 +75,10 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.disk_write_failures = dmem_atomic_load_relaxed(&rt->disk_write_failures);
   /* acquire: partner is dmem__disk_get's release */
   s.disk_direct_io = dmem__disk_direct(dmem_atomic_load_acquire(&rt->disk));
-  /* Locked bytes are counted here rather than on every lock, keeping the
-   * lock fast path to one CAS. */
-  uint32_t hw = dmem_atomic_load_acquire(&rt->table->high_water); /* partner: table_take */
-  for (uint32_t slot = 0; slot < hw; slot++) {
-    dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
-    if (!b) break;
-    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
-    unsigned st = dmem__w_state(w);
-    if (dmem__w_count(w) > 0 && (st == DMEM_STATE_RESIDENT || st == DMEM_STATE_UNSPILLING))
-      s.device_locked += dmem__bsize(b);
-  }
+  /* Locked bytes: summed from the threads' records (core/locked.c), which
+   * the lock and unlock that take a count from or to 0 keep; no walk of the
+   * handle table. */
+  s.device_locked = dmem__locked_bytes(rt->table);
   /* peaks: never below the values now (a racing reset or a charge from a
    * shard's budget may leave the recorded peak lower) */
   size_t dp = dmem_atomic_load_relaxed(&rt->device_peak);

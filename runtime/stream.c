@@ -9,8 +9,11 @@ dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_out) {
   if (st != DMEM_OK) return st;
   void *s = NULL;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &s));
-  if (st == DMEM_OK) *s_out = s;
-  return st;
+  if (st != DMEM_OK) return st;
+  /* dmem made it: releases on it may wait for a later event (spill/pending.c) */
+  dmem__pending_stream_add(rt, s);
+  *s_out = s;
+  return DMEM_OK;
 }
 
 dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
@@ -22,6 +25,9 @@ dmem_status_t dmem_stream_destroy(dmem_runtime_t *rt, dmem_stream_t s) {
                        "stream %p still has locked buffers registered: call "
                        "dmem_sync_and_unlock first",
                        s);
+  /* its releases still waiting for an event get it now, while it exists */
+  dmem__pending_stream_forget(rt, s);
+  dmem__registry_forget(rt, s);
   /* the pool must not take a later stream at this address for this one */
   dmem__device_stream_forget(rt, s);
   return dmem__fatal_keep(rt, rt->be->stream_destroy(rt->be, s));
@@ -31,7 +37,13 @@ dmem_status_t dmem_stream_synchronize(dmem_runtime_t *rt, dmem_stream_t s) {
   if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_synchronize: rt is NULL");
   dmem_status_t st = dmem__check_forked(rt);
   if (st != DMEM_OK) return st;
+  /* the releases of s that wait for an event: this synchronisation covers
+   * them (spill/pending.c) */
+  dmem__reg_entry_t *gv;
+  size_t gn;
+  dmem__pending_take_stream(rt, s, &gv, &gn);
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
+  dmem__pending_taken_done(rt, s, gv, gn, st);
   /* the releases of s (and any other finished ones) unlock now */
   dmem__pending_poll(rt, false);
   return st;

@@ -131,6 +131,9 @@ def judge_bench_spill(results):
                        "spill + unspill at once", results))
     out.append(_single("bench_spill launches", "bench_spill.launch_batched", "<=", 1.10,
                        "1000 launches + sync_and_unlock, dmem / bare", results))
+    # issue 25 item 4: a stream_release after every launch, <= 1.10x bare
+    out.append(_single("bench_spill launch + release", "bench_spill.launch_release", "<=", 1.10,
+                       "1000 x (launch + stream_release), then sync, dmem / bare", results))
     return out
 
 
@@ -142,10 +145,36 @@ def judge_bench_lock(results):
                     "ns per pair, resident buffer", results)]
 
 
+# bench_scale: issue 25 item 1, each cost at 10^6 live buffers within 1.5x
+# of its cost at 10^3 (judged at the largest count the log measured, named in
+# the verdict: the quick mode stops at 10^5), and at most 128 bytes of
+# metadata per live buffer.
+SCALE_ROWS = [
+    ("alloc_free", "alloc+free pair"),
+    ("lock_unlock", "lock+unlock"),
+    ("evict_one", "eviction of one victim"),
+    ("stats", "dmem_stats"),
+    ("release_1e3", "stream_release of 10^3 locks"),
+    ("release_1e4", "stream_release of 10^4 locks"),
+]
+
+
+def judge_bench_scale(results):
+    largest = results.get("bench_scale.largest")
+    at = "at %.0e live buffers" % largest if largest else "at the largest count"
+    out = []
+    for key, what in SCALE_ROWS:
+        out.append(_single("bench_scale %s" % what, "bench_scale.%s.growth" % key, "<=", 1.50,
+                           "cost %s / cost at 1e+03" % at, results))
+    out.append(_single("bench_scale metadata", "bench_scale.meta_bytes", "<=", 128.0,
+                       "bytes per live buffer %s" % at, results))
+    return out
+
+
 # bench_disk: docs/benchmarks.md ("The disk tier"), dmem / raw pwrite and
-# pread >= 0.80 at every size, judged on the worst of them.
+# pread >= 0.90 at every size (issue 25), judged on the worst of them.
 def judge_bench_disk(results):
-    return [_single("bench_disk worst", "bench_disk.worst", ">=", 0.80,
+    return [_single("bench_disk worst", "bench_disk.worst", ">=", 0.90,
                     "worst dmem/raw", results)]
 
 
@@ -176,6 +205,7 @@ def judge_cupy_loop(results):
 STEPS = {
     "bench_spill": judge_bench_spill,
     "bench_lock": judge_bench_lock,
+    "bench_scale": judge_bench_scale,
     "bench_disk": judge_bench_disk,
     "cublas": judge_cublas,
     "cupy_loop": judge_cupy_loop,

@@ -8,12 +8,22 @@
  *
  * Buffers live in extents of the file, aligned to DISK_ALIGN and allocated
  * first-fit (reserved with fallocate, so a full disk fails before anything
- * is written); a freed extent's blocks go back to the filesystem
- * (FALLOC_FL_PUNCH_HOLE) on an I/O thread, off the retrieve that freed it
- * (punching costs the filesystem time in proportion to the blocks: 7 GB/s
- * on ext4 in CI, about as much again as the read of the extent), and the
- * extent is reusable once its hole is punched. I/O is pread/pwrite in
- * chunks of DISK_CHUNK with
+ * is written). A freed extent keeps its blocks for a while ("kept"): the
+ * next extents are taken from the kept ones first (their blocks are there:
+ * no fallocate, and the write overwrites written blocks), and the kept
+ * blocks go back to the filesystem (FALLOC_FL_PUNCH_HOLE, or the file cut
+ * where they are its tail) on an I/O thread only once the file has seen no
+ * read or write for DISK_QUIET_NS, or at once when a reservation finds the
+ * filesystem full. Punching right after each retrieve made the retrieves
+ * of small buffers read at 0.5-0.8 of a plain sequential pread of the
+ * same bytes (bench_disk): ext4's punch takes the inode's lock
+ * exclusively and waits for the direct I/O in flight, so each punch
+ * stalled the next buffer's read, and costs the filesystem time in
+ * proportion to the blocks (7 GB/s on ext4 in CI, about as much again as
+ * the read). So while the disk is busy the file holds the blocks of the
+ * extents in use and of the kept ones (which were in use, and are taken
+ * again before the file grows). I/O is pread/pwrite in chunks of
+ * DISK_CHUNK with
  * O_DIRECT where the filesystem takes it (so spilled bytes do not sit in
  * the page cache as well): a chunk whose memory is not aligned goes through
  * an aligned bounce buffer, and a filesystem that rejects O_DIRECT (at
@@ -31,11 +41,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DISK_ALIGN ((size_t)4096)
 #define DISK_CHUNK DMEM__DISK_CHUNK
 #define DISK_BOUNCE_KEEP 8 /* bounce buffers kept for reuse */
+/* Kept extents are punched once the file has had no read or write in
+ * flight for this long (a retrieve follows another within microseconds;
+ * a gap this long means the disk is not being waited for; with 10 ms a
+ * process stalled between two retrieves on a loaded machine punched in
+ * the middle of bench_disk's reads)... */
+#define DISK_QUIET_NS ((uint64_t)50 * 1000 * 1000)
+/* ... polling this often while it is busy, and punching at most this many
+ * bytes at once (a read that comes meanwhile waits for one such punch). */
+#define DISK_QUIET_POLL_NS ((uint64_t)1000 * 1000)
+#define DISK_PUNCH_MAX ((uint64_t)16 << 20)
 
 typedef struct extent {
   struct extent *next;
@@ -55,14 +76,21 @@ struct dmem__disk {
    * chunk that still reads 1 and gets EINVAL clears it too). */
   _Atomic int direct;
   pthread_mutex_t mu;  /* rank DISK_SPACE: the fields below */
-  extent_t *free;      /* address-ordered, coalesced */
+  extent_t *free;      /* no blocks behind them: address-ordered, coalesced */
+  extent_t *kept;      /* freed, blocks still there: address-ordered, coalesced */
   uint64_t end;        /* file offset past the last extent in use */
   bool no_fallocate;   /* the filesystem has no fallocate: skip it */
+  bool closing;        /* the I/O threads are gone: nothing is punched */
   bounce_t *bounce;    /* free bounce buffers (DISK_CHUNK bytes, aligned) */
   unsigned nbounce;
-  extent_t *punch;     /* freed extents whose hole is still to be punched */
   bool punch_queued;   /* punch_task is queued or running */
   dmem__io_task_t punch_task;
+  /* Reads and writes in flight, and when the latest ended (monotonic ns):
+   * written by every reader and writer, read by punch_task (relaxed: a
+   * hint when to punch, nothing is published through them). */
+  _Atomic unsigned io_busy;
+  _Atomic uint64_t io_end_ns;
+  _Atomic uint64_t quiet_ns; /* DISK_QUIET_NS; tests change it */
 };
 
 /* ---- the test hook ----------------------------------------------------------------- */
@@ -143,6 +171,7 @@ dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t
   if (!d) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "disk tier allocation failed");
   d->fd = -1;
   d->io = io;
+  dmem_atomic_store_relaxed(&d->quiet_ns, DISK_QUIET_NS);
   int n = snprintf(d->dir, sizeof d->dir, "%s/dmem-spill-XXXXXX", parent);
   if (n < 0 || (size_t)n >= sizeof d->dir - 64) {
     free(d);
@@ -184,7 +213,7 @@ void dmem__disk_destroy(dmem__disk_t *d) {
     nx = x->next;
     free(x);
   }
-  for (extent_t *x = d->punch, *nx; x; x = nx) { /* dmem__disk_io_gone drained them */
+  for (extent_t *x = d->kept, *nx; x; x = nx) { /* dmem__disk_io_gone moved them */
     nx = x->next;
     free(x);
   }
@@ -202,11 +231,10 @@ bool dmem__disk_direct(const dmem__disk_t *d) {
 
 /* ---- extents ---------------------------------------------------------------------------- */
 
-/* Insert [off, off+len) into the free list, coalescing; then give a free
- * tail back by shrinking the file. Under mu. False if a node could not be
- * allocated (the range is lost until destroy; its blocks were punched). */
-static bool free_insert(dmem__disk_t *d, uint64_t off, uint64_t len) {
-  extent_t **pp = &d->free, *prev = NULL;
+/* Insert [off, off+len) into the address-ordered list *head, coalescing.
+ * Under mu. False if a node could not be allocated. */
+static bool list_insert(extent_t **head, uint64_t off, uint64_t len) {
+  extent_t **pp = head, *prev = NULL;
   while (*pp && (*pp)->off < off) {
     prev = *pp;
     pp = &(*pp)->next;
@@ -230,6 +258,32 @@ static bool free_insert(dmem__disk_t *d, uint64_t off, uint64_t len) {
     x->next = next;
     *pp = x;
   }
+  return true;
+}
+
+/* The offset of len bytes taken from the front of the first extent of
+ * *head that has room, or UINT64_MAX. Under mu. */
+static uint64_t list_take(extent_t **head, uint64_t len) {
+  for (extent_t **pp = head; *pp; pp = &(*pp)->next) {
+    extent_t *x = *pp;
+    if (x->len < len) continue;
+    uint64_t off = x->off;
+    x->off += len;
+    x->len -= len;
+    if (x->len == 0) {
+      *pp = x->next;
+      free(x);
+    }
+    return off;
+  }
+  return UINT64_MAX;
+}
+
+/* Insert [off, off+len) (its blocks gone) into the free list; then give a
+ * free tail back by shrinking the file. Under mu. False if a node could
+ * not be allocated (the range is lost until destroy). */
+static bool free_insert(dmem__disk_t *d, uint64_t off, uint64_t len) {
+  if (!list_insert(&d->free, off, len)) return false;
   /* the last free extent touching the end: shrink */
   extent_t **last = &d->free;
   while (*last && (*last)->next) last = &(*last)->next;
@@ -242,111 +296,199 @@ static bool free_insert(dmem__disk_t *d, uint64_t off, uint64_t len) {
   return true;
 }
 
-dmem_status_t dmem__disk_alloc(dmem__disk_t *d, size_t n, uint64_t *off_out) {
-  uint64_t len = round_up(n ? n : 1, DISK_ALIGN), off = UINT64_MAX;
-  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
-  for (extent_t **pp = &d->free; *pp; pp = &(*pp)->next) {
-    extent_t *x = *pp;
-    if (x->len < len) continue;
-    off = x->off;
-    x->off += len;
-    x->len -= len;
-    if (x->len == 0) {
-      *pp = x->next;
-      free(x);
-    }
-    break;
-  }
-  if (off == UINT64_MAX) {
-    off = d->end;
-    d->end += len;
-  }
-  bool try_fallocate = !d->no_fallocate;
-  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
-  /* Reserve the blocks now, so that a full disk fails here, not after
-   * half a write. */
-  int e = hook(DMEM__DISK_OP_ALLOC, off, len);
-  if (e == 0 && try_fallocate) {
-    /* fallocate(2), not posix_fallocate: that writes zeros where the
-     * filesystem has no fallocate */
-    while ((e = fallocate(d->fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno) == EINTR) {
-    }
-    if (e == EOPNOTSUPP || e == ENOSYS) {
-      dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
-      d->no_fallocate = true;
-      dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
-      e = 0;
-    }
-  }
-  if (e != 0) {
-    dmem__disk_free(d, off, n);
-    return dmem__error(DMEM_ERR_IO, "disk tier: no room for %zu bytes in %s: fallocate: %s", n,
-                       d->dir, strerror(e));
-  }
-  *off_out = off;
-  return DMEM_OK;
-}
-
 /* Give the blocks of [off, off+len) back to the filesystem, then the range
  * to the free list: the punch comes first, so that nobody writes into the
- * range before it. */
+ * range before it. The file's tail is cut instead (free_insert), under mu,
+ * so that no extent is placed past it meanwhile. */
 static void punch_free(dmem__disk_t *d, uint64_t off, uint64_t len) {
-  (void)fallocate(d->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
   dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  if (off + len != d->end) {
+    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+    if (hook(DMEM__DISK_OP_PUNCH, off, len) == 0)
+      (void)fallocate(d->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  }
   (void)free_insert(d, off, len);
   dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
 }
 
-/* Punch the holes of the extents on d->punch until none is left. */
-static void punch_drain(dmem__disk_t *d) {
-  for (;;) {
-    dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
-    extent_t *x = d->punch;
-    d->punch = NULL;
-    if (!x) d->punch_queued = false;
-    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
-    if (!x) return;
-    while (x) {
-      extent_t *nx = x->next;
-      punch_free(d, x->off, x->len);
-      free(x);
-      x = nx;
-    }
+/* Punch every kept extent now, here. */
+static void punch_all(dmem__disk_t *d) {
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  extent_t *x = d->kept;
+  d->kept = NULL;
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+  while (x) {
+    extent_t *nx = x->next;
+    punch_free(d, x->off, x->len);
+    free(x);
+    x = nx;
   }
 }
 
+/* No read or write in flight, and none for the quiet time. */
+static bool quiet(dmem__disk_t *d, uint64_t *wait_ns) {
+  uint64_t q = dmem_atomic_load_relaxed(&d->quiet_ns);
+  *wait_ns = DISK_QUIET_POLL_NS;
+  if (dmem_atomic_load_relaxed(&d->io_busy) != 0) return false;
+  uint64_t since = dmem__now_ns() - dmem_atomic_load_relaxed(&d->io_end_ns);
+  if (since >= q) return true;
+  if (q - since < *wait_ns) *wait_ns = q - since;
+  return false;
+}
+
+/* The I/O threads' task: once the file is quiet, punch the kept extents
+ * (DISK_PUNCH_MAX bytes at a time, looking again in between) until none
+ * is left. While it waits, a task queued for a thread (a read's helper)
+ * gets this one: the punch is queued again behind it. The pool stopping
+ * ends it (dmem__disk_io_gone then drops them: the file is closed next). */
 static void punch_run(dmem__io_task_t *t) {
   dmem__disk_t *d = (dmem__disk_t *)((char *)t - offsetof(dmem__disk_t, punch_task));
-  punch_drain(d);
+  for (;;) {
+    uint64_t wait_ns;
+    if (dmem__io_stopping(d->io)) break; /* d->io stays until the pool is joined */
+    if (!quiet(d, &wait_ns)) {
+      /* once queued again another thread may run it at once: t is
+       * not touched after that */
+      if (dmem__io_queued(d->io)) {
+        if (dmem__io_submit(d->io, t)) return;
+        break; /* stopping */
+      }
+      struct timespec ts = {(time_t)(wait_ns / 1000000000u), (long)(wait_ns % 1000000000u)};
+      (void)nanosleep(&ts, NULL);
+      continue;
+    }
+    dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+    extent_t *x = d->kept;
+    if (!x) {
+      d->punch_queued = false;
+      dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+      return;
+    }
+    uint64_t off = x->off, len = x->len < DISK_PUNCH_MAX ? x->len : DISK_PUNCH_MAX;
+    x->off += len;
+    x->len -= len;
+    if (x->len == 0) {
+      d->kept = x->next;
+      free(x);
+    }
+    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+    punch_free(d, off, len);
+  }
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  d->punch_queued = false;
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+}
+
+dmem_status_t dmem__disk_alloc(dmem__disk_t *d, size_t n, uint64_t *off_out) {
+  uint64_t len = round_up(n ? n : 1, DISK_ALIGN), off;
+  bool retried = false;
+  for (;;) {
+    dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+    /* a kept extent first: its blocks are reserved already */
+    off = list_take(&d->kept, len);
+    const bool kept = off != UINT64_MAX;
+    if (!kept) off = list_take(&d->free, len);
+    if (off == UINT64_MAX) {
+      off = d->end;
+      d->end += len;
+    }
+    bool try_fallocate = !d->no_fallocate && !kept;
+    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+    /* Reserve the blocks now, so that a full disk fails here, not after
+     * half a write. */
+    int e = hook(DMEM__DISK_OP_ALLOC, off, len);
+    if (e == 0 && try_fallocate) {
+      /* fallocate(2), not posix_fallocate: that writes zeros where the
+       * filesystem has no fallocate */
+      while ((e = fallocate(d->fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno) == EINTR) {
+      }
+      if (e == EOPNOTSUPP || e == ENOSYS) {
+        dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+        d->no_fallocate = true;
+        dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+        e = 0;
+      }
+    }
+    if (e == 0) {
+      *off_out = off;
+      return DMEM_OK;
+    }
+    /* back where it came from: a kept extent still has its blocks; the
+     * others' (a failed fallocate may have reserved some) are punched */
+    if (kept) {
+      dmem__disk_free(d, off, len);
+    } else {
+      punch_free(d, off, len);
+    }
+    dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+    const bool any_kept = d->kept != NULL;
+    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+    /* Full: the kept blocks go back to the filesystem now, and once more. */
+    if ((e == ENOSPC || e == EDQUOT) && any_kept && !retried) {
+      punch_all(d);
+      retried = true;
+      continue;
+    }
+    return dmem__error(DMEM_ERR_IO, "disk tier: no room for %zu bytes in %s: fallocate: %s", n,
+                       d->dir, strerror(e));
+  }
 }
 
 void dmem__disk_free(dmem__disk_t *d, uint64_t off, size_t n) {
   if (!d) return;
   uint64_t len = round_up(n ? n : 1, DISK_ALIGN);
-  /* The hole is punched on an I/O thread; here only without one (or
-   * without memory for the record). */
-  extent_t *x = d->io ? malloc(sizeof *x) : NULL;
-  if (!x) {
-    punch_free(d, off, len);
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+  if (d->closing) { /* the file is closed next: its blocks go with it */
+    (void)free_insert(d, off, len);
+    dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
     return;
   }
-  x->off = off;
-  x->len = len;
-  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
-  x->next = d->punch;
-  d->punch = x;
-  bool submit = !d->punch_queued;
-  d->punch_queued = true;
+  bool kept = list_insert(&d->kept, off, len);
+  dmem__io_t *io = d->io;
+  bool submit = kept && io && !d->punch_queued;
+  if (submit) d->punch_queued = true;
   dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
-  if (!submit) return;
-  d->punch_task.run = punch_run;
-  if (!dmem__io_submit(d->io, &d->punch_task)) punch_drain(d); /* the pool is stopping */
+  if (!kept) { /* no memory for the record: punched here */
+    punch_free(d, off, len);
+  } else if (!io) { /* no I/O threads (never in a runtime): punched here */
+    punch_all(d);
+  } else if (submit) {
+    d->punch_task.run = punch_run;
+    if (!dmem__io_submit(io, &d->punch_task)) { /* the pool is stopping */
+      dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
+      d->punch_queued = false;
+      dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+    }
+  }
 }
 
 void dmem__disk_io_gone(dmem__disk_t *d) {
   if (!d) return;
+  dmem__mutex_lock(&d->mu, DMEM__RANK_DISK_SPACE);
   d->io = NULL;
-  punch_drain(d); /* a punch task still queued never ran */
+  d->closing = true;
+  /* nothing is punched now: the file is closed next, its blocks with it */
+  extent_t *x = d->kept;
+  d->kept = NULL;
+  for (extent_t *nx; x; x = nx) {
+    nx = x->next;
+    (void)free_insert(d, x->off, x->len);
+    free(x);
+  }
+  dmem__mutex_unlock(&d->mu, DMEM__RANK_DISK_SPACE);
+}
+
+void dmem__disk_quiet_set(dmem__disk_t *d, uint64_t ns) {
+  dmem_atomic_store_relaxed(&d->quiet_ns, ns);
+}
+
+/* A read or write begins / ends (the quiet time counts from the end). */
+static void io_begin(dmem__disk_t *d) { dmem_atomic_add_relaxed(&d->io_busy, 1); }
+
+static void io_end(dmem__disk_t *d) {
+  dmem_atomic_store_relaxed(&d->io_end_ns, dmem__now_ns());
+  dmem_atomic_sub_relaxed(&d->io_busy, 1);
 }
 
 /* ---- chunked I/O ---------------------------------------------------------------------------- */
@@ -572,6 +714,7 @@ static dmem_status_t job_run(dmem__disk_t *d, bool write, void *buf, uint64_t of
   j.sink = sink;
   pthread_mutex_init(&j.mu, NULL);
   pthread_cond_init(&j.cv, NULL);
+  io_begin(d);
   /* Helpers for the chunks beyond the caller's first. */
   size_t nh = j.nchunks > 1 ? j.nchunks - 1 : 0;
   if (nh > DMEM__IO_THREADS) nh = DMEM__IO_THREADS;
@@ -607,6 +750,7 @@ static dmem_status_t job_run(dmem__disk_t *d, bool write, void *buf, uint64_t of
   bool cancelled = j.cancelled;
   dmem_status_t sink_st = j.st;
   pthread_mutex_unlock(&j.mu);
+  io_end(d);
   pthread_cond_destroy(&j.cv);
   pthread_mutex_destroy(&j.mu);
   if (err == -1) return dmem__error(sink_st, "%s", j.detail);
@@ -648,7 +792,9 @@ dmem_status_t dmem__disk_read(dmem__disk_t *d, uint64_t off, void *data, size_t 
     /* Not at a block boundary: the bytes up to the next one first, so that
      * the rest starts aligned (O_DIRECT needs aligned file offsets). */
     size_t m = DISK_ALIGN - lead < n ? DISK_ALIGN - lead : n;
+    io_begin(d);
     int e = head_read(d, off - lead, lead, data, m);
+    io_end(d);
     if (e != 0)
       return dmem__error(DMEM_ERR_IO, "disk tier pread of %zu bytes at %llu in %s: %s", m,
                          (unsigned long long)off, d->dir,

@@ -9,7 +9,8 @@
  *    works on the same chunks, withdraws the helpers no thread has started,
  *    and waits only for those that run.
  *    Also the disk tier's hole punching of freed extents (spill/disk.c),
- *    which nobody waits for.
+ *    which nobody waits for: it waits for the disk to be quiet, and gives
+ *    its thread up (queued again behind them) to tasks that want one.
  *  - the background job (the host tier's push-down to disk,
  *    spill/pushdown.c, given at create): run after a kick, on at most
  *    DMEM__IO_THREADS - 1 threads at once, so that one thread stays free for
@@ -171,6 +172,13 @@ void dmem__io_kick(dmem__io_t *io) {
   io->bg_wanted = true;
   if (io->bg_running < DMEM__IO_THREADS - 1) (void)wake_one(io);
   dmem__mutex_unlock(&io->mu, DMEM__RANK_IO);
+}
+
+bool dmem__io_queued(dmem__io_t *io) {
+  dmem__mutex_lock(&io->mu, DMEM__RANK_IO);
+  bool queued = io->head != NULL;
+  dmem__mutex_unlock(&io->mu, DMEM__RANK_IO);
+  return queued;
 }
 
 bool dmem__io_stopping(dmem__io_t *io) {

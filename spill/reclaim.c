@@ -70,6 +70,7 @@ uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exi
 dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
   /* acquire: partner is the lock's CAS */
   uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
+  size_t size;
   do {
     if (dmem__w_gen(w) != dmem__h_gen(h) || dmem__w_state(w) == DMEM__STATE_FREE)
       return dmem__stale(h);
@@ -83,6 +84,10 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
      * Any other unlock in a child only writes the child's copy of the word
      * (and so costs no check here). */
     nw = w - 1;
+    /* read while the word says this generation is locked: the CAS below
+     * succeeds only if that is still so, and the size is set before a
+     * generation is published */
+    size = dmem__bsize(b);
     /* one compare of the new word, a branch not taken on the hot path */
     if (__builtin_expect((nw & (DMEM__F_FREED | DMEM__COUNT_MASK)) == DMEM__F_FREED, 0) &&
         dmem_atomic_load_relaxed(&rt->fatal) == DMEM__FORKED)
@@ -91,6 +96,7 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
      * acquiring CAS */
   } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
   if (dmem__w_count(nw) == 0) {
+    dmem__locked_add(rt->table, (uint64_t)0 - size);
     /* the eviction policy's recency: a mark on this buffer's own line (the
      * default), or the LRU stamp (DMEM_EVICTION_POLICY=lru) */
     if (__builtin_expect(rt->pol_lru, 0))

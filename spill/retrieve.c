@@ -131,7 +131,10 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
 rollback:
   DMEM_NVTX_POP();
   if (dev) dmem__device_release(rt, dev, size, cs);
-  dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(from), .drop_lock = locking});
+  uint64_t rw = dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(from), .drop_lock = locking});
+  /* the lock taken with TRANSIT is gone again (no other could be added
+   * while UNSPILLING): its bytes no longer count as locked */
+  if (locking && dmem__w_count(rw) == 0) dmem__locked_add(rt->table, (uint64_t)0 - size);
   return st;
 }
 
@@ -165,6 +168,7 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
        * discards its copy. */
       uint64_t nw = dmem__w_with_state(w + locks, DMEM_STATE_RESIDENT);
       if (!dmem_atomic_cas_acq_rel(&b->word, &w, nw)) continue;
+      if (locking && dmem__w_count(w) == 0) dmem__locked_add(rt->table, dmem__bsize(b));
       if (cancellable) dmem__transit_broadcast(rt);
       /* a prefetch leaves the caller's stream alone: a later lock orders
        * it after the copies still in flight (their flags stay set) */
@@ -185,6 +189,8 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
     }
     /* Deferred and nobody moving it: take TRANSIT (and the lock) at once. */
     if (!dmem__transit_take(b, &w, DMEM_STATE_UNSPILLING, locks)) continue;
+    /* a deferred buffer is never locked: this is its first lock */
+    if (locking) dmem__locked_add(rt->table, dmem__bsize(b));
     /* its eviction's callbacks and the controller's retrieve may call back
      * in: a call on h from them gets BUSY (core.h) */
     dmem__moving_t m;

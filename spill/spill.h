@@ -105,13 +105,18 @@ bool dmem__disk_direct(const dmem__disk_t *disk);
 /* Reserve an extent for n bytes; *off_out is its file offset.
  * DMEM_ERR_IO when the filesystem has no room. */
 dmem_status_t dmem__disk_alloc(dmem__disk_t *disk, size_t n, uint64_t *off_out);
-/* Give back an extent of n bytes at off. Its blocks go back to the
- * filesystem (a hole punched) on an I/O thread, and the extent is reused
- * only after that; without I/O threads, here. disk NULL: nothing. */
+/* Give back an extent of n bytes at off. It keeps its blocks and is the
+ * first reused (dmem__disk_alloc); the blocks go back to the filesystem (a
+ * hole punched) on an I/O thread once the file has had no read or write
+ * for the quiet time (50 ms), or when an allocation finds the filesystem
+ * full; without I/O threads, here. disk NULL: nothing. */
 void dmem__disk_free(dmem__disk_t *disk, uint64_t off, size_t n);
 /* The I/O threads are gone (dmem_runtime_destroy, after dmem__io_destroy):
- * punch the holes still queued here, and every later one at once. */
+ * nothing is punched from now on (the file is closed next). */
 void dmem__disk_io_gone(dmem__disk_t *disk);
+/* Tests: how long the file must have been quiet before kept extents are
+ * punched. */
+void dmem__disk_quiet_set(dmem__disk_t *disk, uint64_t ns);
 /* Asked between chunks of a write: true stops it (DMEM_ERR_BUSY). Runs on
  * the writing thread or an I/O thread. */
 typedef bool (*dmem__disk_cancel_fn)(void *arg);
@@ -160,7 +165,10 @@ typedef enum dmem__disk_op {
   DMEM__DISK_OP_DIRECT, /* turning O_DIRECT on for the file */
   DMEM__DISK_OP_ALLOC,  /* reserving an extent (fallocate) */
   DMEM__DISK_OP_WRITE,  /* one pwrite */
-  DMEM__DISK_OP_READ    /* one pread */
+  DMEM__DISK_OP_READ,   /* one pread */
+  DMEM__DISK_OP_PUNCH   /* giving a freed extent's blocks back (fallocate
+                           PUNCH_HOLE; an error skips it, as a filesystem
+                           that cannot punch: the blocks stay till reuse) */
 } dmem__disk_op_t;
 typedef int (*dmem__disk_hook_fn)(void *user, dmem__disk_op_t op, uint64_t off, size_t len);
 void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user);
@@ -193,6 +201,8 @@ bool dmem__io_submit(dmem__io_t *io, dmem__io_task_t *t);
 bool dmem__io_withdraw(dmem__io_t *io, dmem__io_task_t *t);
 /* Have the background job run (again). Never blocks on I/O. */
 void dmem__io_kick(dmem__io_t *io);
+/* True while a task is queued that no thread has taken yet. */
+bool dmem__io_queued(dmem__io_t *io);
 /* True once destroy began. */
 bool dmem__io_stopping(dmem__io_t *io);
 /* Wait until no task is queued or running and the background job has
@@ -254,9 +264,50 @@ void dmem__staging_fini(dmem_runtime_t *rt);
 /* Unlock entries v[0..n) once `event` completes; takes ownership of v and
  * event. */
 dmem_status_t dmem__pending_add(dmem_runtime_t *rt, void *event, dmem__reg_entry_t *v, size_t n);
-/* Unlock the releases whose event completed (wait_all: wait for all).
- * Returns how many releases completed. */
+/* dmem_stream_release's half below the registry. On a stream dmem made, a
+ * release that follows the stream's last release event within
+ * DMEM__RELEASE_GAP_NS (pending.c) joins the stream's open group: its
+ * entries v[0..n) are copied there, and the group gets one event later.
+ * Returns DMEM__GROUP_JOINED, DMEM__GROUP_DUE (joined, and the group is
+ * due for its event: call dmem__pending_group_record) or DMEM__GROUP_NO
+ * (nothing copied: record an event for these entries now, with
+ * dmem__pending_release_now). */
+enum { DMEM__GROUP_NO, DMEM__GROUP_JOINED, DMEM__GROUP_DUE };
+#define DMEM__RELEASE_GAP_NS 50000u  /* closer releases are grouped */
+#define DMEM__RELEASE_AGE_NS 200000u /* a group older than this records (at a release) */
+#define DMEM__RELEASE_GROUP 64u      /* ... or one with this many releases */
+int dmem__pending_group(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *v,
+                        size_t n);
+/* Record the event of stream's open group now (if it still has one). On
+ * failure the group stays open: the next poll tries again. */
+dmem_status_t dmem__pending_group_record(dmem_runtime_t *rt, void *stream, bool *recorded);
+/* Record an event on stream now for v[0..n) (an array from malloc, taken on
+ * success; on failure nothing changed). */
+dmem_status_t dmem__pending_release_now(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v,
+                                        size_t n);
+/* Unlock the releases whose event completed (wait_all: wait for all),
+ * after recording an event for every open group. Returns how many
+ * releases completed. */
 size_t dmem__pending_poll(dmem_runtime_t *rt, bool wait_all);
+/* As dmem__pending_poll(rt, false) without recording: only the events
+ * recorded already (dmem_stream_release's own look). */
+size_t dmem__pending_poll_recorded(dmem_runtime_t *rt);
+/* A synchronisation of `stream` covers its open group: take it (*v_out,
+ * *n_out; NULL, 0: none) before the synchronisation begins, then hand it to
+ * dmem__pending_taken_done: unlocked when the synchronisation succeeded (or
+ * the context is lost), else back into the stream's group. */
+void dmem__pending_take_stream(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
+                               size_t *n_out);
+void dmem__pending_taken_done(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v, size_t n,
+                              dmem_status_t sync_status);
+/* dmem_stream_create: releases on `stream` may be grouped (no effect when
+ * the list cannot grow: its releases record at once). */
+void dmem__pending_stream_add(dmem_runtime_t *rt, void *stream);
+/* dmem_stream_destroy, before the stream goes: its open group gets its
+ * event (or, if none can be recorded, waits for the stream and unlocks). */
+void dmem__pending_stream_forget(dmem_runtime_t *rt, void *stream);
+/* At destroy, after dmem__pending_poll(rt, true). */
+void dmem__pending_fini(dmem_runtime_t *rt);
 
 /* ---- moving out (spill.c) and back (retrieve.c) --------------------------------- */
 

@@ -31,8 +31,8 @@
  *
  * `load` (the whole extent into pinned staging of the buffer's size at
  * b->host) is the fallback of a retrieve when the pinned pool cannot give
- * even one slot. A freed extent's hole is punched on an I/O thread
- * (spill/disk.c), not by the retrieve that freed it.
+ * even one slot. A freed extent keeps its blocks until the disk is quiet
+ * (spill/disk.c): the retrieve that freed it punches nothing.
  */
 #include "runtime/internal.h"
 #include <stdlib.h>

@@ -747,6 +747,213 @@ TEST_CASE(pipelined_reads_keep_every_byte_in_place) {
   rm_tree(parent);
 }
 
+/* ---- freed extents: kept while the disk is busy, reused, punched when quiet -------------- */
+
+/* The descriptor of the runtime's unnamed spill file under parent, or -1
+ * (/proc/self/fd: the file has no name, its link reads "<dir>/#N (deleted)"). */
+static int spill_fd(const char *parent) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int fd = -1;
+  struct dirent *e;
+  while (fd < 0 && (e = readdir(d)) != NULL) {
+    char path[300], link[1024];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0) continue;
+    link[n] = '\0';
+    struct stat st;
+    if (strstr(link, parent) == link && strstr(link, "/dmem-spill-") &&
+        fstat(atoi(e->d_name), &st) == 0 && S_ISREG(st.st_mode))
+      fd = atoi(e->d_name);
+  }
+  closedir(d);
+  return fd;
+}
+
+/* At each pread: the fewest 512-byte blocks the spill file had, after a
+ * pause that gives the I/O threads time to punch what the previous
+ * retrieve freed. */
+typedef struct {
+  int fd;
+  _Atomic long long min_blocks;
+  _Atomic int reads;
+} blocks_probe_t;
+
+static int blocks_probe_fn(void *user, dmem__disk_op_t op, uint64_t off, size_t len) {
+  (void)off;
+  (void)len;
+  blocks_probe_t *p = user;
+  if (op != DMEM__DISK_OP_READ) return 0;
+  struct stat st;
+  if (fstat(p->fd, &st) == 0 && (long long)st.st_blocks < atomic_load(&p->min_blocks))
+    atomic_store(&p->min_blocks, (long long)st.st_blocks);
+  atomic_fetch_add(&p->reads, 1);
+  struct timespec ts = {0, 3 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  return 0;
+}
+
+/* Buffers read back one after the other: no extent a retrieve freed is
+ * punched while the next reads go on (each punch held ext4's inode lock
+ * and stalled the next read: small buffers came back at 0.5-0.8 of a plain
+ * pread in bench_disk); spilled again, they take the kept extents (the
+ * file does not grow); once the file is quiet its blocks all go back. */
+TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  enum { NB = 8 };
+  dmem_runtime_t *rt = runtime_with((NB + 16) * MiB, 0, parent);
+  dmem_handle_t h[NB];
+  for (int i = 0; i < NB; i++) {
+    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 900 + (uint64_t)i);
+    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  }
+  dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
+  REQUIRE_TRUE(disk != NULL);
+  dmem__disk_quiet_set(disk, (uint64_t)60 * 1000 * 1000 * 1000); /* no stall punches here */
+  int fd = spill_fd(parent);
+  REQUIRE_TRUE(fd >= 0);
+  struct stat st0;
+  REQUIRE_TRUE(fstat(fd, &st0) == 0);
+  CHECK_GE((long long)st0.st_size, (long long)(NB * MiB));
+  blocks_probe_t probe = {fd, (long long)st0.st_blocks, 0};
+  dmem__disk_hook_set(blocks_probe_fn, &probe);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_unspill(rt, h[i], s));
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  dmem__disk_hook_set(NULL, NULL);
+  const int reads = atomic_load(&probe.reads);
+  const long long min_blocks = atomic_load(&probe.min_blocks);
+  CHECK_EQ(reads, NB);
+  /* less than one buffer's blocks gone (metadata may move a little) */
+  CHECK_GT(min_blocks, (long long)st0.st_blocks - (long long)(MiB / 512));
+  /* spilled again: into the kept extents */
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  struct stat st1;
+  REQUIRE_TRUE(fstat(fd, &st1) == 0);
+  CHECK_EQ((long long)st1.st_size, (long long)st0.st_size);
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_unspill(rt, h[i], s));
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  for (int i = 0; i < NB; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 900 + (uint64_t)i), 0);
+  /* quiet now: the I/O thread gives every block back, the file is cut */
+  dmem__disk_quiet_set(disk, 0);
+  dmem__io_quiesce(rt->io);
+  struct stat st2;
+  REQUIRE_TRUE(fstat(fd, &st2) == 0);
+  CHECK_EQ((long long)st2.st_size, 0);
+  CHECK_EQ((long long)st2.st_blocks, 0);
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* Readers of a buffer's chunks met at a gate: how many were in at once
+ * (the gate opens when `target` are in, or after 2 s). */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int inside, most, target;
+  bool open;
+} read_gate_t;
+
+static int read_gate_fn(void *user, dmem__disk_op_t op, uint64_t off, size_t len) {
+  (void)off;
+  (void)len;
+  read_gate_t *g = user;
+  if (op != DMEM__DISK_OP_READ) return 0;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 2;
+  pthread_mutex_lock(&g->mu);
+  if (++g->inside > g->most) g->most = g->inside;
+  if (g->inside >= g->target) g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  while (!g->open && pthread_cond_timedwait(&g->cv, &g->mu, &until) != ETIMEDOUT) {
+  }
+  g->open = true;
+  g->inside--;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  return 0;
+}
+
+/* Kept blocks waiting for a quiet disk hold no I/O thread that a read
+ * wants: a buffer of 1 + DMEM__IO_THREADS chunks is read by the retrieving
+ * thread and every I/O thread at once. */
+TEST_CASE(kept_blocks_wait_without_an_io_thread) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  const size_t big = (1 + DMEM__IO_THREADS) * DMEM__DISK_CHUNK;
+  dmem_runtime_t *rt = runtime_with(big + 32 * MiB, 0, parent);
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, big, 0, &b));
+  check_put(rt, a, MiB, 51);
+  check_put(rt, b, big, 52);
+  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
+  dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
+  REQUIRE_TRUE(disk != NULL);
+  dmem__disk_quiet_set(disk, (uint64_t)60 * 1000 * 1000 * 1000);
+  CHECK_OK(dmem_unspill(rt, a, NULL)); /* its extent kept: the punch waits */
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL); /* an I/O thread has taken the waiting punch */
+  read_gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0,
+                   1 + DMEM__IO_THREADS, false};
+  dmem__disk_hook_set(read_gate_fn, &g);
+  CHECK_OK(dmem_unspill(rt, b, NULL));
+  dmem__disk_hook_set(NULL, NULL);
+  CHECK_EQ(g.most, 1 + DMEM__IO_THREADS);
+  CHECK_UEQ(check_bad_bytes(rt, b, big, 52), 0);
+  CHECK_UEQ(check_bad_bytes(rt, a, MiB, 51), 0);
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* A reservation that finds the filesystem full while freed extents keep
+ * their blocks: those go back to the filesystem and it is tried once more
+ * (a disk full only of kept blocks does not fail a spill); a full disk
+ * still fails it, leaving the buffer where it was. */
+TEST_CASE(full_filesystem_takes_the_kept_blocks_back) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(32 * MiB, 0, parent);
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  REQUIRE_OK(dmem_alloc(rt, 4 * MiB, 0, &b));
+  check_put(rt, a, 2 * MiB, 41);
+  check_put(rt, b, 4 * MiB, 42);
+  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
+  dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
+  REQUIRE_TRUE(disk != NULL);
+  dmem__disk_quiet_set(disk, (uint64_t)60 * 1000 * 1000 * 1000);
+  CHECK_OK(dmem_unspill(rt, a, NULL)); /* a's extent is kept */
+  /* b does not fit a's extent: a new one, whose reservation fails once */
+  hook_t *k = hook_on(DMEM__DISK_OP_ALLOC, 0, 1, ENOSPC);
+  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_EQ(k->failed, 1);
+  CHECK_EQ(k->calls, 2);
+  hook_off();
+  CHECK_EQ(state_of(rt, b), DMEM_STATE_DEFERRED_DISK);
+  CHECK_UEQ(check_bad_bytes(rt, b, 4 * MiB, 42), 0);
+  /* full for good: the spill fails, the buffer stays on the device */
+  k = hook_on(DMEM__DISK_OP_ALLOC, 0, -1, ENOSPC);
+  CHECK_STATUS(dmem_spill(rt, a, DMEM_TIER_DISK), DMEM_ERR_IO);
+  hook_off();
+  CHECK_EQ(state_of(rt, a), DMEM_STATE_RESIDENT);
+  CHECK_UEQ(check_bad_bytes(rt, a, 2 * MiB, 41), 0);
+  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_free(rt, b));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
 /* A read that fails after some chunks were read and their copies to the
  * device enqueued: DMEM_ERR_IO, the buffer still on disk with all its
  * bytes, nothing left on the device; the slots stay usable. Every chunk

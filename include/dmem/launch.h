@@ -94,20 +94,40 @@ DMEM_API dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t strea
 DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream);
 
 /**
- * Take the launches registered on `stream` now, record an event on `stream`
- * and return at once; their buffers are unlocked once the event completes. No host stall, and
- * no background thread: a completed release unlocks its buffers as soon as
- * anyone can tell that it completed: dmem_stream_synchronize (of any
- * stream), dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,
+ * Take the launches registered on `stream` now and return at once; their
+ * buffers are unlocked once the stream's work up to an event recorded on
+ * `stream` after them has completed. No host stall, and no background
+ * thread: a completed release unlocks its buffers as soon as anyone can
+ * tell that it completed: dmem_stream_synchronize (of any stream),
+ * dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,
  * dmem_stats, dmem_free, an allocation that needs room, dmem_runtime_poll.
  * Each of these looks at finished releases before it looks at lock counts;
  * when none is pending that costs one relaxed load.
+ *
+ * Releases in quick succession share one event. On a stream made by
+ * dmem_stream_create (every stream of the host backend), a release within
+ * 50 us of the stream's last release event records nothing: it joins the
+ * stream's open group (host memory only, O(1) amortised), and the group
+ * gets one event, recorded on the stream after all its launches, when it
+ * holds 64 releases or is 200 us old (at a release), or when any of the
+ * calls above looks (one that finds the stream idle unlocks the group at
+ * once, with no event). dmem_stream_synchronize(stream) and
+ * dmem_sync_and_unlock(stream) cover the group with their
+ * synchronisation, and dmem_stream_destroy records its event before the
+ * stream goes. So a grouped release's buffers may stay locked until work
+ * enqueued on the stream after the release (and before its group's event)
+ * has finished, never less than the work before it. Other streams (CUDA
+ * streams the caller made, which it may destroy right after this call, and
+ * the default stream under CUDA) get an event at every release.
  *
  * A stream with nothing registered: DMEM_OK, nothing recorded.
  *
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL
- *         (event could not be recorded; the buffers stay registered).
+ *         (event could not be recorded: for a release that records its own,
+ *         the buffers stay registered; for its group's event, the group
+ *         stays waiting, its buffers locked, and the next of the calls above
+ *         tries again).
  */
 DMEM_API dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream);
 

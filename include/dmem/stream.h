@@ -17,7 +17,9 @@ extern "C" {
 
 /**
  * Create a stream (non-blocking with respect to the default stream under
- * CUDA).
+ * CUDA). Destroy it with dmem_stream_destroy, not cudaStreamDestroy: dmem
+ * may record an event on it for earlier dmem_stream_release calls until
+ * then (launch.h).
  * @param s_out receives the stream; untouched on failure.
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt or s_out NULL);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL.
@@ -26,6 +28,7 @@ DMEM_API dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_o
 
 /**
  * Destroy a stream made by dmem_stream_create after its queued work has run.
+ * Releases of it still waiting for their event get it first (launch.h).
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL or s NULL: the default
  *         stream is not destroyed);
  *         DMEM_ERR_BUSY (buffers are still registered on s: call

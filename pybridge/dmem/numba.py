@@ -49,6 +49,15 @@ Behaviour, method by method:
   handle of the block (or pool slab) that holds the pointer, with the
   pointer's offset in it (0 for an array's own block), so another process
   opens it like any Numba IPC handle.
+- ``initialize()`` also makes dmem the allocator of numba-cuda's device
+  copies of host arrays passed to kernels: numba-cuda 0.25 and later
+  allocates them through the cuda.core Device behind the context
+  (``Device.allocate``), not through ``memalloc``; its
+  ``memory_resource`` becomes a ``dmem.cuda_core.MemoryResource`` (raw
+  allocations of the same runtime, freed when numba-cuda drops the copy).
+  Without cuda.core, or with an older numba-cuda (whose copies go through
+  ``memalloc`` already), it does nothing: ``kernel_arg_copies()`` says,
+  per device, ``"dmem"`` or why not.
 - ``initialize()`` and ``reset()`` call ``super()``. ``reset()`` frees the
   raw allocations this context made (pointers Numba still holds become
   invalid, as with Numba's own reset) and never touches spillable buffers.
@@ -73,7 +82,7 @@ import functools
 import os
 import sys
 
-__all__ = ["DmemNumbaManager", "use_dmem_for_numba"]
+__all__ = ["DmemNumbaManager", "kernel_arg_copies", "use_dmem_for_numba"]
 
 _manager_class = None
 
@@ -196,6 +205,7 @@ def _build():
         def initialize(self):
             super().initialize()
             self._runtime()
+            _route_kernel_args(self.context)
 
         def memalloc(self, size):
             rt = self._rt or self._runtime()
@@ -257,6 +267,47 @@ def _build():
 
     DmemNumbaManager.__module__ = __name__
     return DmemNumbaManager
+
+
+# device ordinal -> "dmem" or why numba-cuda's kernel-argument copies of
+# that device do not go through dmem (kernel_arg_copies())
+_kernel_args = {}
+
+
+def _route_kernel_args(context):
+    """Make the cuda.core Device behind a Numba context allocate from dmem
+    (dmem.cuda_core.MemoryResource): numba-cuda 0.25 and later puts the
+    device copies of host arrays passed to a kernel there
+    (``ctx.device._dev.allocate``), not through the EMM plugin. Numba keeps
+    one cuda.core Device per device for every thread, so this covers them
+    all. Without cuda.core, or with a numba-cuda whose devices have no
+    cuda.core Device (older ones copy kernel arguments through memalloc,
+    which is dmem already), nothing is done and kernel_arg_copies() says
+    why."""
+    dev = getattr(context, "device", None)
+    ordinal = _device_ordinal(context)
+    core_dev = getattr(dev, "_dev", None)
+    if core_dev is None or not hasattr(core_dev, "memory_resource"):
+        _kernel_args[ordinal] = ("not routed: this numba-cuda copies kernel arguments "
+                                 "through the memory manager (memalloc), which is dmem")
+        return
+    try:
+        from . import cuda_core
+
+        mr_cls = cuda_core.MemoryResource
+    except ImportError as e:
+        _kernel_args[ordinal] = f"not routed: {e}"
+        return
+    core_dev.memory_resource = mr_cls(ordinal)
+    _kernel_args[ordinal] = "dmem"
+
+
+def kernel_arg_copies():
+    """{device ordinal: "dmem", or why not} for each device whose Numba
+    context this manager initialised: whether numba-cuda's device copies of
+    host arrays passed to kernels (cuda.core's Device.allocate, numba-cuda
+    0.25 and later) come from dmem."""
+    return dict(_kernel_args)
 
 
 def _manager():

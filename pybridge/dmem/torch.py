@@ -1,4 +1,4 @@
-"""dmem as PyTorch's CUDA memory (a torch.cuda.MemPool over dmem's allocator).
+"""dmem as PyTorch's CUDA memory (torch.cuda.MemPools over dmem's allocator).
 
     import torch, dmem.torch
     dmem.torch.use_dmem_for_torch()
@@ -30,6 +30,23 @@ What follows from PyTorch's caching (read before relying on it):
 - It may be called at any time (also after PyTorch allocated on its own:
   those allocations stay where they are).
 
+Global or per pool: ``use_dmem_for_torch()`` sends every CUDA allocation of
+the device, from every thread, to dmem: one limit for the whole program,
+nothing to change in the model code. ``dmem.torch.mempool(device)`` instead
+gives a ``torch.cuda.MemPool`` over dmem for the allocations a program
+chooses::
+
+    pool = dmem.torch.mempool(0)
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(n, device="cuda:0")     # from dmem
+    y = torch.empty(n, device="cuda:0")         # PyTorch's own allocator
+
+Use the pool to put only some tensors (the large, long-lived ones; a CUDA
+graph's private memory, ``torch.cuda.graph(g, pool=pool.id)``) under dmem's
+limit while the rest keeps PyTorch's allocator and its speed, or when
+another library owns the global routing. Use the global routing when every
+byte must be counted. Both on one device at once is not tested: pick one.
+
 Needs PyTorch 2.8 or later (MemPool, routing of every thread); with an older
 one ``use_dmem_for_torch`` raises RuntimeError. Importing this module imports
 neither PyTorch nor CUDA; ``allocator()`` raises ImportError naming PyTorch
@@ -40,7 +57,8 @@ import threading
 
 from . import _dmem
 
-__all__ = ["allocator", "empty_cache", "library_path", "oom_message", "use_dmem_for_torch"]
+__all__ = ["allocator", "empty_cache", "library_path", "mempool", "oom_message",
+           "use_dmem_for_torch"]
 
 _alloc = None
 _pools = {}  # device ordinal -> the torch.cuda.MemPool allocations go to
@@ -87,12 +105,44 @@ def _devices(torch, device):
     return [d.index if d.index is not None else torch.cuda.current_device()]
 
 
+def _new_pool(torch, d):
+    """A new torch.cuda.MemPool of device d over dmem's allocator."""
+    with torch.cuda.device(d):
+        return torch.cuda.MemPool(allocator().allocator())
+
+
 def _route(torch, d):
     """A new pool over dmem for device d, every allocation of d going to it."""
-    with torch.cuda.device(d):
-        pool = torch.cuda.MemPool(allocator().allocator())
+    pool = _new_pool(torch, d)
     torch._C._cuda_beginAllocateToPool(d, pool.id)
     return pool
+
+
+def mempool(device=None):
+    """A new ``torch.cuda.MemPool`` of device (an ordinal, "cuda:N" or a
+    torch.device; None: the current device) whose segments are raw
+    allocations of ``dmem.default_runtime(device)``. Only what is allocated
+    inside ``with torch.cuda.use_mem_pool(pool):`` (on the thread that
+    entered it), or by a CUDA graph captured with ``pool=pool.id``, comes
+    from it; everything else stays PyTorch's. PyTorch checks each segment
+    dmem gives: when dmem cannot make room (after spilling what it can),
+    the allocation raises ``torch.OutOfMemoryError``. Freed tensors go
+    back to the pool, which keeps its segments until the pool is
+    released (its last reference gone and its tensors freed) or
+    ``torch.cuda.empty_cache()`` runs. Raises ImportError without PyTorch,
+    RuntimeError when PyTorch has no ``torch.cuda.MemPool`` (before 2.8),
+    ValueError for a device that is no CUDA device."""
+    allocator()  # ImportError naming PyTorch when it is missing
+    import torch
+
+    if not hasattr(torch.cuda, "MemPool"):
+        raise RuntimeError(f"dmem.torch.mempool needs PyTorch 2.8 or later (torch "
+                           f"{torch.__version__} has no torch.cuda.MemPool)")
+    if device is None:
+        d = torch.cuda.current_device()
+    else:
+        d = _devices(torch, device)[0]
+    return _new_pool(torch, d)
 
 
 def oom_message(device, nbytes):

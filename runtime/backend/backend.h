@@ -58,6 +58,9 @@ struct dmem__backend {
   dmem_status_t (*stream_create)(dmem__backend_t *be, void **stream_out);
   dmem_status_t (*stream_destroy)(dmem__backend_t *be, void *stream);
   dmem_status_t (*stream_synchronize)(dmem__backend_t *be, void *stream);
+  /* Whether all work queued on stream has completed (cudaStreamQuery):
+   * DMEM_OK yes, DMEM_ERR_BUSY not yet, else a failure. */
+  dmem_status_t (*stream_query)(dmem__backend_t *be, void *stream);
   /* Make later work on `stream` wait for `event`'s last record. */
   dmem_status_t (*stream_wait_event)(dmem__backend_t *be, void *stream, void *event);
   /* Run fn(user) in stream order; fn must not call the backend's device

@@ -41,6 +41,7 @@ static const char *const call_names[DMEM__FAULT_NCALLS] = {
     [DMEM__FAULT_STREAM_CREATE] = "stream_create",
     [DMEM__FAULT_STREAM_DESTROY] = "stream_destroy",
     [DMEM__FAULT_STREAM_SYNCHRONIZE] = "stream_synchronize",
+    [DMEM__FAULT_STREAM_QUERY] = "stream_query",
     [DMEM__FAULT_STREAM_WAIT_EVENT] = "stream_wait_event",
     [DMEM__FAULT_LAUNCH_HOST_FUNC] = "launch_host_func",
     [DMEM__FAULT_EVENT_CREATE] = "event_create",
@@ -124,6 +125,7 @@ static dmem_status_t own_status(dmem__fault_call_t call) {
     case DMEM__FAULT_STREAM_DESTROY:
     case DMEM__FAULT_EVENT_DESTROY:
     case DMEM__FAULT_STREAM_SYNCHRONIZE:
+    case DMEM__FAULT_STREAM_QUERY:
     case DMEM__FAULT_EVENT_SYNCHRONIZE:
     case DMEM__FAULT_EVENT_QUERY: return DMEM_ERR_DEVICE_FATAL;
     case DMEM__FAULT_DISK_OPEN:
@@ -408,6 +410,12 @@ static dmem_status_t fb_stream_synchronize(dmem__backend_t *be, void *stream) {
   return st != DMEM_OK ? st : fb->inner->stream_synchronize(fb->inner, stream);
 }
 
+static dmem_status_t fb_stream_query(dmem__backend_t *be, void *stream) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter(fb, DMEM__FAULT_STREAM_QUERY);
+  return st != DMEM_OK ? st : fb->inner->stream_query(fb->inner, stream);
+}
+
 static dmem_status_t fb_stream_wait_event(dmem__backend_t *be, void *stream, void *event) {
   fault_backend_t *fb = fb_of(be);
   dmem_status_t st = enter(fb, DMEM__FAULT_STREAM_WAIT_EVENT);
@@ -524,6 +532,7 @@ dmem_status_t dmem__fault_wrap(dmem__backend_t **be) {
   b->stream_create = fb_stream_create;
   b->stream_destroy = fb_stream_destroy;
   b->stream_synchronize = fb_stream_synchronize;
+  b->stream_query = fb_stream_query;
   b->stream_wait_event = fb_stream_wait_event;
   b->launch_host_func = fb_launch_host_func;
   b->event_create = fb_event_create;

@@ -494,6 +494,16 @@ static dmem_status_t hb_stream_synchronize(dmem__backend_t *be, void *stream) {
   return DMEM_OK;
 }
 
+static dmem_status_t hb_stream_query(dmem__backend_t *be, void *stream) {
+  hb_stream_t *s = NULL;
+  dmem_status_t st = hb_stream_get(hb_of(be), stream, &s);
+  if (st != DMEM_OK) return st;
+  pthread_mutex_lock(&s->mu);
+  bool idle = s->done >= s->enqueued;
+  pthread_mutex_unlock(&s->mu);
+  return idle ? DMEM_OK : DMEM_ERR_BUSY;
+}
+
 static dmem_status_t hb_memcpy_async(dmem__backend_t *be, void *dst, const void *src, size_t n,
                                      void *stream) {
   hb_stream_t *s = NULL;
@@ -644,6 +654,7 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
   b->stream_create = hb_stream_create;
   b->stream_destroy = hb_stream_destroy;
   b->stream_synchronize = hb_stream_synchronize;
+  b->stream_query = hb_stream_query;
   b->stream_wait_event = hb_stream_wait_event;
   b->launch_host_func = hb_launch_host_func;
   b->event_create = hb_event_create;

@@ -47,6 +47,7 @@ dmem_status_t dmem__table_init(dmem__table_t *t) {
   t->free_head = DMEM__NO_SLOT;
   if (pthread_mutex_init(&t->mu, NULL) != 0)
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "pthread_mutex_init failed");
+  dmem__locked_init(t);
   return DMEM_OK;
 }
 
@@ -56,6 +57,7 @@ void dmem__table_fini(dmem__table_t *t) {
     if (!c) break;
     free(c);
   }
+  dmem__locked_fini(t);
   pthread_mutex_destroy(&t->mu);
 }
 

@@ -312,14 +312,18 @@ static bool free_insert(dmem__hostpool_t *p, char *addr, size_t size, pool_chunk
  * of what is held), at least the backend's minimum, at most 1 GiB unless
  * the block needs more, rounded to hold a whole number (2 to 16) of the
  * last large block (and the first one's page front); then at most the
- * largest of `need` (rounded up to 2 MiB), max_headroom and the minimum
+ * largest of `need` (rounded up to 2 MiB; to 64 KiB with no headroom),
+ * max_headroom and the minimum
  * chunk; never past the limit. 0 when the limit leaves no room for `need`.
  * Under mu. */
 static size_t next_chunk(const dmem__hostpool_t *p, size_t need) {
   size_t c = p->reserved / 2;
   if (c < p->min_chunk) c = p->min_chunk;
   if (c > DMEM__HOSTPOOL_MAX_CHUNK) c = DMEM__HOSTPOOL_MAX_CHUNK;
-  size_t need_c = round_up(need, (size_t)2 << 20);
+  /* With no headroom a chunk is often one block: sized in 64 KiB, not
+   * 2 MiB, so that it pins little more than the block (the backend keeps
+   * its start on a huge page) */
+  size_t need_c = round_up(need, p->max_headroom ? (size_t)2 << 20 : POOL_PAGE_MIN);
   if (c < need) c = need_c;
   size_t unit = p->last_need;
   if (unit >= POOL_PAGE_MIN && unit <= c / 2 && unit > c / 16)

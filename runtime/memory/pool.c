@@ -318,6 +318,8 @@ size_t dmem__pool_block_size(size_t size) {
   return size > POOL_MAX_REQUEST ? size : pool_round(size, &cls);
 }
 
+size_t dmem__pool_seg_bytes(void) { return sizeof(pool_seg_t); }
+
 static unsigned pool_thread_shard(void) {
   unsigned s = pool_tl_shard;
   if (!s) {

@@ -297,6 +297,9 @@ int dmem__pool_fits(dmem__pool_t *p, size_t size, void *stream);
 /* The bytes a request of `size` occupies (its size class or 256-byte
  * rounding); what stats.in_use counts. Thread-safe, pure. */
 size_t dmem__pool_block_size(size_t size);
+/* Bytes of the host-side descriptor the pool keeps per live block
+ * (bench/bench_scale.c reports it). */
+size_t dmem__pool_seg_bytes(void);
 
 /*
  * The slab holding `ptr`: its base (what be->device_alloc returned, the

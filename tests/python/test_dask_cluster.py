@@ -103,6 +103,52 @@ def test_local_cluster_spills_in_place_3x_the_device_limit(cluster):
         del y
 
 
+def test_fetched_replicas_are_dropped_once_no_task_needs_them(cluster):
+    """x persisted, then x + x.T: each worker fetches chunks of x from the
+    other. With the scheduler's periodic AMM stopped, the workers' plugin
+    alone must get those copies dropped (a ReduceReplicas run it asks for
+    once a fetched key has no task left that needs it), so that they do not
+    take device room from the keys; before it, they stayed until the AMM's
+    next run, 2 s later by default."""
+    c, _ = cluster
+    with distributed.Client(c) as client:
+        client.amm.stop()
+        try:
+            x = the_array().persist()
+            distributed.wait(x)
+            y = (x + x.T).persist()
+            distributed.wait(y)
+
+            def replicated(dask_scheduler):
+                return len(dask_scheduler.replicated_tasks)
+
+            def requests(dask_worker):
+                return dask_worker.plugins["dmem"].replica_requests
+
+            deadline = time.monotonic() + 20
+            while client.run_on_scheduler(replicated) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client.run_on_scheduler(replicated) == 0
+            assert sum(client.run(requests).values()) > 0
+            # one copy of each key is left (AMM chooses which: the fetched
+            # one or the original)
+            held = client.run_on_scheduler(
+                lambda dask_scheduler: sum(len(ts.who_has or ()) for ts in
+                                           dask_scheduler.tasks.values() if ts.state == "memory"))
+            assert held == 2 * (N // CH) ** 2
+            assert y.sum().compute() == 2 * REF.sum()
+            del x, y
+        finally:
+            client.amm.start()
+
+
+def test_plugin_options_are_checked():
+    with pytest.raises(TypeError):
+        dmem.dask.DmemWorkerPlugin(reduce_replicas="yes")
+    with pytest.raises(TypeError):
+        dmem.dask.DmemWorkerPlugin(ipc=1)
+
+
 def test_restart_and_retry_lose_nothing(cluster, tmp_path):
     c, _ = cluster
     marker = tmp_path / "failed-once"

@@ -564,11 +564,18 @@ def test_cupy_allocator_is_cheap(rt):
             best = min(best, (time.perf_counter() - t) / 20000)
         return best
 
-    c_path, baseline = [], []
-    for _ in range(3):  # interleaved, so that a busy moment hits both
-        c_path.append(best_of(alloc))
-        baseline.append(best_of(python_baseline))
-    c, b = min(c_path), min(baseline)
+    # interleaved, so that a busy moment hits both; a loaded machine (other
+    # test processes on 2 cores) can still slow one side through a whole
+    # round: up to 3 rounds, the best ratio counts (a path 2x too slow
+    # fails every round)
+    for _ in range(3):
+        c_path, baseline = [], []
+        for _ in range(3):
+            c_path.append(best_of(alloc))
+            baseline.append(best_of(python_baseline))
+        c, b = min(c_path), min(baseline)
+        if c < 2.0 * b:
+            break
     print(f"CupyAllocator alloc+free with Python stand-ins: {c * 1e9:.0f} ns; "
           f"the same objects built in Python, no allocation: {b * 1e9:.0f} ns ({c / b:.2f}x)")
     assert c < 2.0 * b, f"C path {c * 1e9:.0f} ns, Python baseline {b * 1e9:.0f} ns"

@@ -11,7 +11,12 @@ per library when it does not import):
   and read correctly;
 - the CuPy allocator takes the C path (CuPy's exported C functions), allocates
   on CuPy's current stream, and survives the stream's destruction;
-- NUMBA_CUDA_MEMORY_MANAGER=dmem.numba makes Numba use the plugin.
+- NUMBA_CUDA_MEMORY_MANAGER=dmem.numba makes Numba use the plugin;
+- issue 24: RMM with dmem as its current resource (rmm.DeviceBuffer, an
+  adaptor, CuPy through rmm_cupy_allocator, out of memory, spillable
+  buffers spilled for an RMM allocation and read back intact), cuda.core's
+  MemoryResource, numba-cuda's kernel-argument copies of host arrays, and
+  dmem.torch.mempool (OOM, CUDA graph capture).
 
 Run on the GPU machine: scripts/gpu-test (step python-integrations), or
 PYTHONPATH=build/gpu/python python3 -m pytest -v tests/python/test_integrations_gpu.py
@@ -324,3 +329,285 @@ print("cupy numba oom ok")
 """ % (_OOM_WORDS,)], capture_output=True, text=True, timeout=300, env=env())
     print(r.stdout, r.stderr[-3000:])
     assert r.returncode == 0 and "cupy numba oom ok" in r.stdout, r.stdout + r.stderr[-5000:]
+
+
+# ---- issue 24: RMM, cuda.core, numba-cuda's kernel-argument copies, PyTorch's MemPool ----------
+
+def _has_dmem_rmm():
+    r = subprocess.run([sys.executable, "-c", "import rmm, dmem._rmm"], capture_output=True,
+                       env=env())
+    return r.returncode == 0
+
+
+def _run(code, marker, timeout=300):
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=timeout, env=env())
+    print(r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0 and marker in r.stdout, r.stdout + r.stderr[-5000:]
+    return r.stdout
+
+
+@pytest.mark.skipif(not _has_dmem_rmm(), reason="RMM, or dmem._rmm (RMM's headers at build), missing")
+def test_rmm_device_buffer_and_cupy_through_dmem():
+    """rmm.DeviceBuffer, RMM's adaptors and CuPy through rmm_cupy_allocator
+    allocate from dmem once use_dmem_for_rmm made it the current resource;
+    out of memory is RMM's MemoryError with dmem's detail."""
+    _run("""
+import gc
+import rmm, rmm.mr, dmem, dmem.rmm
+dmem.configure(device_limit="1GiB")
+mr = dmem.rmm.use_dmem_for_rmm()
+assert rmm.mr.get_current_device_resource() is mr, rmm.mr.get_current_device_resource()
+assert dmem.rmm.use_dmem_for_rmm() is mr                  # again: the same one
+assert isinstance(mr, rmm.mr.DeviceMemoryResource) and mr.device == 0
+rt = dmem.default_runtime(0)
+assert mr.runtime is rt
+b = rmm.DeviceBuffer(size=8 << 20)
+assert rt.stats()["raw_used"] >= 8 << 20, rt.stats()["raw_used"]
+data = bytes(range(256)) * 4096
+c = rmm.DeviceBuffer.to_device(data)
+assert c.tobytes() == data
+del b, c
+gc.collect()
+from rmm.pylibrmm.stream import DEFAULT_STREAM
+DEFAULT_STREAM.synchronize()
+assert rt.stats()["raw_used"] == 0, rt.stats()["raw_used"]
+p = mr.allocate(4096)                                      # the Python methods go to C++
+assert p % 256 == 0 and rt.stats()["raw_used"] == 4096
+mr.deallocate(p, 4096)
+assert rt.stats()["raw_used"] == 0
+# an adaptor over dmem: RMM counts, dmem holds the bytes
+st = rmm.mr.StatisticsResourceAdaptor(mr)
+d = rmm.DeviceBuffer(size=3 << 20, mr=st)
+assert st.allocation_counts.current_bytes == 3 << 20 and rt.stats()["raw_used"] >= 3 << 20
+del d
+gc.collect()
+# out of memory past dmem's limit: MemoryError with dmem's detail; then it goes on
+try:
+    rmm.DeviceBuffer(size=2 << 30)
+    raise SystemExit("no error")
+except MemoryError as e:
+    assert "DMEM_ERR_OUT_OF_MEMORY" in str(e), str(e)
+e = rmm.DeviceBuffer(size=1 << 20)
+assert rt.stats()["raw_used"] >= 1 << 20
+del e
+# a stream of its own, forgotten by dmem before it is destroyed
+from rmm.pylibrmm.stream import Stream
+s = Stream()
+f = rmm.DeviceBuffer(size=1 << 20, stream=s)
+del f
+dmem.rmm.forget_stream(s)
+s.synchronize()
+del s
+gc.collect()
+try:
+    import cupy as cp
+except ImportError:
+    print("cupy not installed: rmm_cupy_allocator not run")
+else:
+    from rmm.allocators.cupy import rmm_cupy_allocator
+    cp.cuda.set_allocator(rmm_cupy_allocator)
+    gc.collect()
+    before = rt.stats()["raw_used"]
+    a = cp.arange(1 << 21, dtype=cp.float64)               # 16 MiB, an exact sum
+    assert rt.stats()["raw_used"] >= before + (16 << 20), rt.stats()["raw_used"]
+    assert float(a.sum()) == float((1 << 21) * ((1 << 21) - 1) // 2), float(a.sum())
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x = cp.ones(1 << 20, dtype=cp.float64)
+        assert float(x.sum()) == 1 << 20
+    s.synchronize()
+    del a, x
+    gc.collect()
+    cp.cuda.Device().synchronize()
+    assert rt.stats()["raw_used"] == before, (rt.stats()["raw_used"], before)
+    print("rmm_cupy_allocator ok")
+print("rmm ok")
+""", "rmm ok")
+
+
+@pytest.mark.skipif(not _has_dmem_rmm(), reason="RMM, or dmem._rmm (RMM's headers at build), missing")
+def test_rmm_allocation_spills_dmem_buffers_whose_bytes_survive():
+    _run("""
+import numpy as np
+import rmm, dmem, dmem.rmm
+dmem.configure(device_limit="512MiB")
+dmem.rmm.use_dmem_for_rmm()
+rt = dmem.default_runtime(0)
+bufs, pats = [], []
+for i in range(6):                                         # 384 MiB of spillable buffers
+    pat = (np.arange(64 << 20, dtype=np.uint64) * (i + 3)).astype(np.uint8).tobytes()
+    b = rt.alloc(64 << 20)
+    b.write(pat)
+    bufs.append(b)
+    pats.append(pat)
+spilled = rt.stats()["spill_count"]
+big = rmm.DeviceBuffer(size=256 << 20)                     # needs room: dmem spills
+s = rt.stats()
+assert s["spill_count"] >= spilled + 2, (s["spill_count"], spilled)
+assert sum(b.state != "resident" for b in bufs) >= 2, [b.state for b in bufs]
+assert s["device_used"] <= 512 << 20 and s["raw_used"] >= 256 << 20, s
+for b, pat in zip(bufs, pats):                              # back, byte for byte
+    assert b.read() == pat
+del big
+print("rmm spill ok")
+""", "rmm spill ok")
+
+
+@pytest.mark.skipif(not _has("cuda.core"), reason="cuda.core not installed")
+def test_cuda_core_memory_resource_allocates_from_dmem():
+    _run("""
+import gc
+from cuda.core import Device
+import dmem, dmem.cuda_core
+dev = Device(0)
+dev.set_current()
+mr = dmem.cuda_core.MemoryResource(0)
+assert mr.device_id == 0 and mr.is_device_accessible and not mr.is_host_accessible
+rt = dmem.default_runtime(0)
+s = dev.create_stream()
+b = mr.allocate(1 << 20, stream=s)
+assert int(b.handle) % 256 == 0 and b.size == 1 << 20
+assert rt.stats()["raw_used"] == 1 << 20, rt.stats()["raw_used"]
+b.close(s)
+assert rt.stats()["raw_used"] == 0
+# as the device's resource: Device.allocate (what numba-cuda calls) uses it
+dev.memory_resource = mr
+c = dev.allocate(3 << 20, stream=s)
+assert rt.stats()["raw_used"] == 3 << 20
+del c
+gc.collect()
+s.sync()
+assert rt.stats()["raw_used"] == 0, rt.stats()["raw_used"]
+try:
+    mr.allocate(1 << 50, stream=s)
+    raise SystemExit("no error")
+except dmem.OutOfMemoryError:
+    pass
+print("cuda.core ok")
+""", "cuda.core ok")
+
+
+@pytest.mark.skipif(not _has("numba.cuda") or not _has("cuda.core"),
+                    reason="numba-cuda or cuda.core not installed")
+def test_numba_kernel_with_host_arrays_copies_them_through_dmem():
+    """numba-cuda >= 0.25 copies host arrays passed to a kernel into memory
+    of cuda.core's device resource, not through the EMM plugin:
+    use_dmem_for_numba routes those too, so dmem's raw bytes rise during
+    the call (and come back after)."""
+    _run("""
+import gc
+import numpy as np
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+import dmem, dmem.numba
+dmem.configure(device_limit="1GiB")
+dmem.numba.use_dmem_for_numba()
+from numba import cuda
+
+@cuda.jit
+def twice(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = x[i] * 2
+
+n = 1 << 22                                                # 16 MiB each
+x = np.arange(n, dtype=np.float32)
+out = np.zeros_like(x)
+cuda.current_context()                                     # the plugin's initialize
+routes = dmem.numba.kernel_arg_copies()
+print("kernel_arg_copies:", routes)
+rt = dmem.default_runtime(0)
+twice[(n + 255) // 256, 256](x[:256], out[:256])           # compile first
+cuda.synchronize()
+gc.collect()
+s0 = rt.stats(reset_peaks=True)
+twice[(n + 255) // 256, 256](x, out)
+cuda.synchronize()
+gc.collect()
+s1 = rt.stats()
+assert np.array_equal(out, x * 2)
+allocs = (s1["pool_hits"] + s1["pool_misses"]) - (s0["pool_hits"] + s0["pool_misses"])
+print("allocations", allocs, "raw peak", s1["raw_used_peak"], "raw now", s1["raw_used"])
+assert routes.get(0) == "dmem", routes
+assert allocs >= 2, allocs                                 # x and out
+assert s1["raw_used_peak"] >= s0["raw_used"] + 2 * x.nbytes, (s1["raw_used_peak"], s0["raw_used"])
+assert s1["raw_used"] <= s0["raw_used"], (s1["raw_used"], s0["raw_used"])
+print("numba kernel args ok")
+""", "numba kernel args ok")
+
+
+@pytest.mark.skipif(not _has("torch"), reason="PyTorch not installed")
+def test_torch_mempool_allocates_from_dmem_raises_oom_and_captures_graphs():
+    """dmem.torch.mempool: tensors made under torch.cuda.use_mem_pool come from
+    dmem, those outside from PyTorch; past dmem's limit torch.OutOfMemoryError;
+    then CUDA graph capture into the pool (pool=pool.id) and its replay. If
+    PyTorch refuses a pluggable pool for capture, the refusal must be a clean
+    Python exception, after which allocation still works; the output says
+    which happened."""
+    out = _run("""
+import torch, dmem, dmem.torch
+dmem.configure(device_limit="2GiB")
+rt = dmem.default_runtime(0)
+pool = dmem.torch.mempool(0)
+assert isinstance(pool, torch.cuda.MemPool)
+with torch.cuda.use_mem_pool(pool):
+    a = torch.ones(1 << 20, device="cuda")                  # 4 MiB from dmem
+assert rt.stats()["raw_used"] >= 4 << 20, rt.stats()["raw_used"]
+raw = rt.stats()["raw_used"]
+b = torch.ones(1 << 20, device="cuda")                      # PyTorch's own
+assert rt.stats()["raw_used"] == raw
+assert float(a.sum()) == float(b.sum()) == 1 << 20
+try:
+    with torch.cuda.use_mem_pool(pool):
+        torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+    raise SystemExit("no error")
+except torch.OutOfMemoryError as e:
+    print("oom:", str(e)[:200])
+with torch.cuda.use_mem_pool(pool):
+    c = torch.zeros(1 << 20, device="cuda")                 # and the next one works
+assert float(c.sum()) == 0
+# CUDA graph capture into dmem's pool: first with segments the pool holds
+# already, then with one PyTorch must ask dmem for while the stream captures
+del a, c
+torch.cuda.synchronize()
+static_in = torch.ones(1 << 16, device="cuda")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    for _ in range(2):                                     # warm up on the side stream
+        y = static_in * 3
+torch.cuda.current_stream().wait_stream(s)
+
+def capture(what, body, check):
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g, pool=pool.id):
+            out = body()
+    except Exception as e:  # noqa: BLE001
+        print(f"graph capture ({what}): refused:", type(e).__name__, str(e)[:300])
+        torch.cuda.synchronize()
+        with torch.cuda.use_mem_pool(pool):
+            d = torch.ones(1 << 20, device="cuda")         # the process goes on
+        assert float(d.sum()) == 1 << 20
+        print(f"graph capture ({what}): refused cleanly")
+        return
+    static_in.fill_(2)
+    g.replay()
+    torch.cuda.synchronize()
+    check(out)
+    print(f"graph capture ({what}): captured and replayed")
+
+def check_small(out):
+    assert float(out[0]) == 7.0 and float(out.sum()) == 7.0 * (1 << 16)
+
+def check_big(out):
+    assert float(out) == 2.0 * (32 << 20), float(out)
+
+raw = rt.stats()["raw_used"]
+capture("segments in the pool", lambda: static_in * 3 + 1, check_small)
+capture("a new dmem segment", lambda: (static_in[:1].expand(32 << 20) * 1.0).sum(), check_big)
+print("raw_used before / after the captures:", raw, rt.stats()["raw_used"])
+print("torch mempool ok")
+""", "torch mempool ok")
+    assert out.count("graph capture (") == 2

@@ -10,6 +10,12 @@
   asked for by another worker of the same machine go by CUDA IPC
   (dmem.dask.ipc), locked on the device until that worker has
   acknowledged them.
+- Asks the scheduler to drop superfluous replicas as soon as this worker
+  holds a fetched copy that no task here needs any more (the Active Memory
+  Manager's ReduceReplicas, run once; see ``reduce_replicas``), so that
+  those copies do not fill the device and push keys out to host memory
+  until the AMM's next periodic run (every 2 s by default: longer than a
+  whole dmem.dask computation often takes).
 - Reports dmem's device, host and disk bytes with every heartbeat
   (``Worker.metrics``: the scheduler's WorkerState.metrics and the
   dashboard's worker table).
@@ -20,13 +26,21 @@
 """
 
 import functools
+import logging
+import time
 
+import dask
 from distributed import WorkerPlugin
 
 from . import ipc as _ipc
 from .data import DmemWorkerData, for_transfer
 
 __all__ = ["DmemWorkerPlugin"]
+
+logger = logging.getLogger(__name__)
+
+# Task states of a worker's dependents that no longer need their inputs.
+_DONE = frozenset({"memory", "released", "forgotten", "error", "cancelled"})
 
 METRICS = (
     "dmem-device-bytes",
@@ -45,19 +59,37 @@ METRICS = (
 class DmemWorkerPlugin(WorkerPlugin):
     name = "dmem"
 
-    def __init__(self, use_dmem_for_cupy=True, prefetch=True, ipc=None):
+    # the least time between two ReduceReplicas runs this worker asks for
+    REDUCE_REPLICAS_INTERVAL_S = 0.05
+
+    def __init__(self, use_dmem_for_cupy=True, prefetch=True, ipc=None, reduce_replicas=None):
         """ipc: send device arrays to workers of the same machine by CUDA IPC
-        (True/False; None: the worker's DMEM_DASK_IPC, default 1)."""
-        if ipc not in (None, True, False):
-            raise TypeError(f"ipc must be True, False or None, not {ipc!r}")
+        (True/False; None: the worker's DMEM_DASK_IPC, default 1).
+
+        reduce_replicas: when a task finishes and a key this worker fetched
+        from a peer has no task left here that needs it, ask the scheduler
+        to run the Active Memory Manager's ReduceReplicas once (at most
+        every REDUCE_REPLICAS_INTERVAL_S), which drops the copies no task
+        waits for. True/False; None: on when the worker's Dask config
+        starts the AMM (``distributed.scheduler.active-memory-manager.start``,
+        Dask's default), off when it is turned off."""
+        for name, v in (("ipc", ipc), ("reduce_replicas", reduce_replicas)):
+            if v is not None and not isinstance(v, bool):
+                raise TypeError(f"{name} must be True, False or None, not {v!r}")
         self.use_dmem_for_cupy = use_dmem_for_cupy
         self.prefetch = prefetch
         self.ipc = ipc
+        self.reduce_replicas = reduce_replicas
         self._worker = None
+        self._reduce = False
+        self._reduce_state = "idle"  # "idle", "asking" (a request in flight) or "off"
+        self._reduce_again = False
+        self._reduce_last = 0.0
+        self.replica_requests = 0  # ReduceReplicas runs this worker asked for
 
     def __getstate__(self):  # sent to worker processes: without the worker
         return {"use_dmem_for_cupy": self.use_dmem_for_cupy, "prefetch": self.prefetch,
-                "ipc": self.ipc}
+                "ipc": self.ipc, "reduce_replicas": self.reduce_replicas}
 
     def __setstate__(self, d):
         self.__init__(**d)
@@ -70,6 +102,11 @@ class DmemWorkerPlugin(WorkerPlugin):
         ipc = _ipc.enabled_by_default() if self.ipc is None else self.ipc
         data.attach(worker)
         self._worker = worker
+        reduce = self.reduce_replicas
+        if reduce is None:
+            reduce = bool(dask.config.get("distributed.scheduler.active-memory-manager.start",
+                                          default=True))
+        self._reduce = reduce
         handler = worker.handlers["get_data"]
         if not getattr(handler, "_dmem", False):
 
@@ -99,6 +136,10 @@ class DmemWorkerPlugin(WorkerPlugin):
                 pass
 
     def transition(self, key, start, finish, **kwargs):
+        if finish == "memory" and start == "executing":
+            if self._reduce:
+                self._after_task(key)
+            return
         if finish != "executing" or not self.prefetch:
             return
         worker = self._worker
@@ -113,6 +154,55 @@ class DmemWorkerPlugin(WorkerPlugin):
             return
         if keys:
             data.prefetch(keys)
+
+    def _after_task(self, key):
+        """A task finished: if one of its inputs is a replica fetched from a
+        peer that no task of this worker needs any more, ask for a
+        ReduceReplicas run."""
+        worker = self._worker
+        try:
+            ts = worker.state.tasks.get(key)
+            stale = ts is not None and any(
+                dep.run_spec is None and dep.state == "memory"
+                and all(d.state in _DONE for d in dep.dependents)
+                for dep in ts.dependencies)
+        except Exception:  # the state changed under us: the next task looks again
+            return
+        if stale:
+            self._ask_reduce()
+
+    def _ask_reduce(self):
+        if self._reduce_state == "off":
+            return
+        if self._reduce_state == "asking":
+            self._reduce_again = True  # one more run once this one is answered
+            return
+        self._reduce_state = "asking"
+        self._worker.loop.add_callback(self._reduce_replicas)
+
+    async def _reduce_replicas(self):
+        import asyncio
+
+        worker = self._worker
+        try:
+            while worker is not None:
+                wait = self._reduce_last + self.REDUCE_REPLICAS_INTERVAL_S - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._reduce_again = False
+                self._reduce_last = time.monotonic()
+                await worker.scheduler.amm_handler(method="run_once")
+                self.replica_requests += 1
+                if not self._reduce_again:
+                    break
+        except Exception as e:  # a scheduler without the AMM, or going away
+            if worker is not None and worker.status.name in ("running", "paused"):
+                logger.info("dmem.dask: not asking the scheduler to drop replicas any more "
+                            "(%s: %s)", type(e).__name__, e)
+                self._reduce_state = "off"
+                return
+        if self._reduce_state == "asking":
+            self._reduce_state = "idle"
 
     def teardown(self, worker):
         data = worker.data
