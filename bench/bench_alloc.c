@@ -75,6 +75,9 @@
 #include <time.h>
 
 #include <dmem/dmem.h>
+
+#define BENCH_NAME "bench_alloc"
+#include "bench_common.h"
 #include <dmem/device.h>
 
 #ifdef DMEM_HAVE_CUDA
@@ -110,34 +113,6 @@ static int g_device;
 #endif
 
 /* ---- helpers ----------------------------------------------------------------- */
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die(const char *what, dmem_status_t st) {
-  fprintf(stderr, "bench_alloc: %s: %s (%s)\n", what, dmem_status_name(st),
-          dmem_last_error_detail());
-  exit(1);
-}
-
-#define TRY(call)                        \
-  do {                                   \
-    dmem_status_t st_ = (call);          \
-    if (st_ != DMEM_OK) die(#call, st_); \
-  } while (0)
 
 #ifdef DMEM_HAVE_CUDA
 #define CU(call)                                                               \

@@ -42,6 +42,9 @@
 
 #include <dmem/dmem.h>
 
+#define BENCH_NAME "bench_lock"
+#include "bench_common.h"
+
 #define NTHREADS 4
 #define MAX_REPS 15
 
@@ -49,34 +52,6 @@ static int g_reps = 9;
 static long g_lock_iters = 2000000;   /* lock+unlock pairs per repetition */
 static long g_launch_iters = 100000;  /* launch+sync pairs per repetition */
 static long g_mt_iters = 1000000;     /* pairs per thread per repetition */
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die(const char *what, dmem_status_t st) {
-  fprintf(stderr, "bench_lock: %s: %s (%s)\n", what, dmem_status_name(st),
-          dmem_last_error_detail());
-  exit(1);
-}
-
-#define TRY(call)                                \
-  do {                                           \
-    dmem_status_t st_ = (call);                  \
-    if (st_ != DMEM_OK) die(#call, st_);         \
-  } while (0)
 
 /* ---- what is measured -------------------------------------------------------- */
 

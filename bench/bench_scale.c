@@ -48,6 +48,9 @@
 
 #include <dmem/dmem.h>
 
+#define BENCH_NAME "bench_scale"
+#include "bench_common.h"
+
 #include "internal.h"          /* sizeof(dmem__buffer_t), dmem__reg_entry_t */
 #include "memory/memory.h"     /* dmem__pool_seg_bytes */
 
@@ -62,34 +65,6 @@ static const size_t g_counts[NCOUNTS] = {1000, 10000, 100000, 1000000};
 static int g_ncounts = NCOUNTS;
 static int g_reps = 7;
 static bool g_quick;
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die(const char *what, dmem_status_t st) {
-  fprintf(stderr, "bench_scale: %s: %s (%s)\n", what, dmem_status_name(st),
-          dmem_last_error_detail());
-  exit(1);
-}
-
-#define TRY(call)                                \
-  do {                                           \
-    dmem_status_t st_ = (call);                  \
-    if (st_ != DMEM_OK) die(#call, st_);         \
-  } while (0)
 
 /* Resident set size of the process, bytes. */
 static size_t rss_bytes(void) {
