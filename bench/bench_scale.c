@@ -51,7 +51,7 @@
 #define BENCH_NAME "bench_scale"
 #include "bench_common.h"
 
-#include "internal.h"          /* sizeof(dmem__buffer_t), dmem__reg_entry_t */
+#include "api/api.h"          /* sizeof(dmem__buffer_t), dmem__reg_entry_t */
 #include "memory/memory.h"     /* dmem__pool_seg_bytes */
 
 #define BUF 256u

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)

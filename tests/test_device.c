@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)

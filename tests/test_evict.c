@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "runtime/internal.h" /* dmem__hostpool_set_pageable_only */
+#include "runtime/api/api.h" /* dmem__hostpool_set_pageable_only */
 
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
@@ -168,7 +168,7 @@ static void unlock_on_new_thread(dmem_runtime_t *rt, dmem_handle_t h, int times)
 }
 
 /* DMEM_EVICTION_LRU: across threads, unlocks are ordered by LRU epoch
- * (runtime/internal.h, dmem__lru_stamp: an allocation or an eviction pass
+ * (runtime/core/runtime.h, dmem__lru_stamp: an allocation or an eviction pass
  * starts a new one), and within one epoch by each thread's own count. x is
  * unlocked by a busy thread, then an allocation, then y by another
  * thread's first unlock: eviction takes x first, however many unlocks each

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "runtime/internal.h"
+#include "runtime/api/api.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)

@@ -4,7 +4,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "internal.h"
+#include "api/api.h"
 
 static int fake_fail;
 static dmem_status_t fake_host_alloc(dmem__backend_t *be, size_t size, void **ptr_out) {

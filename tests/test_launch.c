@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h" /* rt->npending: what a call left unpolled */
+#include "api/api.h" /* rt->npending: what a call left unpolled */
 
 #define MiB ((size_t)1 << 20)
 

@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "internal.h" /* rt->release_gap_ns: wide release groups for odd seeds */
+#include "api/api.h" /* rt->release_gap_ns: wide release groups for odd seeds */
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)

@@ -1,4 +1,4 @@
-/* The runtime as a whole: what fork() means for a runtime (runtime/fork.c).
+/* The runtime as a whole: what fork() means for a runtime (runtime/api/fork.c).
  *
  * A child made by fork() has a copy of the parent's runtimes but none of
  * their threads, no device context, and maybe mutexes held for good by

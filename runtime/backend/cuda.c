@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic.h"
+#include "base/atomic.h"
 #include "backend.h"
 #include "cuda_driver.h"
 #include "base/error.h"

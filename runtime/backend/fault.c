@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic.h"
+#include "base/atomic.h"
 #include "backend/backend.h"
 #include "base/error.h"
 

@@ -4,7 +4,7 @@
 #ifndef DMEM_ERROR_H
 #define DMEM_ERROR_H
 
-#include "atomic.h"
+#include "base/atomic.h"
 #include "dmem/config.h"
 #include "dmem/status.h"
 
@@ -20,9 +20,9 @@
 dmem_status_t dmem__error(dmem_status_t status, const char *fmt, ...) DMEM_PRINTF(2, 3);
 
 /* Process-wide log level: the most verbose of the live runtimes' (set by
- * runtime/fork.c as runtimes come and go or change level; DMEM_LOG_WARN when
+ * runtime/api/fork.c as runtimes come and go or change level; DMEM_LOG_WARN when
  * none is live). Messages about one runtime test that runtime's own level
- * instead (DMEM_RT_LOG in runtime/internal.h); this one gates the messages
+ * instead (DMEM_RT_LOG in runtime/core/runtime.h); this one gates the messages
  * of code that knows no runtime (the pool, the disk tier's file, error
  * details at debug). Relaxed: a message more or less while a level changes
  * is harmless. */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "atomic.h"
+#include "base/atomic.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static uint64_t seed;     /* written once under `once` */

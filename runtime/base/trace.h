@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "atomic.h"
+#include "base/atomic.h"
 
 /* 1 while recording. Written once by dmem__trace_start (relaxed: a site that
  * misses the first events of a run loses nothing but those events). */

@@ -2,7 +2,7 @@
  * runtime/core/config.c - defaults, DMEM_* environment variables and the size
  * parser they share with the Python bridge (dmem_size_parse).
  */
-#include "internal.h"
+#include "core/runtime.h"
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>

@@ -3,7 +3,7 @@
  * its callbacks with no internal mutex held. A runtime without a controller,
  * or whose controller has no on_event callback, takes no mutex to emit.
  */
-#include "internal.h"
+#include "core/runtime.h"
 #include <string.h>
 
 

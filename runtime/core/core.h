@@ -69,7 +69,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "atomic.h"
+#include "base/atomic.h"
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/nvtx.h"

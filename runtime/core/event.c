@@ -10,7 +10,7 @@
  * small array under evpool_mu that every put looks through (empty, it
  * costs nothing).
  */
-#include "internal.h"
+#include "core/runtime.h"
 
 dmem_status_t dmem__event_get(dmem_runtime_t *rt, void **ev_out) {
   dmem__mutex_lock(&rt->evpool_mu, DMEM__RANK_EVENTS);

@@ -5,7 +5,7 @@
  * another buffer. Generations start at a random value per table, so that a
  * handle of another runtime is stale here too (but with probability 2^-32).
  */
-#include "internal.h"
+#include "core/runtime.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>

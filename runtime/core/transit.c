@@ -4,7 +4,7 @@
  * for another thread's move to end. No mutex is held while a move runs; the
  * transit mutex and condition variable only carry wake-ups.
  */
-#include "internal.h"
+#include "core/runtime.h"
 #include <time.h>
 
 /* The calling thread's moves that may call callbacks (core.h), innermost

@@ -28,7 +28,7 @@
  * run outside; event_record, event_query and stream_wait_event do not
  * block).
  */
-#include "internal.h"
+#include "memory/memory.h"
 #include <string.h>
 
 #define BLOCKS_CACHE_MAX 256u

@@ -15,7 +15,7 @@
  * layer (spill/pressure.c) makes room and asks again. Nothing here spills,
  * frees a slab or waits on the host.
  */
-#include "internal.h"
+#include "memory/memory.h"
 
 /* ---- the charge against the limit ------------------------------------------- */
 

@@ -54,7 +54,7 @@
  * pinning of different chunks proceed in parallel), and no trim goes below
  * them.
  */
-#include "internal.h"
+#include "memory/memory.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -9,6 +9,8 @@
 #ifndef DMEM_MEMORY_LAYER_H
 #define DMEM_MEMORY_LAYER_H
 
+#include "core/runtime.h"
+
 /* ---- the device pool (memory/pool.c) ------------------------------------------- */
 #include "memory/pool.h"
 

@@ -118,7 +118,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic.h"
+#include "base/atomic.h"
 #include "base/error.h"
 
 #define POOL_ALIGN DMEM__POOL_ALIGN

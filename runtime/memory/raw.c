@@ -12,7 +12,7 @@
  * mutex it holds anyway: an allocation and its free cost no counter
  * update of their own.
  */
-#include "internal.h"
+#include "memory/memory.h"
 #include <string.h>
 
 #define RAW_SHARDS 64u

@@ -25,7 +25,7 @@ import textwrap
 CODE_LANGS = {"c", "cuda", "cu", "cpp", "c++", "python", "py", "python3"}
 MARK = re.compile(r"^<!--\s*example:\s*(\S+)(?:\s+\[([\w-]+)\])?\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
-TOP = ("include/", "runtime/", "spill/", "pybridge/", "tests/", "bench/", "docs/", "examples/",
+TOP = ("include/", "runtime/", "pybridge/", "tests/", "bench/", "docs/", "examples/",
        "scripts/", "cmake/", ".ci/")
 TOP_FILES = {"README.md", "LICENSE", "CHANGELOG.md", "CMakeLists.txt", "CMakePresets.json",
              "pyproject.toml"}

@@ -60,7 +60,9 @@ if(NOT libs)
   message(FATAL_ERROR "install test: no libdmem shared library in ${prefix}/${LIBDIR}")
 endif()
 # Internal headers must not leak into the install.
-file(GLOB_RECURSE leaked "${prefix}/include/*internal*" "${prefix}/include/*atomic.h")
+file(GLOB_RECURSE leaked "${prefix}/include/*internal*" "${prefix}/include/*atomic.h"
+     "${prefix}/include/*api.h" "${prefix}/include/*core.h" "${prefix}/include/*backend.h"
+     "${prefix}/include/*memory.h")
 if(leaked)
   list(APPEND failures "internal headers installed: ${leaked}")
 endif()

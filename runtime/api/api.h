@@ -1,0 +1,84 @@
+/*
+ * runtime/api/api.h - the API layer's internal declarations (the public
+ * calls are in include/dmem/): the per-stream lock registry, fork tracking,
+ * the statistics report, the lock fast path. Includes every layer below.
+ */
+#ifndef DMEM_API_LAYER_H
+#define DMEM_API_LAYER_H
+
+#include "spill/spill.h"
+
+/* ---- API layer internals -------------------------------------------------------- */
+
+/* The most handles one call takes (dmem_lock_and_launch, dmem_launch_async,
+ * dmem_prefetch): an array of more could not be in memory, and the entry
+ * points' lock sets (16 bytes a handle) would overflow. */
+#define DMEM__HANDLES_MAX (SIZE_MAX / 16)
+_Static_assert(sizeof(dmem__reg_entry_t) <= 16, "DMEM__HANDLES_MAX assumes 16-byte entries");
+
+/* runtime/api/fork.c: the process's live runtimes, marked DMEM__FORKED in a
+ * forked child. Tracked by create (DMEM_ERR_HOST_OUT_OF_MEMORY when the
+ * fork handler could not be installed), untracked by destroy (but not in a
+ * forked child, whose list starts empty). */
+dmem_status_t dmem__fork_track(dmem_runtime_t *rt);
+void dmem__fork_untrack(dmem_runtime_t *rt);
+/* Call fn(rt, arg) for each live runtime of the process, under the list's
+ * mutex (fn must not create or destroy a runtime). */
+void dmem__fork_each(void (*fn)(dmem_runtime_t *rt, void *arg), void *arg);
+/* Set rt's log level, and the process-wide one (dmem__log_level) to the
+ * most verbose of the live runtimes' (DMEM_LOG_WARN when none is live).
+ * Takes no mutex. */
+void dmem__log_level_set(dmem_runtime_t *rt, int level);
+
+/* runtime/api/report.c: DMEM_STATS and DMEM_TRACE. Start (at create; the
+ * statistics thread when cfg->stats_interval_s, the exit handler when
+ * cfg->print_stats, the trace when DMEM_TRACE is set) and stop (at destroy,
+ * which prints the statistics and writes the trace). Start gives
+ * DMEM_ERR_HOST_OUT_OF_MEMORY when the thread cannot start. */
+dmem_status_t dmem__report_start(dmem_runtime_t *rt);
+void dmem__report_stop(dmem_runtime_t *rt);
+/* Print rt's statistics to stderr, headed by `when`. */
+void dmem__report_print(dmem_runtime_t *rt, const char *when);
+
+/* runtime/api/buffer.c: lock h for the caller (fast path here, slow path in
+ * spill/retrieve.c); *b_out (may be NULL) is the buffer. */
+/* The fast path alone: DMEM_OK (locked, resident), DMEM_ERR_STALE_HANDLE
+ * (detail recorded), or DMEM_ERR_BUSY (no detail) when h names a live
+ * buffer that only the slow path can lock (spilled, moving, its count at
+ * the maximum, a fatal runtime); nothing moved. *b_out is the buffer unless
+ * stale. */
+dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
+                                  dmem__buffer_t **b_out);
+dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
+                         dmem__buffer_t **b_out);
+
+/* runtime/api/buffer.c: make slot `slot` (b, just taken from the table) a live
+ * buffer of `size` bytes and `flags`, resident at `dev`, holding `locks`
+ * locks; `ready` (may be NULL; owned by the buffer from now on) is an event
+ * recorded after the last use of `dev` so far: UNSPILL_COPY is set with it,
+ * so that lockers on other streams, spills and the reclaim are ordered
+ * after it until the staging poller sees it complete. Counts the buffer,
+ * tells the controller (DMEM_EVENT_ALLOC) and returns the handle. */
+dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t slot,
+                                   size_t size, unsigned flags, void *dev, void *ready,
+                                   uint32_t locks);
+
+/* runtime/api/registry.c */
+dmem_status_t dmem__registry_init(dmem_runtime_t *rt);
+void dmem__registry_fini(dmem_runtime_t *rt);
+dmem_status_t dmem__registry_add(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
+                                 size_t n);
+/* Register the locks of a launch whose function has returned; if the
+ * registry cannot grow, wait for the stream and unlock them instead. */
+void dmem__registry_commit(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
+                           size_t n);
+dmem_status_t dmem__registry_take(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
+                                  size_t *n_out);
+bool dmem__registry_has(dmem_runtime_t *rt, void *stream);
+/* dmem_stream_release below the API: an event now, or a place in the
+ * stream's group (spill/pending.c); *recorded: an event was recorded. */
+dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded);
+/* dmem_stream_destroy: drop the stream's (empty) list. */
+void dmem__registry_forget(dmem_runtime_t *rt, void *stream);
+
+#endif /* DMEM_API_LAYER_H */

@@ -1,0 +1,219 @@
+/*
+ * runtime/api/buffer.c - the buffer calls: dmem_alloc (and the publication of a
+ * new buffer it shares with dmem_device_adopt), dmem_free,
+ * dmem_buffer_info, dmem_set_priority, dmem_buffer_read (the state machine
+ * is spill/read.c), and the lock fast path (one CAS on a
+ * resident buffer; everything else goes to the retrieve state machine in
+ * spill/retrieve.c) with dmem_unlock.
+ */
+#include "api/api.h"
+#include <string.h>
+
+dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_handle_t *h_out) {
+  if (!rt || !h_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: NULL argument");
+  if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: size 0");
+  if (flags & ~(unsigned)DMEM_ALLOC_PINNED)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: unknown flags 0x%x", flags);
+  dmem_status_t st = dmem__check_live(rt);
+  if (st != DMEM_OK) return st;
+  /* The buffer has no stream yet: its block is taken in the order stream's
+   * order. If the pool made that stream wait for the block's last use (a
+   * spill copy, say), lockers order their streams after an event recorded
+   * there, as after an unspill copy (UNSPILL_COPY). */
+  void *dev = NULL, *ready = NULL;
+  bool ordered = false;
+  st = dmem__pressure_alloc(rt, size, rt->order_stream, false, &dev, &ordered);
+  if (st != DMEM_OK) return st;
+  if (ordered) {
+    st = dmem__event_get(rt, &ready);
+    if (st == DMEM_OK)
+      st = dmem__fatal_keep(rt, rt->be->event_record(rt->be, ready, rt->order_stream));
+  }
+  uint32_t slot;
+  dmem__buffer_t *b = NULL;
+  if (st == DMEM_OK) st = dmem__table_take(rt->table, &slot, &b);
+  if (st != DMEM_OK) {
+    if (ready) dmem__event_put(rt, ready);
+    dmem__device_release(rt, dev, size, rt->order_stream);
+    return st;
+  }
+  *h_out = dmem__buffer_publish(rt, b, slot, size, flags, dev, ready, 0);
+  return DMEM_OK;
+}
+
+dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t slot,
+                                   size_t size, unsigned flags, void *dev, void *ready,
+                                   uint32_t locks) {
+  dmem_atomic_store_relaxed(&b->size, size);
+  dmem_atomic_store_relaxed(&b->flags, flags);
+  dmem_atomic_store_relaxed(&b->dev, dev);
+  b->host = NULL;
+  b->unspill_event = ready;
+  dmem_atomic_store_relaxed(&b->spill_event, NULL);
+  dmem_atomic_store_relaxed(&b->priority, 0);
+  dmem_atomic_store_relaxed(&b->spill_count, 0);
+  if (rt->pol_lru) {
+    dmem_atomic_add_relaxed(&rt->lru_epoch, 1); /* newer than every earlier unlock */
+    dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
+  }
+  if (flags & DMEM_ALLOC_PINNED) dmem_atomic_add_relaxed(&rt->device_pinned, size);
+  if (locks > 0) dmem__locked_add(rt->table, size);
+  dmem_atomic_add_relaxed(&rt->buffer_count, 1);
+  uint64_t gen = dmem__w_gen(dmem_atomic_load_relaxed(&b->word));
+  /* release: publishes the fields above; partner is the acquire load in
+   * dmem_lock and every other handle-taking call */
+  dmem_atomic_store_release(&b->word, (gen << DMEM__GEN_SHIFT) |
+                                          ((uint64_t)DMEM_STATE_RESIDENT << DMEM__STATE_SHIFT) |
+                                          (ready ? DMEM__F_UNSPILL_COPY : 0) | locks);
+  dmem_handle_t h = (gen << 32) | slot;
+  /* after the word is published: a drain looks at it (spill/reuse.c) */
+  dmem__policy_arrive(rt, b, DMEM__ARRIVE_NEW);
+  if (ready) dmem__staging_push(rt, b, h); /* clears UNSPILL_COPY once it completes */
+  dmem__emit(rt, DMEM_EVENT_ALLOC, h, size, DMEM_TIER_DEVICE, 0);
+  return h;
+}
+
+dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_free: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  dmem__pending_poll(rt, false); /* finished releases first: reclaim at once */
+  /* acquire: partner is the release in dmem_alloc / dmem__transit_end */
+  uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
+  do {
+    if (!dmem__word_live(w, h)) return dmem__stale(h);
+    nw = w | DMEM__F_FREED;
+  } while (!dmem_atomic_cas_acq_rel(&b->word, &w, nw));
+  size_t size = dmem__bsize(b);
+  /* Freed while the controller's store of it runs (TRANSIT): its mover
+   * sends the FREE event after store() returns (core.h:
+   * dmem__store_watch), so that the controller drops what it stored. */
+  if (!(nw & DMEM__F_TRANSIT) || !dmem__store_hand_over(b))
+    dmem__emit(rt, DMEM_EVENT_FREE, h, size, dmem__tier_public(dmem__w_state(w)), 0);
+  if (dmem__w_count(nw) == 0 && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_info_t *info_out) {
+  if (!rt || !info_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_info: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  dmem__pending_poll(rt, false); /* lock counts as of now, finished releases done */
+  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+  if (!dmem__word_live(w, h)) return dmem__stale(h);
+  dmem_buffer_info_t info;
+  memset(&info, 0, sizeof info);
+  info.size = dmem__bsize(b);
+  info.state = (dmem_state_t)dmem__w_state(w);
+  info.lock_count = dmem__w_count(w);
+  info.pinned = (dmem__bflags(b) & DMEM_ALLOC_PINNED) != 0;
+  info.priority = dmem_atomic_load_relaxed(&b->priority);
+  info.spill_count = dmem_atomic_load_relaxed(&b->spill_count);
+  /* re-check: the slot may have been recycled while we read */
+  if (dmem_atomic_load_acquire(&b->word) >> DMEM__GEN_SHIFT != w >> DMEM__GEN_SHIFT)
+    return dmem__stale(h);
+  *info_out = info;
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_set_priority: rt is NULL");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+  if (!dmem__word_live(w, h)) return dmem__stale(h);
+  dmem_atomic_store_relaxed(&b->priority, priority);
+  /* the next eviction pass moves it to its new class's lists */
+  dmem__policy_arrive(rt, b, DMEM__ARRIVE_PRIO);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, size_t offset, void *dst,
+                               size_t n) {
+  if (!rt || (!dst && n > 0))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_read: NULL argument");
+  dmem_status_t fk = dmem__check_forked(rt);
+  if (fk != DMEM_OK) return fk;
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  return dmem__read(rt, b, h, offset, dst, n);
+}
+
+/* The lock's fast path: a resident, unlocked-or-locked buffer of the right
+ * generation, no move in flight, the runtime live: one load and one CAS.
+ * Returns b (the slot's buffer, NULL: stale slot) and whether it locked;
+ * *w_out is the word it read. */
+static inline bool lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
+                             dmem__buffer_t **b_out, uint64_t *w_out) {
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  *b_out = b;
+  if (!b) return false;
+  /* acquire: partner is the release in dmem_alloc / dmem__transit_end, which
+   * published b->dev */
+  uint64_t w = dmem_atomic_load_acquire(&b->word);
+  const uint64_t slow_bits =
+      DMEM__F_FREED | DMEM__F_UNSPILL_COPY | DMEM__F_SPILL_COPY | DMEM__STATE_MASK;
+  if (__builtin_expect(dmem__w_gen(w) == dmem__h_gen(h) && (w & slow_bits) == 0 &&
+                           dmem__w_count(w) < DMEM_LOCK_COUNT_MAX &&
+                           !dmem_atomic_load_relaxed(&rt->fatal),
+                       1) &&
+      dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
+    *dev_out = dmem__bdev(b);
+    /* the first lock: its bytes count as locked (a thread-private add) */
+    if (dmem__w_count(w) == 0) dmem__locked_add(rt->table, dmem__bsize(b));
+    return true;
+  }
+  *w_out = w;
+  return false;
+}
+
+dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
+                                  dmem__buffer_t **b_out) {
+  dmem__buffer_t *b;
+  uint64_t w = 0;
+  if (lock_fast(rt, h, dev_out, &b, &w)) {
+    *b_out = b;
+    return DMEM_OK;
+  }
+  if (!b || !dmem__word_live(w, h)) return dmem__stale(h);
+  *b_out = b;
+  return DMEM_ERR_BUSY; /* live, but the slow path must lock it */
+}
+
+dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
+                         dmem__buffer_t **b_out) {
+  dmem__buffer_t *b;
+  uint64_t w = 0;
+  if (lock_fast(rt, h, dev_out, &b, &w)) {
+    if (b_out) *b_out = b;
+    return DMEM_OK;
+  }
+  if (!b) return dmem__stale(h);
+  uint64_t t0 = DMEM__TRACE_ON() ? dmem__now_ns() : 0;
+  dmem_status_t st = dmem__retrieve(rt, b, h, stream, DMEM__RETRIEVE_LOCK, dev_out);
+  if (t0) /* the slow path: a retrieve, or a wait for a move in flight */
+    dmem__trace_event(DMEM__TRACK_STREAM, (uintptr_t)stream, "lock wait", t0,
+                      dmem__now_ns() - t0, dmem__bsize(b), 1, h);
+  if (st == DMEM_OK && b_out) *b_out = b;
+  return st;
+}
+
+dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream,
+                        void **dev_ptr_out) {
+  if (!rt || !dev_ptr_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock: NULL argument");
+  return dmem__lock(rt, h, stream, dev_ptr_out, NULL);
+}
+
+dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_unlock: rt is NULL");
+  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  if (!b) return dmem__stale(h);
+  return dmem__unlock_buffer(rt, b, h);
+}

@@ -1,0 +1,442 @@
+/*
+ * spill/reuse.c - the default eviction policy (DMEM_EVICTION_REUSE): which
+ * unlocked buffers of a priority class an eviction pass takes first.
+ *
+ * Least recently used first, except for the members of a loop over more
+ * than fits, which LRU would evict each just before its next use. The
+ * resident buffers of each priority class are on three lists of slots:
+ *
+ *   cold  buffers that came to the device (allocated, or brought back)
+ *         and were not used again since, oldest arrival first;
+ *   hot   buffers used again (unlocked a second time) since they arrived:
+ *         a CLOCK whose head is the least recently seen used;
+ *   back  buffers brought back after longer than the class's oldest
+ *         resident buffer has been unused (their reuse distance, counted
+ *         in victims taken, is at least the age of the cold and hot heads):
+ *         LRU would not have kept them either, so they are a loop's (or a
+ *         long scan's) members. Newest first out.
+ *
+ * Victims come from `back`, newest first (so a loop keeps the buffers it
+ * brought back earlier, and cycles its newest arrivals through one
+ * place, as Belady's MIN does), then whichever of the cold and hot heads
+ * was used less recently. A buffer whose mark shows it was used again is
+ * passed over on the way: promoted from cold or back to hot, or moved to
+ * the hot CLOCK's far end, its recency renewed.
+ *
+ * Recency is what the buffer's own mark says (dmem__policy_mark): an
+ * unlock that brings the count to 0 adds 1 to a byte on the buffer's first
+ * line, up to 2; an arrival sets it to 0, so its own unlock makes 1 and a
+ * later one 2. The policy consumes marks (an exchange) when it looks at a
+ * buffer, and dates what it saw with its clock, the number of victims
+ * taken (b->last_use). No unlock writes a line that another buffer or
+ * thread shares, and an unlock counts for every pass that begins after it,
+ * whichever thread made it.
+ *
+ * Cost: an arrival pushes the slot on a lock-free stack (one CAS, as the
+ * LRU epoch's add it replaces); eviction passes drain that stack and walk
+ * the lists under rt->pol.mu. Each step of a walk takes a victim, consumes
+ * a mark, or drops an entry whose buffer left the device (lists are
+ * cleaned lazily: a spill or a free does not touch them), so a victim
+ * costs amortised O(1) whatever the number of buffers; locked or moving
+ * buffers are passed over (at most once each per list per pass).
+ * docs/design.md, "The eviction policy".
+ */
+#include "spill/spill.h"
+#include <limits.h>
+#include <stdlib.h>
+
+#define COLD 0
+#define HOT 1
+#define BACK 2
+#define WIN 3
+
+/* b->parr of an arrival the drain has linked, until it ends */
+#define DONE 0xFF
+
+/* Arrivals drained by the arriving thread (when the policy is free). */
+#define DMEM__DRAIN_EVERY 256u
+
+/* A class's window: a sixteenth of the limit at first, then between a
+ * 64th and a half. */
+#define DMEM__WIN_START 16
+#define DMEM__WIN_MIN 64
+#define DMEM__WIN_TOP 2
+
+/* The most priority classes (pcls is an id + 1 in 16 bits); a priority
+ * past them joins the nearest class below it (or the lowest). */
+#define DMEM__MAX_CLASSES 65535u
+
+void dmem__policy_init(dmem_runtime_t *rt) {
+  pthread_mutex_init(&rt->pol.mu, NULL);
+  rt->pol.win_max = rt->limit / DMEM__WIN_START;
+  rt->pol.win_min = rt->limit / DMEM__WIN_MIN;
+  rt->pol.win_top = rt->limit / DMEM__WIN_TOP;
+  atomic_init(&rt->pol.arrivals, (uint64_t)DMEM__NO_SLOT);
+}
+
+void dmem__policy_fini(dmem_runtime_t *rt) {
+  free(rt->pol.cls);
+  free(rt->pol.order);
+  rt->pol.cls = NULL;
+  rt->pol.order = NULL;
+  pthread_mutex_destroy(&rt->pol.mu);
+}
+
+static void drain(dmem_runtime_t *rt);
+
+void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind) {
+  if (rt->pol_lru) return;
+  if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
+    /* an arrival already pending re-classes the buffer too, and puts it at
+     * its list's newest end */
+    uint8_t none = 0;
+    if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) return;
+  } else {
+    /* the arrival's own unlock marks 1; a second unlock, 2: used again */
+    dmem_atomic_store_relaxed(&b->ref, 0);
+    if (dmem_atomic_exchange_acq_rel(&b->parr, (uint8_t)kind) != 0) return; /* pending */
+  }
+  uint64_t head = dmem_atomic_load_relaxed(&rt->pol.arrivals), top;
+  do {
+    dmem_atomic_store_relaxed(&b->anext, (uint32_t)head);
+    top = ((head >> 32) + 1) << 32 | b->slot;
+    /* release: publishes anext; partner is the drain's acquiring exchange */
+  } while (!dmem_atomic_cas_acq_rel(&rt->pol.arrivals, &head, top));
+  /* Every DMEM__DRAIN_EVERY arrivals, once device use is past half the
+   * limit (evictions in sight), the arriving thread drains them if no
+   * eviction pass holds the policy: so a pass links at most about that
+   * many (a million buffers allocated, then one eviction, cost the
+   * eviction no more than a thousand do). Below half the limit nothing is
+   * linked: a workload that never evicts pays one CAS an arrival (and none
+   * for a slot whose arrival is still pending). The charge read is one
+   * relaxed load, every DMEM__DRAIN_EVERY arrivals. */
+  if ((top >> 32) % DMEM__DRAIN_EVERY == 0 &&
+      dmem_atomic_load_relaxed(&rt->device_charged) >= rt->limit / 2 &&
+      dmem__mutex_trylock(&rt->pol.mu, DMEM__RANK_POLICY)) {
+    drain(rt);
+    dmem__mutex_unlock(&rt->pol.mu, DMEM__RANK_POLICY);
+  }
+}
+
+/* ---- lists (under rt->pol.mu) --------------------------------------------------- */
+
+static dmem__buffer_t *at(dmem_runtime_t *rt, uint32_t slot) {
+  return dmem__table_slot(rt->table, slot);
+}
+
+static void unlink_b(dmem_runtime_t *rt, dmem__buffer_t *b) {
+  dmem__pclass_t *c = &rt->pol.cls[b->pcls - 1];
+  int l = b->plist;
+  if (b->pprev != DMEM__NO_SLOT) at(rt, b->pprev)->pnext = b->pnext;
+  else c->head[l] = b->pnext;
+  if (b->pnext != DMEM__NO_SLOT) at(rt, b->pnext)->pprev = b->pprev;
+  else c->tail[l] = b->pprev;
+  c->n[l]--;
+  if (l == WIN) c->win_bytes -= b->psize;
+  b->pcls = 0;
+}
+
+static void link_tail(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l) {
+  dmem__pclass_t *c = &rt->pol.cls[cid];
+  b->pcls = (uint16_t)(cid + 1);
+  b->plist = (uint8_t)l;
+  b->pnext = DMEM__NO_SLOT;
+  b->pprev = c->tail[l];
+  if (c->tail[l] != DMEM__NO_SLOT) at(rt, c->tail[l])->pnext = b->slot;
+  else c->head[l] = b->slot;
+  c->tail[l] = b->slot;
+  c->n[l]++;
+  b->psize = dmem__bsize(b);
+  if (l == WIN) c->win_bytes += b->psize;
+}
+
+/* To the head of list l of class cid (under the policy's mutex). */
+static void link_head(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l) {
+  dmem__pclass_t *c = &rt->pol.cls[cid];
+  b->pcls = (uint16_t)(cid + 1);
+  b->plist = (uint8_t)l;
+  b->pprev = DMEM__NO_SLOT;
+  b->pnext = c->head[l];
+  if (c->head[l] != DMEM__NO_SLOT) at(rt, c->head[l])->pprev = b->slot;
+  else c->tail[l] = b->slot;
+  c->head[l] = b->slot;
+  c->n[l]++;
+  b->psize = dmem__bsize(b);
+  if (l == WIN) c->win_bytes += b->psize;
+}
+
+/* To the tail of list l of its class; used (a mark consumed, or locked):
+ * its recency renewed. */
+static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l, bool used) {
+  uint32_t cid = b->pcls - 1u;
+  unlink_b(rt, b);
+  link_tail(rt, b, cid, l);
+  if (used) dmem_atomic_store_relaxed(&b->last_use, rt->pol.tick);
+}
+
+/* The class id for priority prio, made if new; the nearest class when no
+ * more can be made. false: there is no class at all (no memory). */
+static bool class_of(dmem__policy_t *p, int prio, uint32_t *cid_out) {
+  uint32_t lo = 0, hi = p->ncls;
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (p->cls[p->order[mid]].prio < prio) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo < p->ncls && p->cls[p->order[lo]].prio == prio) {
+    *cid_out = p->order[lo];
+    return true;
+  }
+  if (p->ncls == p->capcls) {
+    uint32_t cap = p->capcls ? p->capcls * 2 : 8;
+    if (cap > DMEM__MAX_CLASSES) cap = DMEM__MAX_CLASSES;
+    dmem__pclass_t *cls = cap > p->capcls ? realloc(p->cls, cap * sizeof *cls) : NULL;
+    if (cls) p->cls = cls;
+    uint16_t *order = cls ? realloc(p->order, cap * sizeof *order) : NULL;
+    if (order) p->order = order;
+    if (!cls || !order) {
+      if (p->ncls == 0) return false;
+      *cid_out = p->order[lo > 0 ? lo - 1 : 0];
+      return true;
+    }
+    p->capcls = cap;
+  }
+  uint32_t id = p->ncls++;
+  p->cls[id] = (dmem__pclass_t){.prio = prio};
+  for (int l = 0; l < DMEM__PLISTS; l++) p->cls[id].head[l] = p->cls[id].tail[l] = DMEM__NO_SLOT;
+  for (uint32_t i = p->ncls - 1; i > lo; i--) p->order[i] = p->order[i - 1];
+  p->order[lo] = (uint16_t)id;
+  *cid_out = id;
+  return true;
+}
+
+/* The buffer has left the device, for good or for now (its entry is
+ * stale): spilled (and not coming back yet), freed, or its slot empty. */
+static bool gone(uint64_t w) {
+  if (w & DMEM__F_FREED) return true;
+  unsigned s = dmem__w_state(w);
+  return s == DMEM__STATE_FREE || s == DMEM_STATE_DEFERRED_HOST || s == DMEM_STATE_DEFERRED_DISK ||
+         s == DMEM_STATE_DEFERRED_CONTROLLER;
+}
+
+/* Resident, unlocked, nobody moving it: a victim now. */
+static bool takeable(uint64_t w) {
+  return dmem__w_state(w) == DMEM_STATE_RESIDENT && dmem__w_count(w) == 0 &&
+         !(w & (DMEM__F_TRANSIT | DMEM__F_FREED));
+}
+
+/* Give back a mark that first() consumed but did not act on (the
+ * arrival's own unlock): unless an unlock marked the buffer since, which
+ * then counts instead. */
+static void restore(dmem__buffer_t *b, uint8_t mark) {
+  uint8_t none = 0;
+  if (mark) (void)dmem_atomic_cas_strong_relaxed(&b->ref, &none, mark);
+}
+
+/* The first entry of list l of class c that is a victim now, walking from
+ * the head (newest_first: from the tail): stale entries are dropped,
+ * locked ones passed over (to the hot list's far end: in use), moving ones
+ * too (to their list's far end: a spill may yet be cancelled),
+ * marked ones promoted to hot (from cold and back: used again since they
+ * arrived, a mark of 2) or moved to the hot CLOCK's far end (from hot: a
+ * mark of 1), their recency renewed. NULL when none is left. Each entry
+ * is looked at once (on the hot list, at most twice). */
+static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool newest_first,
+                             uint64_t *w_out) {
+  /* the hot CLOCK may need two turns: the first may only consume marks */
+  size_t steps = (l == HOT ? 2 : 1) * c->n[l];
+  while (steps-- > 0) {
+    uint32_t s = newest_first ? c->tail[l] : c->head[l];
+    if (s == DMEM__NO_SLOT) break;
+    dmem__buffer_t *b = at(rt, s);
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
+    if (gone(w) || dmem__w_state(w) == DMEM_STATE_UNSPILLING) {
+      unlink_b(rt, b); /* left (coming back: its arrival links it again) */
+      continue;
+    }
+    if (dmem__w_count(w) > 0 && dmem__w_state(w) == DMEM_STATE_RESIDENT) { /* locked: in use */
+      move_tail(rt, b, HOT, true);
+      continue;
+    }
+    if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
+      uint32_t cid = b->pcls - 1u;
+      unlink_b(rt, b);
+      if (newest_first) link_head(rt, b, cid, l); /* the end this walk reaches last */
+      else link_tail(rt, b, cid, l);
+      continue;
+    }
+    uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
+    if (mark >= (l == HOT ? 1 : 2)) {
+      move_tail(rt, b, HOT, true);
+      continue;
+    }
+    restore(b, mark); /* the arrival's own */
+    *w_out = w;
+    return b;
+  }
+  return NULL;
+}
+
+/* Of class c's cold and hot heads (after first()), the one used less
+ * recently; NULL when both lists are empty. */
+static dmem__buffer_t *oldest(dmem_runtime_t *rt, dmem__pclass_t *c, uint64_t *w_out) {
+  uint64_t wc = 0, wh = 0;
+  dmem__buffer_t *bc = first(rt, c, COLD, false, &wc);
+  dmem__buffer_t *bh = first(rt, c, HOT, false, &wh);
+  if (bc && (!bh || dmem_atomic_load_relaxed(&bc->last_use) <=
+                        dmem_atomic_load_relaxed(&bh->last_use))) {
+    *w_out = wc;
+    return bc;
+  }
+  *w_out = wh;
+  return bh;
+}
+
+/* Link b, which arrived (kind), to its class's lists. */
+static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
+  dmem__policy_t *p = &rt->pol;
+  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: the arrival's release */
+  if (gone(w) || (dmem__bflags(b) & DMEM_ALLOC_PINNED)) {
+    if (b->pcls) unlink_b(rt, b);
+    return;
+  }
+  uint32_t cid;
+  if (!class_of(p, dmem_atomic_load_relaxed(&b->priority), &cid)) {
+    p->no_class = true; /* eviction scans the table from now on */
+    if (b->pcls) unlink_b(rt, b);
+    return;
+  }
+  if (kind == DMEM__ARRIVE_PRIO && b->pcls) {
+    if (b->pcls != cid + 1) { /* the same list of its new class */
+      int l = b->plist;
+      unlink_b(rt, b);
+      link_tail(rt, b, cid, l);
+    }
+    return;
+  }
+  if (kind == DMEM__ARRIVE_SOON && b->pcls) {
+    /* prefetched while resident: about to be locked, so the newest of its
+     * list (back's buffers go to the window's newest end), recency renewed;
+     * not a use: a loop that prefetches ahead stays a loop */
+    int l = b->plist == BACK ? WIN : b->plist;
+    unlink_b(rt, b);
+    link_tail(rt, b, cid, l);
+    dmem_atomic_store_relaxed(&b->last_use, p->tick);
+    return;
+  }
+  if (b->pcls) unlink_b(rt, b);
+  bool was_back = b->pback;
+  b->pback = 0;
+  int l = COLD;
+  if (kind == DMEM__ARRIVE_BACK) {
+    /* Back after as many victims as the class's oldest buffer has been
+     * unused, or more: LRU would have evicted it too. (Not when no victim
+     * was taken since its last known use: a dmem_spill and the lock or
+     * prefetch that brought it back say nothing about loops.) */
+    dmem__pclass_t *c = &p->cls[cid];
+    uint64_t reuse = p->tick - dmem_atomic_load_relaxed(&b->last_use), w2;
+    dmem__buffer_t *o = oldest(rt, c, &w2);
+    uint64_t age = o ? p->tick - dmem_atomic_load_relaxed(&o->last_use) : 0;
+    if (reuse > 0 && reuse >= age) l = WIN;
+    if (was_back) {
+      /* It went through the window unused and was evicted from back: if
+       * it is back soon (used again shortly after its window: a buffer
+       * prefetched ahead, a GEMM's A tile), the window was too small: it
+       * grows by the buffer's size; if it is back as a loop's member
+       * again, the window may be larger than it needs: it shrinks by an
+       * eighth of that (so a loop that prefetches d buffers ahead keeps a
+       * window of about d + 1 at the price of a few early evictions a
+       * pass, and one that does not lets it shrink). */
+      size_t size = dmem__bsize(b);
+      if (l == WIN)
+        p->win_max = p->win_max > p->win_min + size / 8 ? p->win_max - size / 8 : p->win_min;
+      else p->win_max = p->win_max + size < p->win_top ? p->win_max + size : p->win_top;
+    }
+  }
+  dmem_atomic_store_relaxed(&b->last_use, p->tick);
+  link_tail(rt, b, cid, l);
+}
+
+/* Link the buffers that arrived since the last drain, in arrival order. */
+static void drain(dmem_runtime_t *rt) {
+  dmem__policy_t *p = &rt->pol;
+  /* acquire: partner is dmem__policy_arrive's releasing CAS */
+  uint32_t s = (uint32_t)dmem_atomic_exchange_acq_rel(&p->arrivals, (uint64_t)DMEM__NO_SLOT);
+  uint32_t rev = DMEM__NO_SLOT;
+  while (s != DMEM__NO_SLOT) { /* the stack is newest first: reverse it */
+    dmem__buffer_t *b = at(rt, s);
+    uint32_t next = dmem_atomic_load_relaxed(&b->anext);
+    dmem_atomic_store_relaxed(&b->anext, rev); /* still pending: nobody pushes it */
+    rev = s;
+    s = next;
+  }
+  /* allocations and priority changes first, then buffers brought back:
+   * a buffer allocated and brought back before one drain is pushed once,
+   * at its allocation, but arrived last */
+  for (s = rev; s != DMEM__NO_SLOT; s = dmem_atomic_load_relaxed(&at(rt, s)->anext)) {
+    dmem__buffer_t *b = at(rt, s);
+    uint8_t kind = dmem_atomic_load_relaxed(&b->parr);
+    /* DONE, not 0: still pending for arrivals (they push nothing), so
+     * anext stays as it is until the second loop */
+    if (kind != DMEM__ARRIVE_BACK &&
+        dmem_atomic_cas_strong_acq_rel(&b->parr, &kind, (uint8_t)DONE))
+      link_arrival(rt, b, kind);
+  }
+  for (s = rev; s != DMEM__NO_SLOT;) {
+    dmem__buffer_t *b = at(rt, s);
+    s = dmem_atomic_load_relaxed(&b->anext);
+    /* anext read first: once parr is 0 the buffer may be pushed again; a
+     * kind other than DONE arrived since the first loop */
+    uint8_t kind = dmem_atomic_exchange_acq_rel(&b->parr, 0);
+    if (kind != DONE) link_arrival(rt, b, kind);
+  }
+}
+
+size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out, size_t max,
+                            size_t *entries_out, bool *fallback_out) {
+  dmem__policy_t *p = &rt->pol;
+  size_t k = 0, bytes = 0, entries = 0;
+  dmem__mutex_lock(&p->mu, DMEM__RANK_POLICY);
+  drain(rt);
+  for (uint32_t i = 0; i < p->ncls && bytes < need && k < max; i++) {
+    dmem__pclass_t *c = &p->cls[p->order[i]];
+    while (bytes < need && k < max) {
+      /* the window's oldest beyond its size go on to back (or hot, used
+       * again meanwhile) */
+      uint64_t w = 0;
+      for (size_t steps = c->n[WIN]; c->win_bytes > p->win_max && steps > 1; steps--) {
+        dmem__buffer_t *b = at(rt, c->head[WIN]);
+        uint64_t wb = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
+        if (gone(wb) || dmem__w_state(wb) == DMEM_STATE_UNSPILLING) unlink_b(rt, b);
+        else {
+          uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
+          if (dmem__w_count(wb) > 0 || mark >= 2) {
+            move_tail(rt, b, HOT, true); /* used again meanwhile */
+          } else {
+            restore(b, mark);
+            move_tail(rt, b, BACK, false);
+          }
+        }
+      }
+      dmem__buffer_t *b = first(rt, c, BACK, true, &w);
+      if (b) b->pback = 1;
+      if (!b) b = oldest(rt, c, &w);
+      if (!b) b = first(rt, c, WIN, false, &w);
+      if (!b) b = oldest(rt, c, &w); /* what the window promoted to hot */
+      if (!b) break;
+      /* taken: to the cold list's newest end, so that a pass running
+       * beside this one takes others; if its spill fails it stays there,
+       * resident */
+      move_tail(rt, b, COLD, false);
+      out[k++] = (dmem__victim_t){.priority = c->prio, .b = b, .h = dmem__handle_of(b, w)};
+      bytes += dmem__bsize(b);
+      p->tick++;
+    }
+  }
+  for (uint32_t i = 0; i < p->ncls; i++)
+    for (int l = 0; l < DMEM__PLISTS; l++) entries += p->cls[i].n[l];
+  *fallback_out = p->no_class;
+  dmem__mutex_unlock(&p->mu, DMEM__RANK_POLICY);
+  *entries_out = entries;
+  return k;
+}
