@@ -37,7 +37,7 @@
 typedef struct pyd_binding pyd_binding_t;
 typedef struct pyd_view pyd_view_t;
 
-/* What a lock view hands out that keeps its buffer locked (view.c): the
+/* What a lock view hands out that keeps its buffer locked (py_view.c): the
  * buffer protocol (memoryview, numpy.asarray on the host backend), the array
  * interfaces (__array_interface__ / __cuda_array_interface__: the arrays
  * made from them keep the View itself alive) and DLPack capsules. */
@@ -55,7 +55,7 @@ typedef struct pyd_runtime {
   pyd_binding_t *bindings;     /* controller bindings, current first; freed at close */
   PyObject *weakreflist;
   struct pyd_runtime *live_prev, *live_next; /* list of open runtimes (atexit) */
-  pyd_view_t *exposed;         /* views with live exports (view.c's list) */
+  pyd_view_t *exposed;         /* views with live exports (py_view.c's list) */
   Py_ssize_t exports[PYD_EXPORT_KINDS]; /* live exports of all its views, by kind */
   char backend_reason[384];    /* dmem_runtime_info's, kept after close */
 } pyd_runtime_t;
@@ -105,7 +105,7 @@ typedef struct pyd_stream {
 
 /* A lock view. Its one dmem lock (taken by __enter__) is held while the
  * `with` block runs and while any export lives: `held` drops to 0 when the
- * block has ended and the last export died (view.c). */
+ * block has ended and the last export died (py_view.c). */
 struct pyd_view {
   PyObject_HEAD
   pyd_buffer_t *buf;           /* strong */
@@ -138,7 +138,7 @@ typedef struct pyd_devmem {
   int adopted;                 /* Runtime.adopt succeeded (stays set) */
 } pyd_devmem_t;
 
-/* ---- errors.c: exceptions, the call context, callback errors ------------- */
+/* ---- py_errors.c: exceptions, the call context, callback errors ------------- */
 
 /* The call context of a Python call waiting in C with the GIL released. */
 typedef struct pyd_ctx {
@@ -183,8 +183,8 @@ static inline void pyd_leave(pyd_ctx_t *c) {
  * the exception of `st`. Returns 0 when nothing was raised, -1 otherwise. */
 int pyd_finish(pyd_ctx_t *c, dmem_status_t st);
 
-/* The status -> exception class table. errors.c maps statuses through it;
- * module.c creates the classes from it at import and stores them in
+/* The status -> exception class table. py_errors.c maps statuses through it;
+ * py_module.c creates the classes from it at import and stores them in
  * pyd_dmem_error and pyd_exc_types (same order as pyd_exc_defs). */
 enum { PYD_EXC_VALUE = 1, PYD_EXC_MEMORY = 2, PYD_EXC_OS = 3, PYD_EXC_DEVICE = 4 };
 
@@ -213,7 +213,7 @@ void pyd_callback_failed(PyObject *where);
 /* Non-zero while the interpreter is shutting down (no Python callbacks). */
 int pyd_finalizing(void);
 
-/* ---- args.c: argument converters and checks --------------------------------- */
+/* ---- py_args.c: argument converters and checks --------------------------------- */
 
 /* 0 if rt is open; else ValueError("runtime is closed") and -1. */
 int pyd_runtime_check(pyd_runtime_t *rt);
@@ -242,7 +242,7 @@ int pyd_tier_arg(PyObject *o, dmem_tier_t *out);
 const char *pyd_state_name(dmem_state_t s);
 const char *pyd_tier_name(dmem_tier_t t);
 
-/* ---- stream.c: dmem.Stream and stream arguments ------------------------------ */
+/* ---- py_stream.c: dmem.Stream and stream arguments ------------------------------ */
 
 extern PyTypeObject pyd_stream_type;
 /* New Stream of rt (Runtime.stream()); rt must be open. */
@@ -254,7 +254,7 @@ PyObject *pyd_stream_new(pyd_runtime_t *rt);
  * an exception on error. */
 int pyd_stream_arg(pyd_runtime_t *rt, PyObject *o, dmem_stream_t *out, PyObject **keep);
 
-/* ---- view.c: dmem.View (lock views, CUDA array interface, DLPack) ------------ */
+/* ---- py_view.c: dmem.View (lock views, CUDA array interface, DLPack) ------------ */
 
 extern PyTypeObject pyd_view_type;
 int pyd_view_type_ready(void);
@@ -271,7 +271,7 @@ Py_ssize_t pyd_view_exposed_buffers(pyd_runtime_t *rt);
  * kinds. Returns NULL. */
 PyObject *pyd_view_raise_exposed(pyd_runtime_t *rt, dmem_handle_t h, const char *what);
 
-/* ---- buffer.c: dmem.Buffer ---------------------------------------------------- */
+/* ---- py_buffer.c: dmem.Buffer ---------------------------------------------------- */
 
 extern PyTypeObject pyd_buffer_type;
 /* New Buffer object. owning = 0 gives a wrapper that does not free. */
@@ -279,7 +279,7 @@ PyObject *pyd_buffer_new(pyd_runtime_t *rt, dmem_handle_t h, size_t size, int ow
 /* Handle of a Buffer of rt (or an int handle if allow_int). -1 on error. */
 int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out);
 
-/* ---- controller.c: controller bindings and trampolines ----------------------- */
+/* ---- py_controller.c: controller bindings and trampolines ----------------------- */
 
 extern PyObject *pyd_controller_base; /* dmem.Controller, registered by the package */
 int pyd_controller_types_ready(void);
@@ -290,9 +290,9 @@ void pyd_bindings_free(pyd_runtime_t *self);
 int pyd_bindings_traverse(pyd_runtime_t *self, visitproc visit, void *arg);
 void pyd_bindings_clear(pyd_runtime_t *self);
 
-/* ---- launch.c: the Runtime's launch entry points and stream calls ------------ */
+/* ---- py_launch.c: the Runtime's launch entry points and stream calls ------------ */
 
-/* Methods of dmem.Runtime (its method table is in runtime.c). */
+/* Methods of dmem.Runtime (its method table is in py_runtime.c). */
 PyObject *pyd_runtime_lock_and_launch(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_launch_async(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_sync_and_unlock(pyd_runtime_t *self, PyObject *const *args,
@@ -301,7 +301,7 @@ PyObject *pyd_runtime_stream_release(pyd_runtime_t *self, PyObject *const *args,
                                      Py_ssize_t nargs);
 PyObject *pyd_runtime_synchronize(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs);
 
-/* ---- raw.c: raw device memory (dmem.DeviceMemory) ------------------------------ */
+/* ---- py_raw.c: raw device memory (dmem.DeviceMemory) ------------------------------ */
 
 extern PyTypeObject pyd_devmem_type;
 /* Allocate `size` bytes for use on stream s (NULL: the default stream).
@@ -312,7 +312,7 @@ extern PyTypeObject pyd_devmem_type;
  * releases it. Returns a new DeviceMemory, or NULL with an exception. */
 PyObject *pyd_devmem_alloc(pyd_runtime_t *rt, size_t size, dmem_stream_t s, PyObject *keep,
                            int dedicated);
-/* Methods of dmem.Runtime (its method table is in runtime.c). */
+/* Methods of dmem.Runtime (its method table is in py_runtime.c). */
 PyObject *pyd_runtime_device_malloc(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 PyObject *pyd_runtime_memory_info(pyd_runtime_t *self, PyObject *unused);
 /* The detail of an out-of-memory error of a raw allocation of size bytes:
@@ -323,7 +323,7 @@ PyObject *pyd_runtime_oom_message(pyd_runtime_t *self, PyObject *arg);
 PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr);
 PyObject *pyd_runtime_adopt(pyd_runtime_t *self, PyObject *args, PyObject *kwds);
 
-/* ---- runtime.c: dmem.Runtime ------------------------------------------------- */
+/* ---- py_runtime.c: dmem.Runtime ------------------------------------------------- */
 
 extern PyTypeObject pyd_runtime_type;
 /* The open runtimes (for atexit and fork), and close with a timeout (< 0:
@@ -338,10 +338,10 @@ pyd_runtime_t *pyd_runtime_default(int device);
 PyObject *pyd_mod_default_runtime(PyObject *mod, PyObject *args, PyObject *kwds);
 PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds);
 PyObject *pyd_mod_default_runtimes(PyObject *mod, PyObject *unused);
-/* In a forked child: forget the default runtimes (module.c's fork hook). */
+/* In a forked child: forget the default runtimes (py_module.c's fork hook). */
 void pyd_runtime_defaults_after_fork(void);
 
-/* ---- hooks.c: allocator hooks (CuPy's fast path, the library's path) -------- */
+/* ---- py_hooks.c: allocator hooks (CuPy's fast path, the library's path) -------- */
 
 extern PyTypeObject pyd_cupy_alloc_type;
 /* dmem._dmem._library_path(): the file of the loaded libdmem (dladdr). */

@@ -1,5 +1,5 @@
 /*
- * pybridge/controller.c - a Python object as the runtime's controller
+ * pybridge/py_controller.c - a Python object as the runtime's controller
  * (dmem_set_controller): C trampolines that take the GIL and call its
  * methods.
  *
@@ -30,7 +30,7 @@
 
 #include <string.h>
 
-/* dmem.Controller, registered by the package (module.c's
+/* dmem.Controller, registered by the package (py_module.c's
  * _set_controller_base): a subclass overrides the methods it installs. */
 PyObject *pyd_controller_base = NULL;
 

@@ -1,5 +1,5 @@
 /*
- * pybridge/rmm.cpp - dmem._rmm, built only when RMM's headers are found
+ * pybridge/py_rmm.cpp - dmem._rmm, built only when RMM's headers are found
  * (cmake/DmemRmm.cmake): gives a Python rmm.mr.DeviceMemoryResource the
  * C++ resource dmem::rmm_resource (include/dmem/rmm.hpp) over a default
  * runtime, so that RMM's Python (DeviceBuffer, rmm_cupy_allocator, every

@@ -1,8 +1,8 @@
 /*
- * pybridge/launch.c - the entry points of dmem.Runtime that run Python code
+ * pybridge/py_launch.c - the entry points of dmem.Runtime that run Python code
  * with buffers locked (lock_and_launch, launch_async) and the calls that end
  * what launch_async started (sync_and_unlock, stream_release) or wait on a
- * stream (synchronize). runtime.c puts them in the Runtime's method table.
+ * stream (synchronize). py_runtime.c puts them in the Runtime's method table.
  *
  * The launch function runs on the thread of the call, with the GIL taken
  * again by the trampoline; an exception it raises is kept and re-raised

@@ -1,5 +1,5 @@
 /*
- * pybridge/buffer.c - dmem.Buffer: a spillable buffer behind a handle.
+ * pybridge/py_buffer.c - dmem.Buffer: a spillable buffer behind a handle.
  *
  * A Buffer made by Runtime.alloc owns its handle and frees it when collected
  * or by free(). Buffers passed to controller callbacks are wrappers that do
@@ -7,7 +7,7 @@
  * holds a strong reference to its Runtime; after Runtime.close() every use
  * raises StaleHandleError and collection does nothing.
  *
- * buf.lock() hands out a View (view.c, the layer below: a View reads a
+ * buf.lock() hands out a View (py_view.c, the layer below: a View reads a
  * Buffer's fields but calls none of this file's functions).
  */
 #include "pydmem.h"
@@ -60,7 +60,7 @@ static int pyd_buffer_info(pyd_buffer_t *b, dmem_buffer_info_t *info) {
 
 /* ---- handle arguments --------------------------------------------------------- */
 
-/* Here rather than in args.c: it needs the Buffer type. */
+/* Here rather than in py_args.c: it needs the Buffer type. */
 int pyd_handle_arg(pyd_runtime_t *rt, PyObject *o, int allow_int, dmem_handle_t *out) {
   if (PyObject_TypeCheck(o, &pyd_buffer_type)) {
     pyd_buffer_t *b = (pyd_buffer_t *)o;

@@ -1,5 +1,5 @@
 /*
- * pybridge/args.c - converters from Python arguments to the C API's values
+ * pybridge/py_args.c - converters from Python arguments to the C API's values
  * (sizes, priorities, handles given as ints, addresses, tiers) and the
  * checks every method makes first (runtime open, buffer usable).
  *
@@ -7,7 +7,7 @@
  * strings go through the C library's own parser, so Runtime(device_limit=...)
  * and DMEM_DEVICE_LIMIT spell sizes alike. Converters that need an object
  * type of a higher layer (a dmem.Stream, a dmem.Buffer) live with that type:
- * pyd_stream_arg in stream.c, pyd_handle_arg in buffer.c.
+ * pyd_stream_arg in py_stream.c, pyd_handle_arg in py_buffer.c.
  */
 #include "pydmem.h"
 

@@ -1,5 +1,5 @@
 /*
- * pybridge/view.c - dmem.View: the only way to get a buffer's address.
+ * pybridge/py_view.c - dmem.View: the only way to get a buffer's address.
  *
  *   with buf.lock(stream) as view:
  *       view.ptr, view.size
@@ -31,8 +31,8 @@
  * runtime's `exposed` list: Buffer.exposed, rt.stats()["exposed"] and the
  * BusyError of spill() and Runtime.close() read it.
  *
- * This file sits below buffer.c: it reads a Buffer's fields and checks it
- * with pyd_buffer_check (args.c), and Buffer.lock() calls pyd_view_new.
+ * This file sits below py_buffer.c: it reads a Buffer's fields and checks it
+ * with pyd_buffer_check (py_args.c), and Buffer.lock() calls pyd_view_new.
  */
 #include "pydmem.h"
 

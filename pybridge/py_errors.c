@@ -1,10 +1,10 @@
 /*
- * pybridge/errors.c - the bottom layer of dmem._dmem: dmem statuses as
+ * pybridge/py_errors.c - the bottom layer of dmem._dmem: dmem statuses as
  * Python exceptions (pyd_raise), the per-thread call context that carries a
  * controller callback's exception back to the Python call waiting on the same
  * thread, and pyd_finish, which turns both into the exception a call raises.
  *
- * The exception classes themselves are created at import by module.c from
+ * The exception classes themselves are created at import by py_module.c from
  * the table below; this file only maps statuses to them.
  */
 #include "pydmem.h"
@@ -16,7 +16,7 @@ _Thread_local pyd_ctx_t *pyd_tls_ctx = NULL;
 /* ---- status -> exception class ------------------------------------------------ */
 
 /* One row per status: the Python class name and its extra base (besides
- * DmemError). DeviceFatalError derives from DeviceError (module.c). */
+ * DmemError). DeviceFatalError derives from DeviceError (py_module.c). */
 const pyd_exc_def_t pyd_exc_defs[] = {
     {DMEM_ERR_INVALID_ARGUMENT, "InvalidArgumentError", PYD_EXC_VALUE,
      "DMEM_ERR_INVALID_ARGUMENT: the runtime rejected an argument value."},
@@ -45,7 +45,7 @@ const pyd_exc_def_t pyd_exc_defs[] = {
 #define PYD_NEXC (sizeof pyd_exc_defs / sizeof pyd_exc_defs[0])
 const size_t pyd_exc_ndefs = PYD_NEXC;
 
-PyObject *pyd_dmem_error = NULL;         /* set by module.c at import */
+PyObject *pyd_dmem_error = NULL;         /* set by py_module.c at import */
 PyObject *pyd_exc_types[PYD_NEXC] = {0}; /* likewise */
 
 static PyObject *pyd_exc_class(dmem_status_t st) {

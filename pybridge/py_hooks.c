@@ -1,10 +1,10 @@
 /*
- * pybridge/hooks.c - what the allocator hooks of the package need in C:
+ * pybridge/py_hooks.c - what the allocator hooks of the package need in C:
  *
  *  - dmem._dmem.CupyAllocator, the callable behind dmem.cupy.allocator
  *    (cupy.cuda.set_allocator). One call: CuPy's current device and stream
  *    (through CuPy's exported C functions when it has them), a raw
- *    allocation of that device's default runtime on that stream (raw.c), and
+ *    allocation of that device's default runtime on that stream (py_raw.c), and
  *    cupy.cuda.memory.MemoryPointer(UnownedMemory(ptr, size, owner, device),
  *    0) whose owner, a DeviceMemory, frees the block on the same stream when
  *    CuPy drops it. No Python frame runs on the way, and the two classes are

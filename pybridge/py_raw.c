@@ -1,5 +1,5 @@
 /*
- * pybridge/raw.c - raw device memory from Python: dmem.DeviceMemory, the
+ * pybridge/py_raw.c - raw device memory from Python: dmem.DeviceMemory, the
  * owner of one dmem_device_malloc (or _dedicated) block (what the Numba and
  * CuPy hooks hand out), and the Runtime methods device_malloc, memory_info,
  * ipc_handle and adopt.

@@ -1,11 +1,11 @@
 /*
- * pybridge/stream.c - dmem.Stream (a stream of a runtime, from
+ * pybridge/py_stream.c - dmem.Stream (a stream of a runtime, from
  * Runtime.stream()) and the conversion of every stream argument the module
  * accepts: None, a dmem.Stream, and under CUDA an int cudaStream_t or a
  * CuPy, PyTorch, Numba or __cuda_stream__ stream object.
  *
  * A Stream holds a strong reference to its Runtime. It counts the lock views
- * that hold their lock on it (view.c: the block, then any live export) so
+ * that hold their lock on it (py_view.c: the block, then any live export) so
  * that close() refuses while one does.
  */
 #include "pydmem.h"

@@ -1,12 +1,12 @@
 /*
- * pybridge/module.c - the top layer: the module dmem._dmem itself.
+ * pybridge/py_module.c - the top layer: the module dmem._dmem itself.
  * PyInit__dmem readies the types and registers them, the exception classes
- * (made here from errors.c's status table) and the status constants; the
+ * (made here from py_errors.c's status table) and the status constants; the
  * module functions are the package's hooks: closing every runtime at exit,
  * disowning them in a forked child, registering dmem.Controller.
  *
- * The other files, bottom up: errors.c, args.c, stream.c, view.c, buffer.c,
- * controller.c, launch.c, raw.c, runtime.c, hooks.c (see pydmem.h).
+ * The other files, bottom up: py_errors.c, py_args.c, py_stream.c, py_view.c, py_buffer.c,
+ * py_controller.c, py_launch.c, py_raw.c, py_runtime.c, py_hooks.c (see pydmem.h).
  */
 #include "pydmem.h"
 
@@ -109,7 +109,7 @@ static struct PyModuleDef pyd_module = {
     "dmem._dmem: CPython bindings of the dmem runtime (use the package `dmem`).", -1,
     pyd_mod_methods, NULL, pyd_mod_traverse, NULL, NULL};
 
-/* The exception classes of errors.c's table, stored back there. */
+/* The exception classes of py_errors.c's table, stored back there. */
 static int pyd_add_exceptions(PyObject *m) {
   PyObject *dict = Py_BuildValue("{s:O,s:O,s:s}", "status", Py_None, "name", Py_None, "detail", "");
   if (!dict) return -1;

@@ -1,11 +1,11 @@
 /*
- * pybridge/runtime.c - dmem.Runtime: creation from keyword arguments, close
+ * pybridge/py_runtime.c - dmem.Runtime: creation from keyword arguments, close
  * (waiting for calls in flight), alloc, streams, eviction and statistics,
- * and the list of open runtimes that module.c closes at exit or disowns in a
+ * and the list of open runtimes that py_module.c closes at exit or disowns in a
  * forked child.
  *
- * The launch entry points are in launch.c and the controller methods in
- * controller.c; this file's method table lists them with its own.
+ * The launch entry points are in py_launch.c and the controller methods in
+ * py_controller.c; this file's method table lists them with its own.
  */
 #include "pydmem.h"
 
@@ -583,7 +583,7 @@ static PyObject *pyd_runtime_stats(pyd_runtime_t *self, PyObject *args, PyObject
       "pool_misses", (unsigned long long)s.pool_misses);
   if (d && stats_copy_block(d, &s) < 0) Py_CLEAR(d);
   if (!d) return NULL;
-  /* the bridge's own: buffers held by exports of lock views (view.c) */
+  /* the bridge's own: buffers held by exports of lock views (py_view.c) */
   Py_ssize_t exposed = pyd_view_exposed_buffers(self);
   PyObject *ex = exposed < 0 ? NULL
                              : Py_BuildValue("{s:n,s:{s:n,s:n,s:n}}", "exposed", exposed, "exports",
