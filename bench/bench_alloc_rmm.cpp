@@ -40,7 +40,7 @@ cuda::stream_ref stream_of(void *stream) {
 constexpr std::size_t align = rmm::CUDA_ALLOCATION_ALIGNMENT;
 
 template <class MR>
-void *create(const char *what, std::size_t bytes) {
+void *mr_create(const char *what, std::size_t bytes) {
   try {
     return new MR(rmm::mr::cuda_memory_resource{}, bytes);
   } catch (const std::exception &e) {
@@ -49,7 +49,7 @@ void *create(const char *what, std::size_t bytes) {
 }
 
 template <class MR>
-void *alloc(void *mr, std::size_t n, void *stream, const char *what) {
+void *mr_alloc(void *mr, std::size_t n, void *stream, const char *what) {
   try {
     return static_cast<MR *>(mr)->allocate(stream_of(stream), n, align);
   } catch (const std::exception &e) {
@@ -58,12 +58,12 @@ void *alloc(void *mr, std::size_t n, void *stream, const char *what) {
 }
 
 template <class MR>
-void release(void *mr, void *p, std::size_t n, void *stream) {
+void mr_release(void *mr, void *p, std::size_t n, void *stream) {
   static_cast<MR *>(mr)->deallocate(stream_of(stream), p, n, align); /* noexcept */
 }
 
 template <class MR>
-void destroy(void *mr, const char *what) {
+void mr_destroy(void *mr, const char *what) {
   try {
     delete static_cast<MR *>(mr);
   } catch (const std::exception &e) {
@@ -85,26 +85,26 @@ struct ref_holder {
 extern "C" {
 
 void *bench_rmm_pool_create(size_t initial_bytes) {
-  return create<pool_mr>("pool_memory_resource", initial_bytes);
+  return mr_create<pool_mr>("pool_memory_resource", initial_bytes);
 }
 void *bench_rmm_pool_alloc(void *mr, size_t n, void *stream) {
-  return alloc<pool_mr>(mr, n, stream, "pool allocate");
+  return mr_alloc<pool_mr>(mr, n, stream, "pool allocate");
 }
 void bench_rmm_pool_free(void *mr, void *p, size_t n, void *stream) {
-  release<pool_mr>(mr, p, n, stream);
+  mr_release<pool_mr>(mr, p, n, stream);
 }
-void bench_rmm_pool_destroy(void *mr) { destroy<pool_mr>(mr, "pool destroy"); }
+void bench_rmm_pool_destroy(void *mr) { mr_destroy<pool_mr>(mr, "pool destroy"); }
 
 void *bench_rmm_arena_create(size_t arena_bytes) {
-  return create<arena_mr>("arena_memory_resource", arena_bytes);
+  return mr_create<arena_mr>("arena_memory_resource", arena_bytes);
 }
 void *bench_rmm_arena_alloc(void *mr, size_t n, void *stream) {
-  return alloc<arena_mr>(mr, n, stream, "arena allocate");
+  return mr_alloc<arena_mr>(mr, n, stream, "arena allocate");
 }
 void bench_rmm_arena_free(void *mr, void *p, size_t n, void *stream) {
-  release<arena_mr>(mr, p, n, stream);
+  mr_release<arena_mr>(mr, p, n, stream);
 }
-void bench_rmm_arena_destroy(void *mr) { destroy<arena_mr>(mr, "arena destroy"); }
+void bench_rmm_arena_destroy(void *mr) { mr_destroy<arena_mr>(mr, "arena destroy"); }
 
 void *bench_rmm_dmem_ref_create(void *rt) {
   try {

@@ -20,7 +20,7 @@
  * Past DMEM__LOCKED_SLOTS live tables, or when a record cannot be made, the
  * delta goes to the table's locked_shared (an atomic add).
  */
-#include "core/runtime.h"
+#include "core/locked.h"
 
 #include <pthread.h>
 #include <stdlib.h>
