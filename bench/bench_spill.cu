@@ -500,6 +500,47 @@ static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enu
   if (result) printf("RESULT bench_spill.%s=%.4f\n", result, mq);
 }
 
+/* Where the time of a launch + dmem_stream_release goes: the mean host time
+ * inside each call, against the time inside a bare launch, over 1000 of
+ * each (a clock read around every call; the two loops alternate 5 times,
+ * medians). Diagnostic lines, no target. */
+static void launch_release_split(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h) {
+  const long iters = 1000;
+  std::vector<double> la, re, ba, sy, sb;
+  for (int r = 0; r < 5; r++) {
+    double tl = 0, tr = 0, tb = 0;
+    for (long i = 0; i < iters; i++) {
+      double t0 = now_s();
+      TRY(dmem_launch_async(rt, s, &h, 1, empty_launch, NULL));
+      double t1 = now_s();
+      TRY(dmem_stream_release(rt, s));
+      tr += now_s() - t1;
+      tl += t1 - t0;
+    }
+    double t2 = now_s();
+    TRY(dmem_stream_synchronize(rt, s));
+    sy.push_back((now_s() - t2) * 1e6);
+    TRY(dmem_runtime_poll(rt));
+    for (long i = 0; i < iters; i++) {
+      double t0 = now_s();
+      empty_kernel<<<1, 1, 0, (cudaStream_t)s>>>();
+      tb += now_s() - t0;
+    }
+    double t3 = now_s();
+    CU(cudaStreamSynchronize((cudaStream_t)s));
+    sb.push_back((now_s() - t3) * 1e6);
+    la.push_back(tl / iters * 1e9);
+    re.push_back(tr / iters * 1e9);
+    ba.push_back(tb / iters * 1e9);
+  }
+  printf("split of 1000 x (launch + release): launch_async %.0f ns, stream_release %.0f ns, "
+         "bare launch %.0f ns; final sync %.0f us (dmem) / %.0f us (bare)\n",
+         median(la), median(re), median(ba), median(sy), median(sb));
+  printf("RESULT bench_spill.split_launch_async_ns=%.0f\nRESULT bench_spill.split_release_ns=%.0f\n"
+         "RESULT bench_spill.split_bare_launch_ns=%.0f\n",
+         median(la), median(re), median(ba));
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -619,6 +660,7 @@ int main(int argc, char **argv) {
              "launch_release");
   launch_row(rt, s, h, ONE_BY_ONE, "launch + sync_and_unlock / synchronise, each",
              "launch_each");
+  launch_release_split(rt, s, h);
 
   dmem_buffer_info_t info;
   TRY(dmem_buffer_info(rt, h, &info));
