@@ -311,10 +311,11 @@ static PyObject *pyd_runtime_exit(pyd_runtime_t *self, PyObject *args) {
 
 /* ---- calls -------------------------------------------------------------------- */
 
-/* alloc(nbytes, *, priority=0, pinned=False): the hot path; keep it thin. */
+/* alloc(nbytes, *, priority=0, pinned=False, stable=False): the hot path; keep it thin. */
 static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames) {
-  PyObject *size_o = nargs >= 1 ? args[0] : NULL, *prio_o = NULL, *pinned_o = NULL;
+  PyObject *size_o = nargs >= 1 ? args[0] : NULL, *prio_o = NULL, *pinned_o = NULL,
+           *stable_o = NULL;
   if (nargs > 1) {
     PyErr_Format(PyExc_TypeError, "alloc() takes 1 positional argument but %zd were given",
                  nargs);
@@ -326,6 +327,7 @@ static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, P
       PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
       if (PyUnicode_CompareWithASCIIString(k, "priority") == 0) prio_o = v;
       else if (PyUnicode_CompareWithASCIIString(k, "pinned") == 0) pinned_o = v;
+      else if (PyUnicode_CompareWithASCIIString(k, "stable") == 0) stable_o = v;
       else if (PyUnicode_CompareWithASCIIString(k, "nbytes") == 0 && !size_o) size_o = v;
       else {
         PyErr_Format(PyExc_TypeError, "alloc() got an unexpected keyword argument %R", k);
@@ -361,6 +363,11 @@ static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, P
     int t = PyObject_IsTrue(pinned_o);
     if (t < 0) return NULL;
     if (t) flags |= DMEM_ALLOC_PINNED;
+  }
+  if (stable_o) {
+    int t = PyObject_IsTrue(stable_o);
+    if (t < 0) return NULL;
+    if (t) flags |= DMEM_BUFFER_STABLE_ADDRESS;
   }
   if (pyd_runtime_check(self) < 0) return NULL;
 
@@ -820,8 +827,11 @@ static PyObject *pyd_runtime_repr(pyd_runtime_t *self) {
 
 static PyMethodDef pyd_runtime_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))pyd_runtime_alloc, METH_FASTCALL | METH_KEYWORDS,
-     "alloc(nbytes, *, priority=0, pinned=False) -> Buffer\n\n"
-     "Allocate a spillable buffer (uninitialised). May spill other buffers."},
+     "alloc(nbytes, *, priority=0, pinned=False, stable=False) -> Buffer\n\n"
+     "Allocate a spillable buffer (uninitialised). May spill other buffers.\n"
+     "stable=True: the device address (view.ptr while locked) is the same for the buffer's\n"
+     "whole life, across spills (CUDA VMM; nbytes is rounded up to the granularity, 2 MiB\n"
+     "on current GPUs, for the device limit; not with pinned=True: ValueError)."},
     {"stream", (PyCFunction)pyd_runtime_stream, METH_NOARGS,
      "stream() -> Stream: a new stream of this runtime."},
     {"lock_and_launch", (PyCFunction)(void (*)(void))pyd_runtime_lock_and_launch,

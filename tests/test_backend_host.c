@@ -729,3 +729,63 @@ TEST_CASE(destroy_with_queued_work) {
   CHECK_EQ(dst[0], 7);
   CHECK_EQ(dst[4095], 7);
 }
+
+/* The VMM simulation: a reserved range keeps its address, memory mapped
+ * there counts against the capacity, is poisoned and writable after
+ * set_access, gone after unmap (the same address maps again); misuse gives
+ * a status, never a crash. */
+TEST_CASE(vmm_reserve_map_unmap) {
+  dmem__backend_t *be = make_backend(1 * MiB);
+  size_t g = 0;
+  REQUIRE_OK(be->vmm_granularity(be, &g));
+  REQUIRE_TRUE(g >= 4096 && 1 * MiB % g == 0);
+  void *va = NULL;
+  CHECK_STATUS(be->va_reserve(be, g + 1, &va), DMEM_ERR_INVALID_ARGUMENT);
+  REQUIRE_OK(be->va_reserve(be, 2 * g, &va));
+  CHECK_UEQ((uintptr_t)va % g, 0);
+  size_t free_b = 0;
+  CHECK_OK(be->mem_info(be, &free_b, NULL));
+  CHECK_UEQ(free_b, 1 * MiB); /* address space costs nothing */
+  uint64_t h = 0, h2 = 0;
+  REQUIRE_OK(be->mem_create(be, 2 * g, &h));
+  CHECK_OK(be->mem_info(be, &free_b, NULL));
+  CHECK_UEQ(free_b, 1 * MiB - 2 * g);
+  CHECK_STATUS(be->mem_create(be, 1 * MiB, &h2), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(be->mem_set_access(be, va, 2 * g), DMEM_ERR_DEVICE); /* nothing mapped */
+  CHECK_STATUS(be->mem_map(be, va, g, h), DMEM_ERR_DEVICE);        /* size differs */
+  CHECK_STATUS(be->mem_map(be, (char *)va + 4 * g, 2 * g, h), DMEM_ERR_DEVICE); /* outside */
+  REQUIRE_OK(be->mem_map(be, va, 2 * g, h));
+  CHECK_STATUS(be->mem_map(be, va, 2 * g, h), DMEM_ERR_DEVICE); /* already mapped */
+  REQUIRE_OK(be->mem_set_access(be, va, 2 * g));
+  unsigned char *p = va;
+  CHECK_EQ(p[0], 0xDB); /* new memory: poison */
+  CHECK_EQ(p[2 * g - 1], 0xDB);
+  memset(p, 7, 2 * g);
+  CHECK_STATUS(be->va_free(be, va, 2 * g), DMEM_ERR_INVALID_ARGUMENT); /* still mapped */
+  CHECK_STATUS(be->mem_unmap(be, va, g), DMEM_ERR_INVALID_ARGUMENT);   /* not the mapping */
+  REQUIRE_OK(be->mem_unmap(be, va, 2 * g));
+  CHECK_STATUS(be->mem_unmap(be, va, 2 * g), DMEM_ERR_INVALID_ARGUMENT);
+  REQUIRE_OK(be->mem_release(be, h));
+  CHECK_STATUS(be->mem_release(be, h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(be->mem_info(be, &free_b, NULL));
+  CHECK_UEQ(free_b, 1 * MiB);
+  /* the same address, new memory */
+  REQUIRE_OK(be->mem_create(be, 2 * g, &h2));
+  REQUIRE_OK(be->mem_map(be, va, 2 * g, h2));
+  REQUIRE_OK(be->mem_set_access(be, va, 2 * g));
+  CHECK_EQ(p[g], 0xDB);
+  /* released while mapped: freed at the unmap (as CUDA does) */
+  REQUIRE_OK(be->mem_release(be, h2));
+  CHECK_OK(be->mem_info(be, &free_b, NULL));
+  CHECK_UEQ(free_b, 1 * MiB - 2 * g);
+  REQUIRE_OK(be->mem_unmap(be, va, 2 * g));
+  CHECK_OK(be->mem_info(be, &free_b, NULL));
+  CHECK_UEQ(free_b, 1 * MiB);
+  REQUIRE_OK(be->va_free(be, va, 2 * g));
+  CHECK_STATUS(be->va_free(be, va, 2 * g), DMEM_ERR_INVALID_ARGUMENT);
+  /* left live at destroy: destroy frees them */
+  REQUIRE_OK(be->va_reserve(be, g, &va));
+  REQUIRE_OK(be->mem_create(be, g, &h));
+  REQUIRE_OK(be->mem_map(be, va, g, h));
+  be->destroy(be);
+}

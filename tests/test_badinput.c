@@ -461,7 +461,13 @@ ROW(dmem_alloc, "size SIZE_MAX, pinned", DMEM_ERR_OUT_OF_MEMORY,
     dmem_alloc(f->rt, SIZE_MAX, DMEM_ALLOC_PINNED, &f->h_out))
 ROW(dmem_alloc, "size one past the limit", DMEM_ERR_OUT_OF_MEMORY,
     dmem_alloc(f->rt, LIMIT + 1, 0, &f->h_out))
-ROW(dmem_alloc, "unknown flag 1<<1", INVAL, dmem_alloc(f->rt, BUF, 1u << 1, &f->h_out))
+ROW(dmem_alloc, "unknown flag 1<<2", INVAL, dmem_alloc(f->rt, BUF, 1u << 2, &f->h_out))
+ROW(dmem_alloc, "pinned and stable", INVAL,
+    dmem_alloc(f->rt, BUF, DMEM_ALLOC_PINNED | DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
+ROW(dmem_alloc, "size SIZE_MAX, stable", DMEM_ERR_OUT_OF_MEMORY,
+    dmem_alloc(f->rt, SIZE_MAX, DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
+ROW(dmem_alloc, "size one past the limit, stable", DMEM_ERR_OUT_OF_MEMORY,
+    dmem_alloc(f->rt, LIMIT + 1, DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
 ROW(dmem_alloc, "unknown flag 1<<31", INVAL, dmem_alloc(f->rt, BUF, 1u << 31, &f->h_out))
 ROW(dmem_alloc, "all flags", INVAL, dmem_alloc(f->rt, BUF, ~0u, &f->h_out))
 ROW(dmem_free, "rt NULL", INVAL, dmem_free(NULL, RES))

@@ -161,6 +161,10 @@ typedef struct fx {
   size_t size[NBUF];
   uint64_t seed[NBUF];
   bool live[NBUF], known[NBUF];
+  /* DMEM_BUFFER_STABLE_ADDRESS buffers: their address, from the first
+   * lock on; every later lock must return it */
+  bool stable[NBUF];
+  void *addr[NBUF];
   /* raw allocations (their stream is raw_s) */
   void *raw[NRAW];
   size_t rawsize[NRAW];
@@ -324,6 +328,10 @@ static dmem_status_t put(fx_t *f, int i, uint64_t seed) {
   if (!tmp) abort();
   pat_fill(tmp, n, seed);
   dmem_status_t st = DO(API_LOCK, dmem_lock(f->rt, f->h[i], NULL, &p));
+  if (st == DMEM_OK && f->stable[i]) {
+    if (!f->addr[i]) f->addr[i] = p;
+    EXPECT(p == f->addr[i], "stable buffer %d locked at %p, first at %p", i, p, f->addr[i]);
+  }
   if (st == DMEM_OK) {
     f->known[i] = false;
     st = DO(API_COPY, dmem_copy(f->rt, p, tmp, n, NULL));
@@ -350,6 +358,8 @@ static dmem_status_t add_buffer(fx_t *f, size_t size, unsigned flags) {
   f->size[i] = size;
   f->live[i] = true;
   f->known[i] = false;
+  f->stable[i] = (flags & DMEM_BUFFER_STABLE_ADDRESS) != 0;
+  f->addr[i] = NULL;
   return put(f, i, ++f->seeds);
 }
 
@@ -379,6 +389,8 @@ static size_t bad_bytes(fx_t *f, int i) {
   void *tmp = calloc(1, n), *p = NULL;
   if (!tmp) abort();
   dmem_status_t st = dmem_lock(f->rt, f->h[i], NULL, &p);
+  if (st == DMEM_OK && f->stable[i] && f->addr[i])
+    EXPECT(p == f->addr[i], "stable buffer %d locked at %p, first at %p", i, p, f->addr[i]);
   if (st == DMEM_OK) st = dmem_copy(f->rt, tmp, p, n, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, NULL);
   if (p) (void)dmem_unlock(f->rt, f->h[i]);
@@ -1009,7 +1021,8 @@ typedef struct loop_result {
 } loop_result_t;
 
 static int64_t live_sum(const dmem__fault_report_t *r) {
-  return r->live_device_allocs + r->live_host_allocs + r->live_events + r->live_streams;
+  return r->live_device_allocs + r->live_host_allocs + r->live_events + r->live_streams +
+         r->live_vmm;
 }
 
 /* One run with `plan`; returns whether a call was failed. */
@@ -1081,11 +1094,13 @@ static bool run_once(const scenario_t *sc, const dmem__fault_plan_t *plan, loop_
   dmem__fault_report(&r1);
   EXPECT(live_sum(&r1) == live_sum(&r0),
          "after destroy the backend still holds %lld device allocations, %lld pinned, "
-         "%lld events, %lld streams more than before",
+         "%lld events, %lld streams, %lld address ranges and physical allocations more "
+         "than before",
          (long long)(r1.live_device_allocs - r0.live_device_allocs),
          (long long)(r1.live_host_allocs - r0.live_host_allocs),
          (long long)(r1.live_events - r0.live_events),
-         (long long)(r1.live_streams - r0.live_streams));
+         (long long)(r1.live_streams - r0.live_streams),
+         (long long)(r1.live_vmm - r0.live_vmm));
   if (f->bad && r.fired)
     fprintf(stderr, "  (the injected failure: %s gave %s)\n", dmem__fault_call_name(r.fired_call),
             dmem_status_name(r.fired_status));
@@ -1097,6 +1112,9 @@ static double now_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+/* Failed calls per kind in the last run_scenario's two loops. */
+static int last_failed[DMEM__FAULT_NCALLS];
 
 /* For n = 1, 2, ... (every stride-th): fail the n-th call, check, until a
  * run fails nothing. Both plans: own statuses, then everything fatal. */
@@ -1138,7 +1156,8 @@ static void run_scenario(const scenario_t *sc) {
   static const dmem__fault_call_t persistent[] = {
       DMEM__FAULT_DEVICE_ALLOC, DMEM__FAULT_HOST_ALLOC,  DMEM__FAULT_MEMCPY_ASYNC,
       DMEM__FAULT_EVENT_RECORD, DMEM__FAULT_DISK_ALLOC, DMEM__FAULT_DISK_WRITE,
-      DMEM__FAULT_DISK_READ};
+      DMEM__FAULT_DISK_READ,    DMEM__FAULT_MEM_CREATE, DMEM__FAULT_MEM_MAP,
+      DMEM__FAULT_VA_RESERVE};
   loop_result_t pres;
   memset(&pres, 0, sizeof pres);
   for (size_t k = 0; sc->full && k < sizeof persistent / sizeof persistent[0]; k++) {
@@ -1150,6 +1169,8 @@ static void run_scenario(const scenario_t *sc) {
   }
   /* the clean run passed every check too (it ended each loop) */
   CHECK_GT(res[0].points, 0);
+  for (int c = 0; c < DMEM__FAULT_NCALLS; c++)
+    last_failed[c] = res[0].by_call[c] + res[1].by_call[c];
   if (sc->full) CHECK_GT(res[1].points, 0);
   char kinds[1024];
   size_t at = 0;
@@ -1227,6 +1248,59 @@ TEST_CASE(launch) {
 TEST_CASE(raw) {
   scenario_t sc = {"raw", LIMIT, 0, false, false, true, raw_setup, raw_run};
   run_scenario(&sc);
+}
+
+/* stable-address buffers (DMEM_BUFFER_STABLE_ADDRESS): every VMM call of
+ * the backend fails somewhere in alloc, spill to host and disk, unspill,
+ * lock, eviction under pressure and free; the bytes and the addresses stay.
+ * Sizes are multiples of the backend's granularity (stable_g), so that the
+ * charge of a buffer is its size. */
+static size_t stable_g;
+static void stable_setup(fx_t *f) {
+  for (int k = 0; k < 3; k++)
+    if (add_buffer(f, stable_g, DMEM_BUFFER_STABLE_ADDRESS) != DMEM_OK) setup_fail("stable", 0);
+  if (add_buffer(f, stable_g, 0) != DMEM_OK) setup_fail("buffer", 0);
+}
+static void stable_run(fx_t *f) {
+  (void)t_spill(f, 0, DMEM_TIER_HOST);
+  (void)t_spill(f, 1, DMEM_TIER_DISK);
+  (void)t_unspill(f, 0, f->s);
+  void *p;
+  if (t_lock(f, 1, NULL, &p) == DMEM_OK) {
+    if (f->addr[1]) EXPECT(p == f->addr[1], "stable buffer 1 moved: %p, first %p", p, f->addr[1]);
+    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[1]));
+  }
+  (void)add_buffer(f, 2 * stable_g, DMEM_BUFFER_STABLE_ADDRESS); /* 6 of 8 */
+  (void)add_buffer(f, 3 * stable_g, DMEM_BUFFER_STABLE_ADDRESS); /* past the limit: evicts */
+  (void)t_spill(f, 2, DMEM_TIER_HOST);
+  (void)DO(API_FREE, dmem_free(f->rt, f->h[2])); /* freed spilled */
+  f->live[2] = false;
+  (void)DO(API_FREE, dmem_free(f->rt, f->h[0])); /* freed resident (or wherever it is) */
+  f->live[0] = false;
+  (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
+}
+
+TEST_CASE(stable) {
+  {
+    fx_t g0;
+    memset(&g0, 0, sizeof g0);
+    g0.limit = LIMIT;
+    dmem_runtime_t *rt = NULL;
+    dmem_status_t st = create_runtime(&g0, &rt);
+    if (st == DMEM_ERR_NO_DEVICE) SKIP("no device for DMEM_BACKEND=%s", getenv("DMEM_BACKEND"));
+    if (st != DMEM_OK || dmem__stable_granularity(rt, &stable_g) != DMEM_OK) setup_fail("granularity", st);
+    dmem_runtime_destroy(rt);
+  }
+  static const dmem__fault_call_t must[] = {
+      DMEM__FAULT_VMM_GRANULARITY, DMEM__FAULT_VA_RESERVE, DMEM__FAULT_VA_FREE,
+      DMEM__FAULT_MEM_CREATE,      DMEM__FAULT_MEM_RELEASE, DMEM__FAULT_MEM_MAP,
+      DMEM__FAULT_MEM_SET_ACCESS,  DMEM__FAULT_MEM_UNMAP,   DMEM__FAULT_ANY};
+  scenario_t sc = {"stable", 8 * stable_g, 0, false, false, true, stable_setup, stable_run};
+  run_scenario(&sc);
+  for (const dmem__fault_call_t *c = must; *c != DMEM__FAULT_ANY; c++) {
+    if (last_failed[*c] == 0) fprintf(stderr, "stable: no run failed %s\n", dmem__fault_call_name(*c));
+    CHECK_GT(last_failed[*c], 0);
+  }
 }
 
 TEST_CASE(create_destroy) {

@@ -23,7 +23,31 @@ extern "C" {
 enum {
   DMEM_ALLOC_DEFAULT = 0,
   /** Never spillable (for memory whose address is handed out for good). */
-  DMEM_ALLOC_PINNED = 1u << 0
+  DMEM_ALLOC_PINNED = 1u << 0,
+  /**
+   * Spillable, and the device pointer that locking returns is the same for
+   * the buffer's whole life, across any number of spills and unspills: a
+   * CUDA graph captured over it, a pointer kept in a library handle or a
+   * long-running kernel's argument stays valid (used only while the buffer
+   * is locked; the lock protocol is unchanged). The CUDA backend reserves
+   * a virtual address range (cuMemAddressReserve) and maps physical memory
+   * there while the buffer is resident (cuMemCreate, cuMemMap,
+   * cuMemSetAccess); a spill copies the bytes out as for any buffer, waits
+   * for that copy, then unmaps and releases the memory (cuMemUnmap,
+   * cuMemRelease); an unspill maps new memory at the same address and
+   * copies back. The host backend simulates it (the range is PROT_NONE
+   * while the buffer is not resident: a stray access faults).
+   *
+   * Cost: the size is rounded up to the VMM granularity (2 MiB on current
+   * NVIDIA GPUs; 64 KiB on the host backend), and the rounded size counts
+   * against the device limit while resident (dmem_stats' device_used);
+   * each unspill maps and each spill unmaps (driver calls of tens of
+   * microseconds, and cuMemUnmap may synchronise the device); a spill
+   * waits on the host for its copy; stable buffers are spilled one at a
+   * time, never in eviction batches. docs/stable.md has the measurements
+   * and the CUDA graph pattern. Not with DMEM_ALLOC_PINNED.
+   */
+  DMEM_BUFFER_STABLE_ADDRESS = 1u << 1
 };
 
 /** Most locks one buffer can hold at once. */
@@ -46,10 +70,12 @@ typedef struct dmem_buffer_info {
  * priority first, then by the eviction policy: dmem_set_priority) and the
  * allocation retried.
  *
- * @param flags  0 or DMEM_ALLOC_PINNED.
+ * @param flags  0, DMEM_ALLOC_PINNED or DMEM_BUFFER_STABLE_ADDRESS.
  * @param h_out  receives the handle on success; untouched on failure.
  * @return DMEM_OK;
- *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL, size 0, unknown flags;
+ *         DMEM_ERR_INVALID_ARGUMENT  rt or h_out NULL, size 0, unknown flags,
+ *                                    DMEM_ALLOC_PINNED with
+ *                                    DMEM_BUFFER_STABLE_ADDRESS;
  *         DMEM_ERR_OUT_OF_MEMORY     size exceeds the limit (SIZE_MAX
  *                                    included: at once, nothing spilled), or
  *                                    nothing more can be spilled (after
@@ -63,7 +89,12 @@ typedef struct dmem_buffer_info {
  *                                    could not be spilled for lack of host
  *                                    memory;
  *         DMEM_ERR_IO                victims could not be written to disk;
- *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
+ *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL (DMEM_ERR_DEVICE also when
+ *                                    DMEM_BUFFER_STABLE_ADDRESS is asked
+ *                                    of a device without virtual memory
+ *                                    management).
+ *         With DMEM_BUFFER_STABLE_ADDRESS, `size` rounded up to the
+ *         granularity is what must fit the limit.
  */
 DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
                                   dmem_handle_t *h_out);

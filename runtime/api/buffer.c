@@ -9,13 +9,35 @@
 #include "api/api.h"
 #include <string.h>
 
+/* A buffer with a device address of its own (spill/pressure.c,
+ * memory/stable.c): fresh physical memory, nothing to order after. */
+static dmem_status_t alloc_stable(dmem_runtime_t *rt, size_t size, unsigned flags,
+                                  dmem_handle_t *h_out) {
+  void *va = NULL;
+  dmem_status_t st = dmem__pressure_stable_alloc(rt, size, &va);
+  if (st != DMEM_OK) return st;
+  uint32_t slot;
+  dmem__buffer_t *b = NULL;
+  st = dmem__table_take(rt->table, &slot, &b);
+  if (st != DMEM_OK) {
+    dmem__stable_free(rt, va);
+    return st;
+  }
+  *h_out = dmem__buffer_publish(rt, b, slot, size, flags, va, NULL, 0);
+  return DMEM_OK;
+}
+
 dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_handle_t *h_out) {
   if (!rt || !h_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: NULL argument");
   if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: size 0");
-  if (flags & ~(unsigned)DMEM_ALLOC_PINNED)
+  if (flags & ~(unsigned)(DMEM_ALLOC_PINNED | DMEM_BUFFER_STABLE_ADDRESS))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: unknown flags 0x%x", flags);
+  if ((flags & DMEM_ALLOC_PINNED) && (flags & DMEM_BUFFER_STABLE_ADDRESS))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "dmem_alloc: DMEM_ALLOC_PINNED with DMEM_BUFFER_STABLE_ADDRESS");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
+  if (flags & DMEM_BUFFER_STABLE_ADDRESS) return alloc_stable(rt, size, flags, h_out);
   /* The buffer has no stream yet: its block is taken in the order stream's
    * order. If the pool made that stream wait for the block's last use (a
    * spill copy, say), lockers order their streams after an event recorded

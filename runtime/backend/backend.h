@@ -18,6 +18,7 @@
 #define DMEM_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dmem/config.h"
 #include "dmem/status.h"
@@ -89,6 +90,40 @@ struct dmem__backend {
 
   /* Free and total device memory as the device sees it. */
   dmem_status_t (*mem_info)(dmem__backend_t *be, size_t *free_out, size_t *total_out);
+
+  /* Virtual memory management (CUDA VMM: cuMemAddressReserve, cuMemCreate,
+   * cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree),
+   * for buffers that keep their device address while their physical memory
+   * comes and goes (runtime/memory/stable.c). Sizes and addresses are
+   * multiples of vmm_granularity. A reserved range is not accessible until
+   * physical memory is mapped into it and access is set; unmapped, it is
+   * a reservation again (host backend: PROT_NONE, so that an access faults).
+   *
+   * vmm_granularity: the size every reservation, allocation and mapping is
+   *   a multiple of (cuMemGetAllocationGranularity, minimum).
+   * va_reserve: reserve `size` bytes of device address space, no memory
+   *   behind it. DMEM_ERR_OUT_OF_MEMORY when the address space is exhausted.
+   * va_free: give a whole reserved range back (nothing mapped in it).
+   * mem_create: `size` bytes of physical device memory, counted against the
+   *   device's capacity as device_alloc is; *handle_out names it.
+   *   DMEM_ERR_OUT_OF_MEMORY when the device is full.
+   * mem_release: give physical memory back (once unmapped).
+   * mem_map: map the whole of `handle` (size bytes) at va, a reserved
+   *   range of that size; mem_set_access then makes it readable and
+   *   writable by the backend's device. Bytes are undefined after a map.
+   * mem_unmap: unmap [va, va + size), which must be one whole mapping;
+   *   the range stays reserved. Waits for nothing: the caller orders it
+   *   after the last use of the memory.
+   * The frees (mem_unmap, mem_release, va_free) fail only with the sticky
+   * error of earlier work (DMEM_ERR_DEVICE_FATAL). */
+  dmem_status_t (*vmm_granularity)(dmem__backend_t *be, size_t *granularity_out);
+  dmem_status_t (*va_reserve)(dmem__backend_t *be, size_t size, void **va_out);
+  dmem_status_t (*va_free)(dmem__backend_t *be, void *va, size_t size);
+  dmem_status_t (*mem_create)(dmem__backend_t *be, size_t size, uint64_t *handle_out);
+  dmem_status_t (*mem_release)(dmem__backend_t *be, uint64_t handle);
+  dmem_status_t (*mem_map)(dmem__backend_t *be, void *va, size_t size, uint64_t handle);
+  dmem_status_t (*mem_set_access)(dmem__backend_t *be, void *va, size_t size);
+  dmem_status_t (*mem_unmap)(dmem__backend_t *be, void *va, size_t size);
 
   /* Tear down (after the runtime has freed everything). */
   void (*destroy)(dmem__backend_t *be);

@@ -639,6 +639,145 @@ static dmem_status_t cuda_event_synchronize(dmem__backend_t *be, void *event) {
   return st;
 }
 
+/* ---- virtual memory management ---------------------------------------------------------- */
+
+/* Physical memory of the backend's device: pinned (not migratable), no
+ * shareable handle (nothing is exported). */
+static CUmemAllocationProp cuda_vmm_prop(const cuda_backend_t *cb) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = cb->drv.device;
+  return prop;
+}
+
+static dmem_status_t cuda_vmm_granularity(dmem__backend_t *be, size_t *granularity_out) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (granularity_out == NULL)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cuMemGetAllocationGranularity: NULL argument");
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemGetAllocationGranularity", &sc);
+  if (st != DMEM_OK) return st;
+  CUmemAllocationProp prop = cuda_vmm_prop(cb);
+  size_t g = 0;
+  CUresult r = cb->drv.mem_get_allocation_granularity(&g, &prop,
+                                                        CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS) st = cuda_cu_fail(cb, r, "cuMemGetAllocationGranularity");
+  else if (g == 0)
+    st = dmem__error(DMEM_ERR_DEVICE, "cuMemGetAllocationGranularity: granularity 0");
+  cuda_leave(cb, &sc);
+  if (st == DMEM_OK) *granularity_out = g;
+  return st;
+}
+
+static dmem_status_t cuda_va_reserve(dmem__backend_t *be, size_t size, void **va_out) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (size == 0 || va_out == NULL)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cuMemAddressReserve: size 0 or va_out NULL");
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemAddressReserve", &sc);
+  if (st != DMEM_OK) return st;
+  CUdeviceptr va = 0;
+  CUresult r = cb->drv.mem_address_reserve(&va, size, 0, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    char call[64];
+    snprintf(call, sizeof call, "cuMemAddressReserve(%zu)", size);
+    st = cuda_cu_fail(cb, r, call);
+  }
+  cuda_leave(cb, &sc);
+  if (st == DMEM_OK) *va_out = (void *)(uintptr_t)va;
+  return st;
+}
+
+static dmem_status_t cuda_va_free(dmem__backend_t *be, void *va, size_t size) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (va == NULL || cuda_is_fatal(cb)) return DMEM_OK; /* fatal: gone with the context */
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemAddressFree", &sc);
+  if (st != DMEM_OK) return st;
+  CUresult r = cb->drv.mem_address_free((CUdeviceptr)(uintptr_t)va, size);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) st = cuda_cu_fail(cb, r, "cuMemAddressFree");
+  cuda_leave(cb, &sc);
+  return st;
+}
+
+static dmem_status_t cuda_mem_create(dmem__backend_t *be, size_t size, uint64_t *handle_out) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (size == 0 || handle_out == NULL)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cuMemCreate: size 0 or handle_out NULL");
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemCreate", &sc);
+  if (st != DMEM_OK) return st;
+  CUmemAllocationProp prop = cuda_vmm_prop(cb);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = cb->drv.mem_create(&h, size, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    char call[64];
+    snprintf(call, sizeof call, "cuMemCreate(%zu)", size);
+    st = cuda_cu_fail(cb, r, call);
+  }
+  cuda_leave(cb, &sc);
+  if (st == DMEM_OK) *handle_out = (uint64_t)h;
+  return st;
+}
+
+static dmem_status_t cuda_mem_release(dmem__backend_t *be, uint64_t handle) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (cuda_is_fatal(cb)) return DMEM_OK;
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemRelease", &sc);
+  if (st != DMEM_OK) return st;
+  CUresult r = cb->drv.mem_release((CUmemGenericAllocationHandle)handle);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) st = cuda_cu_fail(cb, r, "cuMemRelease");
+  cuda_leave(cb, &sc);
+  return st;
+}
+
+static dmem_status_t cuda_mem_map(dmem__backend_t *be, void *va, size_t size, uint64_t handle) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (va == NULL || size == 0)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cuMemMap: va NULL or size 0");
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemMap", &sc);
+  if (st != DMEM_OK) return st;
+  CUresult r = cb->drv.mem_map((CUdeviceptr)(uintptr_t)va, size, 0,
+                               (CUmemGenericAllocationHandle)handle, 0);
+  if (r != CUDA_SUCCESS) st = cuda_cu_fail(cb, r, "cuMemMap");
+  cuda_leave(cb, &sc);
+  return st;
+}
+
+static dmem_status_t cuda_mem_set_access(dmem__backend_t *be, void *va, size_t size) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (va == NULL || size == 0)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "cuMemSetAccess: va NULL or size 0");
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemSetAccess", &sc);
+  if (st != DMEM_OK) return st;
+  CUmemAccessDesc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = cb->drv.device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUresult r = cb->drv.mem_set_access((CUdeviceptr)(uintptr_t)va, size, &desc, 1);
+  if (r != CUDA_SUCCESS) st = cuda_cu_fail(cb, r, "cuMemSetAccess");
+  cuda_leave(cb, &sc);
+  return st;
+}
+
+static dmem_status_t cuda_mem_unmap(dmem__backend_t *be, void *va, size_t size) {
+  cuda_backend_t *cb = cuda_of(be);
+  if (va == NULL || cuda_is_fatal(cb)) return DMEM_OK;
+  cuda_scope_t sc;
+  dmem_status_t st = cuda_enter(cb, "cuMemUnmap", &sc);
+  if (st != DMEM_OK) return st;
+  CUresult r = cb->drv.mem_unmap((CUdeviceptr)(uintptr_t)va, size);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) st = cuda_cu_fail(cb, r, "cuMemUnmap");
+  cuda_leave(cb, &sc);
+  return st;
+}
+
 /* ---- memory information, teardown --------------------------------------------------- */
 
 _Static_assert(sizeof(CUipcMemHandle) == 64, "dmem_ipc_handle writes DMEM_IPC_HANDLE_SIZE bytes");
@@ -747,6 +886,14 @@ static dmem_status_t cuda_load_driver(dmem__cuda_driver_t *drv) {
   CUDA_LOAD(pointer_get_attributes, "cuPointerGetAttributes");
   CUDA_LOAD(mem_get_address_range, "cuMemGetAddressRange");
   CUDA_LOAD(ipc_get_mem_handle, "cuIpcGetMemHandle");
+  CUDA_LOAD(mem_address_reserve, "cuMemAddressReserve");
+  CUDA_LOAD(mem_address_free, "cuMemAddressFree");
+  CUDA_LOAD(mem_create, "cuMemCreate");
+  CUDA_LOAD(mem_release, "cuMemRelease");
+  CUDA_LOAD(mem_map, "cuMemMap");
+  CUDA_LOAD(mem_unmap, "cuMemUnmap");
+  CUDA_LOAD(mem_set_access, "cuMemSetAccess");
+  CUDA_LOAD(mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
 #undef CUDA_LOAD
   cudaError_t e = cudaDriverGetVersion(&drv->driver_version);
   if (e != cudaSuccess) return cuda_fail(NULL, e, "cudaDriverGetVersion");
@@ -849,6 +996,14 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->make_current = dmem__cuda_make_current;
   be->ipc_handle = cuda_ipc_handle;
   be->mem_info = cuda_mem_info;
+  be->vmm_granularity = cuda_vmm_granularity;
+  be->va_reserve = cuda_va_reserve;
+  be->va_free = cuda_va_free;
+  be->mem_create = cuda_mem_create;
+  be->mem_release = cuda_mem_release;
+  be->mem_map = cuda_mem_map;
+  be->mem_set_access = cuda_mem_set_access;
+  be->mem_unmap = cuda_mem_unmap;
   be->destroy = cuda_destroy;
   *be_out = be;
   return DMEM_OK;

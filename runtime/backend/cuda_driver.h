@@ -36,6 +36,24 @@ typedef CUresult(CUDAAPI *dmem__pfn_cuMemGetAddressRange_t)(CUdeviceptr *base, s
                                                             CUdeviceptr ptr);
 typedef CUresult(CUDAAPI *dmem__pfn_cuIpcGetMemHandle_t)(CUipcMemHandle *handle,
                                                          CUdeviceptr ptr);
+/* Virtual memory management (the backend's vmm ops) */
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemAddressReserve_t)(CUdeviceptr *ptr, size_t size,
+                                                           size_t alignment, CUdeviceptr addr,
+                                                           unsigned long long flags);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemAddressFree_t)(CUdeviceptr ptr, size_t size);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemCreate_t)(CUmemGenericAllocationHandle *handle,
+                                                   size_t size, const CUmemAllocationProp *prop,
+                                                   unsigned long long flags);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemRelease_t)(CUmemGenericAllocationHandle handle);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemMap_t)(CUdeviceptr ptr, size_t size, size_t offset,
+                                                CUmemGenericAllocationHandle handle,
+                                                unsigned long long flags);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemUnmap_t)(CUdeviceptr ptr, size_t size);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemSetAccess_t)(CUdeviceptr ptr, size_t size,
+                                                      const CUmemAccessDesc *desc, size_t count);
+typedef CUresult(CUDAAPI *dmem__pfn_cuMemGetAllocationGranularity_t)(
+    size_t *granularity, const CUmemAllocationProp *prop,
+    CUmemAllocationGranularity_flags option);
 
 /* Filled once by dmem__backend_cuda_create, read-only afterwards (so any
  * thread may read it without synchronisation). Every pointer is non-NULL. */
@@ -52,6 +70,14 @@ struct dmem__cuda_driver {
   dmem__pfn_cuPointerGetAttributes_t pointer_get_attributes;
   dmem__pfn_cuMemGetAddressRange_t mem_get_address_range;
   dmem__pfn_cuIpcGetMemHandle_t ipc_get_mem_handle;
+  dmem__pfn_cuMemAddressReserve_t mem_address_reserve;
+  dmem__pfn_cuMemAddressFree_t mem_address_free;
+  dmem__pfn_cuMemCreate_t mem_create;
+  dmem__pfn_cuMemRelease_t mem_release;
+  dmem__pfn_cuMemMap_t mem_map;
+  dmem__pfn_cuMemUnmap_t mem_unmap;
+  dmem__pfn_cuMemSetAccess_t mem_set_access;
+  dmem__pfn_cuMemGetAllocationGranularity_t mem_get_allocation_granularity;
 };
 
 /* Map a Driver API result to a dmem status and record the detail

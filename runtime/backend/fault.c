@@ -56,6 +56,14 @@ static const char *const call_names[DMEM__FAULT_NCALLS] = {
     [DMEM__FAULT_DISK_ALLOC] = "disk_alloc",
     [DMEM__FAULT_DISK_WRITE] = "disk_write",
     [DMEM__FAULT_DISK_READ] = "disk_read",
+    [DMEM__FAULT_VMM_GRANULARITY] = "vmm_granularity",
+    [DMEM__FAULT_VA_RESERVE] = "va_reserve",
+    [DMEM__FAULT_VA_FREE] = "va_free",
+    [DMEM__FAULT_MEM_CREATE] = "mem_create",
+    [DMEM__FAULT_MEM_RELEASE] = "mem_release",
+    [DMEM__FAULT_MEM_MAP] = "mem_map",
+    [DMEM__FAULT_MEM_SET_ACCESS] = "mem_set_access",
+    [DMEM__FAULT_MEM_UNMAP] = "mem_unmap",
 };
 
 /* Set by the first arm, never cleared: backends created afterwards are
@@ -76,7 +84,7 @@ static _Atomic uint64_t counts[DMEM__FAULT_NCALLS];
 static _Atomic int fired, fired_call, fired_status;
 /* Resources held through wrapped backends, process-wide and never reset:
  * device and host allocations, events, streams (relaxed counters). */
-static _Atomic int64_t live_device, live_host, live_events, live_streams;
+static _Atomic int64_t live_device, live_host, live_events, live_streams, live_vmm;
 
 const char *dmem__fault_call_name(dmem__fault_call_t call) {
   return (unsigned)call < DMEM__FAULT_NCALLS ? call_names[call] : NULL;
@@ -110,6 +118,7 @@ void dmem__fault_report(dmem__fault_report_t *out) {
   r.live_host_allocs = dmem_atomic_load_relaxed(&live_host);
   r.live_events = dmem_atomic_load_relaxed(&live_events);
   r.live_streams = dmem_atomic_load_relaxed(&live_streams);
+  r.live_vmm = dmem_atomic_load_relaxed(&live_vmm);
   *out = r;
 }
 
@@ -118,12 +127,17 @@ bool dmem__fault_on(void) { return dmem_atomic_load_relaxed(&fault_on) != 0; }
 /* The status a failure of `call` gives (see fault.h). */
 static dmem_status_t own_status(dmem__fault_call_t call) {
   switch (call) {
-    case DMEM__FAULT_DEVICE_ALLOC: return DMEM_ERR_OUT_OF_MEMORY;
+    case DMEM__FAULT_DEVICE_ALLOC:
+    case DMEM__FAULT_MEM_CREATE:
+    case DMEM__FAULT_VA_RESERVE: return DMEM_ERR_OUT_OF_MEMORY;
     case DMEM__FAULT_HOST_ALLOC: return DMEM_ERR_HOST_OUT_OF_MEMORY;
     case DMEM__FAULT_DEVICE_FREE:
     case DMEM__FAULT_HOST_FREE:
     case DMEM__FAULT_STREAM_DESTROY:
     case DMEM__FAULT_EVENT_DESTROY:
+    case DMEM__FAULT_MEM_UNMAP:
+    case DMEM__FAULT_MEM_RELEASE:
+    case DMEM__FAULT_VA_FREE:
     case DMEM__FAULT_STREAM_SYNCHRONIZE:
     case DMEM__FAULT_STREAM_QUERY:
     case DMEM__FAULT_EVENT_SYNCHRONIZE:
@@ -247,7 +261,8 @@ typedef struct fault_backend {
    * the rest (the context going). */
   struct orphan {
     dmem__fault_call_t call; /* the free that failed */
-    void *p;
+    void *p;                 /* mem_release: the handle */
+    size_t size;             /* mem_unmap, va_free: the range's */
   } *orphans;
   size_t norphans, caporphans;
 } fault_backend_t;
@@ -279,11 +294,11 @@ static dmem_status_t enter(fault_backend_t *fb, dmem__fault_call_t call) {
   return injected(call, st, nth);
 }
 
-/* Forget p as an orphan (it is being freed now). */
-static void orphan_forget(fault_backend_t *fb, void *p) {
+/* Forget p as an orphan of `call` (it is being freed now). */
+static void orphan_forget(fault_backend_t *fb, dmem__fault_call_t call, void *p) {
   pthread_mutex_lock(&fb->mu);
   for (size_t i = 0; i < fb->norphans; i++) {
-    if (fb->orphans[i].p != p) continue;
+    if (fb->orphans[i].p != p || fb->orphans[i].call != call) continue;
     fb->orphans[i] = fb->orphans[--fb->norphans];
     break;
   }
@@ -293,9 +308,10 @@ static void orphan_forget(fault_backend_t *fb, void *p) {
 /* Before a free or destroy of p: DMEM_OK (go ahead), or the injected
  * DMEM_ERR_DEVICE_FATAL: then p is kept as an orphan (freed by a later
  * free or by destroy) and the wrapper is dead. Once dead, frees go ahead. */
-static dmem_status_t enter_free(fault_backend_t *fb, dmem__fault_call_t call, void *p) {
+static dmem_status_t enter_free_sized(fault_backend_t *fb, dmem__fault_call_t call, void *p,
+                                      size_t size) {
   if (dmem_atomic_load_relaxed(&fb->dead)) {
-    orphan_forget(fb, p);
+    orphan_forget(fb, call, p);
     return DMEM_OK;
   }
   uint64_t nth = 0;
@@ -311,11 +327,15 @@ static dmem_status_t enter_free(fault_backend_t *fb, dmem__fault_call_t call, vo
     }
   }
   bool kept = fb->norphans < fb->caporphans;
-  if (kept) fb->orphans[fb->norphans++] = (struct orphan){call, p};
+  if (kept) fb->orphans[fb->norphans++] = (struct orphan){call, p, size};
   pthread_mutex_unlock(&fb->mu);
   /* no room to remember it: free it now rather than leak it */
   if (!kept) return DMEM_OK;
   return injected(call, DMEM_ERR_DEVICE_FATAL, nth);
+}
+
+static dmem_status_t enter_free(fault_backend_t *fb, dmem__fault_call_t call, void *p) {
+  return enter_free_sized(fb, call, p, 0);
 }
 
 static dmem_status_t fb_device_alloc(dmem__backend_t *be, size_t size, void **ptr_out) {
@@ -482,14 +502,102 @@ static dmem_status_t fb_mem_info(dmem__backend_t *be, size_t *free_out, size_t *
   return st != DMEM_OK ? st : fb->inner->mem_info(fb->inner, free_out, total_out);
 }
 
+/* ---- virtual memory --------------------------------------------------------------- */
+
+static dmem_status_t fb_vmm_granularity(dmem__backend_t *be, size_t *granularity_out) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter(fb, DMEM__FAULT_VMM_GRANULARITY);
+  return st != DMEM_OK ? st : fb->inner->vmm_granularity(fb->inner, granularity_out);
+}
+
+static dmem_status_t fb_va_reserve(dmem__backend_t *be, size_t size, void **va_out) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter(fb, DMEM__FAULT_VA_RESERVE);
+  if (st == DMEM_OK) st = fb->inner->va_reserve(fb->inner, size, va_out);
+  if (st == DMEM_OK) dmem_atomic_add_relaxed(&live_vmm, 1);
+  return st;
+}
+
+/* Unmap the orphaned (failed) unmaps inside [va, va + size) now: the range
+ * or the memory is being freed, which a lost context would do too. */
+static void orphan_unmaps_in(fault_backend_t *fb, void *va, size_t size) {
+  pthread_mutex_lock(&fb->mu);
+  for (size_t i = 0; i < fb->norphans;) {
+    struct orphan o = fb->orphans[i];
+    unsigned char *p = o.p, *lo = va;
+    if (o.call == DMEM__FAULT_MEM_UNMAP && (!va || (p >= lo && p < lo + size))) {
+      fb->orphans[i] = fb->orphans[--fb->norphans];
+      (void)fb->inner->mem_unmap(fb->inner, o.p, o.size);
+      continue;
+    }
+    i++;
+  }
+  pthread_mutex_unlock(&fb->mu);
+}
+
+static dmem_status_t fb_va_free(dmem__backend_t *be, void *va, size_t size) {
+  fault_backend_t *fb = fb_of(be);
+  if (!va) return DMEM_OK;
+  dmem_status_t st = enter_free_sized(fb, DMEM__FAULT_VA_FREE, va, size);
+  if (st != DMEM_OK) return st;
+  orphan_unmaps_in(fb, va, size);
+  st = fb->inner->va_free(fb->inner, va, size);
+  if (st == DMEM_OK) dmem_atomic_sub_relaxed(&live_vmm, 1);
+  return st;
+}
+
+static dmem_status_t fb_mem_create(dmem__backend_t *be, size_t size, uint64_t *handle_out) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter(fb, DMEM__FAULT_MEM_CREATE);
+  if (st == DMEM_OK) st = fb->inner->mem_create(fb->inner, size, handle_out);
+  if (st == DMEM_OK) dmem_atomic_add_relaxed(&live_vmm, 1);
+  return st;
+}
+
+static dmem_status_t fb_mem_release(dmem__backend_t *be, uint64_t handle) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter_free(fb, DMEM__FAULT_MEM_RELEASE, (void *)(uintptr_t)handle);
+  if (st != DMEM_OK) return st;
+  st = fb->inner->mem_release(fb->inner, handle);
+  if (st == DMEM_OK) dmem_atomic_sub_relaxed(&live_vmm, 1);
+  return st;
+}
+
+static dmem_status_t fb_mem_map(dmem__backend_t *be, void *va, size_t size, uint64_t handle) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter(fb, DMEM__FAULT_MEM_MAP);
+  return st != DMEM_OK ? st : fb->inner->mem_map(fb->inner, va, size, handle);
+}
+
+static dmem_status_t fb_mem_set_access(dmem__backend_t *be, void *va, size_t size) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter(fb, DMEM__FAULT_MEM_SET_ACCESS);
+  return st != DMEM_OK ? st : fb->inner->mem_set_access(fb->inner, va, size);
+}
+
+static dmem_status_t fb_mem_unmap(dmem__backend_t *be, void *va, size_t size) {
+  fault_backend_t *fb = fb_of(be);
+  dmem_status_t st = enter_free_sized(fb, DMEM__FAULT_MEM_UNMAP, va, size);
+  return st != DMEM_OK ? st : fb->inner->mem_unmap(fb->inner, va, size);
+}
+
 static void fb_destroy(dmem__backend_t *be) {
   fault_backend_t *fb = fb_of(be);
   if (!fb) return;
-  /* the context goes: what it still held with it */
+  /* the context goes: what it still held with it (mappings first) */
+  orphan_unmaps_in(fb, NULL, 0);
   for (size_t i = 0; i < fb->norphans; i++) {
     dmem__backend_t *in = fb->inner;
     void *p = fb->orphans[i].p;
     switch (fb->orphans[i].call) {
+      case DMEM__FAULT_MEM_RELEASE:
+        if (in->mem_release(in, (uint64_t)(uintptr_t)p) == DMEM_OK)
+          dmem_atomic_sub_relaxed(&live_vmm, 1);
+        break;
+      case DMEM__FAULT_VA_FREE:
+        if (in->va_free(in, p, fb->orphans[i].size) == DMEM_OK)
+          dmem_atomic_sub_relaxed(&live_vmm, 1);
+        break;
       case DMEM__FAULT_DEVICE_FREE:
         if (in->device_free(in, p) == DMEM_OK) dmem_atomic_sub_relaxed(&live_device, 1);
         break;
@@ -543,6 +651,14 @@ dmem_status_t dmem__fault_wrap(dmem__backend_t **be) {
   b->make_current = fb_make_current;
   b->ipc_handle = fb_ipc_handle;
   b->mem_info = fb_mem_info;
+  b->vmm_granularity = fb_vmm_granularity;
+  b->va_reserve = fb_va_reserve;
+  b->va_free = fb_va_free;
+  b->mem_create = fb_mem_create;
+  b->mem_release = fb_mem_release;
+  b->mem_map = fb_mem_map;
+  b->mem_set_access = fb_mem_set_access;
+  b->mem_unmap = fb_mem_unmap;
   b->destroy = fb_destroy;
   *be = b;
   return DMEM_OK;

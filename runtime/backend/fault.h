@@ -13,13 +13,15 @@
  *    its directory and file, reserving an extent, and each pread/pwrite).
  *
  * What an injected failure returns (the status the real call can give):
- *   device_alloc                      DMEM_ERR_OUT_OF_MEMORY
+ *   device_alloc, mem_create, va_reserve DMEM_ERR_OUT_OF_MEMORY
  *   host_alloc                        DMEM_ERR_HOST_OUT_OF_MEMORY
  *   memcpy_async, stream_wait_event, launch_host_func, event_record,
  *   stream_create, event_create, make_current, ipc_handle, mem_info,
+ *   mem_map, mem_set_access, vmm_granularity,
  *   backend_create                    DMEM_ERR_DEVICE (nothing was done)
  *   stream_synchronize, event_synchronize, event_query, and the frees and
- *   destroys (device_free, host_free, stream_destroy, event_destroy)
+ *   destroys (device_free, host_free, stream_destroy, event_destroy,
+ *   mem_unmap, mem_release, va_free)
  *                                     DMEM_ERR_DEVICE_FATAL: under CUDA these
  *                                     calls fail only with the sticky error
  *                                     of earlier work (a failed free frees
@@ -86,6 +88,15 @@ typedef enum dmem__fault_call {
   DMEM__FAULT_DISK_ALLOC, /* reserving an extent (fallocate) */
   DMEM__FAULT_DISK_WRITE, /* one pwrite */
   DMEM__FAULT_DISK_READ,  /* one pread */
+  /* the virtual memory calls of the backend table (stable buffers) */
+  DMEM__FAULT_VMM_GRANULARITY,
+  DMEM__FAULT_VA_RESERVE,
+  DMEM__FAULT_VA_FREE,
+  DMEM__FAULT_MEM_CREATE,
+  DMEM__FAULT_MEM_RELEASE,
+  DMEM__FAULT_MEM_MAP,
+  DMEM__FAULT_MEM_SET_ACCESS,
+  DMEM__FAULT_MEM_UNMAP,
   DMEM__FAULT_NCALLS
 } dmem__fault_call_t;
 
@@ -107,6 +118,7 @@ typedef struct dmem__fault_report {
   /* Held now through wrapped backends, process-wide, never reset by arm:
    * 0 after every wrapped runtime was destroyed, unless something leaked. */
   int64_t live_device_allocs, live_host_allocs, live_events, live_streams;
+  int64_t live_vmm; /* address reservations + physical allocations (mem_create) */
 } dmem__fault_report_t;
 
 /* Tests (internal, never the public API): arm `plan` process-wide, counts

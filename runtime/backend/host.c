@@ -17,10 +17,24 @@
  * record or wait refers to it (CUDA: "released once the device has completed
  * it"). Streams still alive at backend destroy are drained and freed there.
  *
+ * Virtual memory (vmm_* ops): a reservation is an anonymous PROT_NONE
+ * mapping (MAP_NORESERVE), so its address stays the process's and any access
+ * while nothing is mapped there faults (SIGSEGV), as an access to an
+ * unmapped CUDA range does. "Physical memory" is a count against the same
+ * capacity as device_alloc; mem_map records which handle backs a range,
+ * mem_set_access makes it readable and writable and fills it with
+ * HB_POISON (new physical memory has undefined bytes), mem_unmap discards
+ * the pages (MADV_DONTNEED) and makes the range PROT_NONE again. The
+ * simulation keeps no bytes of a physical allocation across an unmap (the
+ * runtime releases it then), and one reservation holds one mapping at a
+ * time. Reservations and allocations live on lists under vmm_mu (a leaf);
+ * those left at destroy are freed there.
+ *
  * Lock order: backend streams_mu is never held with another lock; stream mu
  * before event mu; workers run ops with no stream lock held.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, MADV_DONTNEED */
 
 #include <errno.h>
 #include <pthread.h>
@@ -28,6 +42,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/atomic.h"
 #include "backend/backend.h"
@@ -104,9 +120,32 @@ struct hb_event {
   uint64_t refs; /* user (until destroy) + queued RECORD/WAIT ops (mu) */
 };
 
+/* A reserved range of the VMM simulation (vmm_mu). */
+typedef struct hb_va {
+  struct hb_va *next;
+  unsigned char *base;
+  size_t size;
+  struct hb_phys *mapped; /* the allocation mapped at [map_at, map_at + map_size), or NULL */
+  unsigned char *map_at;
+  size_t map_size;
+} hb_va_t;
+
+/* "Physical memory" of the VMM simulation (vmm_mu): the handle is its
+ * address. */
+typedef struct hb_phys {
+  struct hb_phys *next;
+  size_t size;
+  hb_va_t *mapped_in; /* the reservation it is mapped in, or NULL */
+  bool released;      /* mem_release came while mapped: freed at the unmap */
+} hb_phys_t;
+
 struct hb_backend {
   dmem__backend_t base; /* first member: dmem__backend_t * casts to hb_backend_t * */
   size_t capacity;
+  size_t vmm_granularity; /* 64 KiB, or the page size if larger */
+  pthread_mutex_t vmm_mu; /* the two lists below; a leaf */
+  hb_va_t *vas;
+  hb_phys_t *phys;
   _Atomic size_t used;        /* written by device_alloc (CAS) and device_free */
   _Atomic size_t live_allocs; /* device allocations not freed (for the destroy warning) */
   _Atomic size_t live_events; /* events not destroyed by the user (same) */
@@ -212,6 +251,239 @@ static dmem_status_t hb_mem_info(dmem__backend_t *be, size_t *free_out, size_t *
   if (free_out) *free_out = hb->capacity - used;
   if (total_out) *total_out = hb->capacity;
   return DMEM_OK;
+}
+
+/* ---- virtual memory (the CUDA VMM simulation) ------------------------------ */
+
+/* Charge size bytes against the capacity (as device_alloc does). */
+static bool hb_capacity_take(hb_backend_t *hb, size_t size, size_t *used_out) {
+  /* acq_rel only because atomic.h offers no relaxed CAS; no partner */
+  size_t used = dmem_atomic_load_relaxed(&hb->used);
+  do {
+    if (size > hb->capacity - used) {
+      *used_out = used;
+      return false;
+    }
+  } while (!dmem_atomic_cas_acq_rel(&hb->used, &used, used + size));
+  return true;
+}
+
+static dmem_status_t hb_vmm_granularity(dmem__backend_t *be, size_t *granularity_out) {
+  if (!granularity_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host backend vmm_granularity: NULL argument");
+  *granularity_out = hb_of(be)->vmm_granularity;
+  return DMEM_OK;
+}
+
+static bool hb_vmm_aligned(hb_backend_t *hb, const void *va, size_t size) {
+  return size > 0 && size % hb->vmm_granularity == 0 &&
+         (uintptr_t)va % hb->vmm_granularity == 0;
+}
+
+/* The reservation holding [va, va + size) (vmm_mu held), or NULL. */
+static hb_va_t *hb_va_find(hb_backend_t *hb, const void *va, size_t size) {
+  const unsigned char *p = va;
+  for (hb_va_t *r = hb->vas; r; r = r->next)
+    if (p >= r->base && p < r->base + r->size) return size <= (size_t)(r->base + r->size - p) ? r : NULL;
+  return NULL;
+}
+
+static hb_phys_t *hb_phys_find(hb_backend_t *hb, uint64_t handle) {
+  for (hb_phys_t *m = hb->phys; m; m = m->next)
+    if ((uint64_t)(uintptr_t)m == handle) return m;
+  return NULL;
+}
+
+static void hb_phys_unlink(hb_backend_t *hb, hb_phys_t *m) {
+  for (hb_phys_t **pp = &hb->phys; *pp; pp = &(*pp)->next)
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  dmem_atomic_sub_relaxed(&hb->used, m->size);
+  free(m);
+}
+
+static dmem_status_t hb_va_reserve(dmem__backend_t *be, size_t size, void **va_out) {
+  hb_backend_t *hb = hb_of(be);
+  if (!va_out || !hb_vmm_aligned(hb, NULL, size))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "host backend va_reserve(%zu): size not a multiple of %zu, or NULL", size,
+                       hb->vmm_granularity);
+  hb_va_t *r = calloc(1, sizeof *r);
+  if (!r) return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host backend va_reserve: calloc");
+  /* one granule more, to align the start to the granularity */
+  size_t span = size + hb->vmm_granularity;
+  unsigned char *raw =
+      mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
+    int e = errno;
+    free(r);
+    return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "host backend va_reserve(%zu): mmap: %s", size,
+                       strerror(e));
+  }
+  uintptr_t g = hb->vmm_granularity;
+  unsigned char *base = (unsigned char *)(((uintptr_t)raw + g - 1) / g * g);
+  if (base > raw) munmap(raw, (size_t)(base - raw));
+  if (base + size < raw + span) munmap(base + size, (size_t)(raw + span - (base + size)));
+  r->base = base;
+  r->size = size;
+  pthread_mutex_lock(&hb->vmm_mu);
+  r->next = hb->vas;
+  hb->vas = r;
+  pthread_mutex_unlock(&hb->vmm_mu);
+  *va_out = base;
+  return DMEM_OK;
+}
+
+static dmem_status_t hb_va_free(dmem__backend_t *be, void *va, size_t size) {
+  hb_backend_t *hb = hb_of(be);
+  pthread_mutex_lock(&hb->vmm_mu);
+  hb_va_t **pp = &hb->vas;
+  while (*pp && ((*pp)->base != va || (*pp)->size != size)) pp = &(*pp)->next;
+  hb_va_t *r = *pp;
+  if (!r || r->mapped) {
+    pthread_mutex_unlock(&hb->vmm_mu);
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "host backend va_free(%p, %zu): %s", va, size,
+                       r ? "memory is still mapped in the range" : "not a whole reserved range");
+  }
+  *pp = r->next;
+  pthread_mutex_unlock(&hb->vmm_mu);
+  munmap(r->base, r->size);
+  free(r);
+  return DMEM_OK;
+}
+
+static dmem_status_t hb_mem_create(dmem__backend_t *be, size_t size, uint64_t *handle_out) {
+  hb_backend_t *hb = hb_of(be);
+  if (!handle_out || !hb_vmm_aligned(hb, NULL, size))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "host backend mem_create(%zu): size not a multiple of %zu, or NULL", size,
+                       hb->vmm_granularity);
+  size_t used = 0;
+  if (!hb_capacity_take(hb, size, &used))
+    return dmem__error(DMEM_ERR_OUT_OF_MEMORY,
+                       "host backend mem_create(%zu): %zu of %zu bytes in use", size, used,
+                       hb->capacity);
+  hb_phys_t *m = calloc(1, sizeof *m);
+  if (!m) {
+    dmem_atomic_sub_relaxed(&hb->used, size);
+    return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "host backend mem_create(%zu): calloc", size);
+  }
+  m->size = size;
+  pthread_mutex_lock(&hb->vmm_mu);
+  m->next = hb->phys;
+  hb->phys = m;
+  pthread_mutex_unlock(&hb->vmm_mu);
+  *handle_out = (uint64_t)(uintptr_t)m;
+  return DMEM_OK;
+}
+
+static dmem_status_t hb_mem_release(dmem__backend_t *be, uint64_t handle) {
+  hb_backend_t *hb = hb_of(be);
+  pthread_mutex_lock(&hb->vmm_mu);
+  hb_phys_t *m = hb_phys_find(hb, handle);
+  if (!m || m->released) {
+    pthread_mutex_unlock(&hb->vmm_mu);
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "host backend mem_release(0x%llx): not a live allocation",
+                       (unsigned long long)handle);
+  }
+  if (m->mapped_in)
+    m->released = true; /* freed when unmapped, as CUDA does */
+  else
+    hb_phys_unlink(hb, m);
+  pthread_mutex_unlock(&hb->vmm_mu);
+  return DMEM_OK;
+}
+
+static dmem_status_t hb_mem_map(dmem__backend_t *be, void *va, size_t size, uint64_t handle) {
+  hb_backend_t *hb = hb_of(be);
+  if (!hb_vmm_aligned(hb, va, size))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "host backend mem_map(%p, %zu): not aligned to %zu", va, size,
+                       hb->vmm_granularity);
+  pthread_mutex_lock(&hb->vmm_mu);
+  hb_va_t *r = hb_va_find(hb, va, size);
+  hb_phys_t *m = hb_phys_find(hb, handle);
+  const char *why = !r               ? "not inside a reserved range"
+                    : r->mapped      ? "the range already has memory mapped"
+                    : !m             ? "not a live allocation"
+                    : m->released    ? "the allocation was released"
+                    : m->mapped_in   ? "the allocation is mapped elsewhere"
+                    : m->size != size ? "size differs from the allocation's"
+                                      : NULL;
+  if (!why) {
+    r->mapped = m;
+    r->map_at = va;
+    r->map_size = size;
+    m->mapped_in = r;
+  }
+  pthread_mutex_unlock(&hb->vmm_mu);
+  if (why)
+    return dmem__error(DMEM_ERR_DEVICE, "host backend mem_map(%p, %zu, 0x%llx): %s", va, size,
+                       (unsigned long long)handle, why);
+  return DMEM_OK;
+}
+
+static dmem_status_t hb_mem_set_access(dmem__backend_t *be, void *va, size_t size) {
+  hb_backend_t *hb = hb_of(be);
+  pthread_mutex_lock(&hb->vmm_mu);
+  hb_va_t *r = hb_va_find(hb, va, size);
+  bool ok = r && r->mapped && r->map_at == va && r->map_size == size;
+  pthread_mutex_unlock(&hb->vmm_mu);
+  if (!ok)
+    return dmem__error(DMEM_ERR_DEVICE, "host backend mem_set_access(%p, %zu): not one mapping",
+                       va, size);
+  if (mprotect(va, size, PROT_READ | PROT_WRITE) != 0)
+    return dmem__error(DMEM_ERR_DEVICE, "host backend mem_set_access(%p, %zu): mprotect: %s", va,
+                       size, strerror(errno));
+  memset(va, HB_POISON, size); /* new physical memory: undefined bytes */
+  return DMEM_OK;
+}
+
+/* Discard and protect [va, va + size): a reservation again. */
+static void hb_va_protect(void *va, size_t size) {
+  (void)madvise(va, size, MADV_DONTNEED);
+  (void)mprotect(va, size, PROT_NONE);
+}
+
+static dmem_status_t hb_mem_unmap(dmem__backend_t *be, void *va, size_t size) {
+  hb_backend_t *hb = hb_of(be);
+  pthread_mutex_lock(&hb->vmm_mu);
+  hb_va_t *r = hb_va_find(hb, va, size);
+  bool ok = r && r->mapped && r->map_at == va && r->map_size == size;
+  if (ok) {
+    hb_phys_t *m = r->mapped;
+    r->mapped = NULL;
+    m->mapped_in = NULL;
+    if (m->released) hb_phys_unlink(hb, m);
+    hb_va_protect(va, size);
+  }
+  pthread_mutex_unlock(&hb->vmm_mu);
+  if (!ok)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "host backend mem_unmap(%p, %zu): not one mapping", va, size);
+  return DMEM_OK;
+}
+
+/* Destroy: what the runtime left (nothing, unless a failure left it). */
+static size_t hb_vmm_free_all(hb_backend_t *hb) {
+  size_t n = 0;
+  for (hb_va_t *r = hb->vas, *next; r; r = next, n++) {
+    next = r->next;
+    munmap(r->base, r->size);
+    free(r);
+  }
+  for (hb_phys_t *m = hb->phys, *next; m; m = next, n++) {
+    next = m->next;
+    dmem_atomic_sub_relaxed(&hb->used, m->size);
+    free(m);
+  }
+  hb->vas = NULL;
+  hb->phys = NULL;
+  return n;
 }
 
 /* ---- events ----------------------------------------------------------------- */
@@ -614,13 +886,15 @@ static void hb_destroy(dmem__backend_t *be) {
     s->magic = 0;
     hb_stream_free(s);
   }
-  size_t allocs = dmem_atomic_load_relaxed(&hb->live_allocs);
+  size_t vmm = hb_vmm_free_all(hb);
+  size_t allocs = dmem_atomic_load_relaxed(&hb->live_allocs) + vmm;
   size_t events = dmem_atomic_load_relaxed(&hb->live_events);
   if (allocs || events)
     DMEM_LOG_AT(DMEM_LOG_WARN,
                 "host backend destroyed with %zu device allocations (%zu bytes) "
                 "and %zu events still live",
                 allocs, dmem_atomic_load_relaxed(&hb->used), events);
+  pthread_mutex_destroy(&hb->vmm_mu);
   pthread_mutex_destroy(&hb->streams_mu);
   free(hb);
 }
@@ -635,6 +909,15 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host backend create: pthread_mutex_init: %s",
                        strerror(rc));
   }
+  rc = pthread_mutex_init(&hb->vmm_mu, NULL);
+  if (rc != 0) {
+    pthread_mutex_destroy(&hb->streams_mu);
+    free(hb);
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "host backend create: pthread_mutex_init: %s",
+                       strerror(rc));
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  hb->vmm_granularity = page > (64 << 10) ? (size_t)page : (size_t)64 << 10;
   hb->capacity =
       (cfg && cfg->host_backend_capacity) ? cfg->host_backend_capacity : HB_DEFAULT_CAPACITY;
   atomic_init(&hb->used, 0);
@@ -665,10 +948,19 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
   b->make_current = hb_make_current;
   b->ipc_handle = hb_ipc_handle;
   b->mem_info = hb_mem_info;
+  b->vmm_granularity = hb_vmm_granularity;
+  b->va_reserve = hb_va_reserve;
+  b->va_free = hb_va_free;
+  b->mem_create = hb_mem_create;
+  b->mem_release = hb_mem_release;
+  b->mem_map = hb_mem_map;
+  b->mem_set_access = hb_mem_set_access;
+  b->mem_unmap = hb_mem_unmap;
   b->destroy = hb_destroy;
 
   dmem_status_t st = hb_stream_new(hb, &hb->default_stream);
   if (st != DMEM_OK) {
+    pthread_mutex_destroy(&hb->vmm_mu);
     pthread_mutex_destroy(&hb->streams_mu);
     free(hb);
     return st;

@@ -97,6 +97,12 @@ static void uncharge(dmem_runtime_t *rt, size_t size) {
   }
 }
 
+bool dmem__device_charge(dmem_runtime_t *rt, size_t size, size_t *short_by_out) {
+  return charge(rt, size, short_by_out);
+}
+
+void dmem__device_uncharge(dmem_runtime_t *rt, size_t size) { uncharge(rt, size); }
+
 size_t dmem__device_used(dmem_runtime_t *rt) {
   size_t slack = 0;
   for (unsigned i = 0; i < DMEM__CHARGE_SHARDS; i++)

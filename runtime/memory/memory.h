@@ -59,6 +59,12 @@ void dmem__device_release_after(dmem_runtime_t *rt, void *dev, size_t size, void
 void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const size_t *sizes,
                                   size_t n, void *event);
 
+/* Charge size bytes against the device limit without taking memory (for
+ * memory from elsewhere: memory/stable.c); false, *short_by_out = bytes
+ * short, when the limit has no room. dmem__device_uncharge gives them back. */
+bool dmem__device_charge(dmem_runtime_t *rt, size_t size, size_t *short_by_out);
+void dmem__device_uncharge(dmem_runtime_t *rt, size_t size);
+
 /* Set the shard refill size from the limit (at create). */
 void dmem__charge_init(dmem_runtime_t *rt);
 /* Give every shard's unused budget back to device_charged, which is then
@@ -66,6 +72,37 @@ void dmem__charge_init(dmem_runtime_t *rt);
 void dmem__charge_drain(dmem_runtime_t *rt);
 /* Bytes in live allocations (buffers and raw): a snapshot. */
 size_t dmem__device_used(dmem_runtime_t *rt);
+
+/* ---- stable-address device memory (memory/stable.c) ------------------------------ */
+
+/* The backend's VMM granularity (every stable range is a multiple of it).
+ * Backend errors. */
+dmem_status_t dmem__stable_granularity(dmem_runtime_t *rt, size_t *granularity_out);
+/* Reserve a device address range for a stable buffer of `size` bytes,
+ * rounded up to the granularity (*rounded_out), with no memory behind it
+ * and nothing charged. DMEM_ERR_OUT_OF_MEMORY (address space),
+ * DMEM_ERR_HOST_OUT_OF_MEMORY, backend errors. */
+dmem_status_t dmem__stable_reserve(dmem_runtime_t *rt, size_t size, void **va_out,
+                                   size_t *rounded_out);
+/* Map new physical memory at the range `va` (its whole rounded size,
+ * charged against the limit). DMEM_OK at once when it is still mapped (an
+ * earlier unmap failed). DMEM_ERR_OUT_OF_MEMORY, with *short_by_out the
+ * bytes to free first, when the limit or the device has no room (no detail
+ * recorded: the caller makes room); backend errors. Nothing is left mapped
+ * or charged on failure. The caller owns the buffer's move. */
+dmem_status_t dmem__stable_map(dmem_runtime_t *rt, void *va, size_t *short_by_out);
+/* Unmap and release the range's physical memory, uncharge it. The caller
+ * has ordered this after the last use of the memory (the backend waits for
+ * nothing). A failed unmap leaves it mapped and charged (its status is
+ * returned); the range stays reserved either way. */
+dmem_status_t dmem__stable_unmap(dmem_runtime_t *rt, void *va);
+/* Unmap (if mapped) and give the range back; forgets it. After the last
+ * use. Failures are recorded only (dmem__fatal_keep). */
+void dmem__stable_free(dmem_runtime_t *rt, void *va);
+/* The range's rounded size (0: no stable range), and whether memory is
+ * mapped there now: snapshots, for stats and tests. */
+size_t dmem__stable_size(const void *va);
+bool dmem__stable_mapped(const void *va);
 
 /* ---- live raw allocations (memory/raw.c) ---------------------------------------- */
 

@@ -14,18 +14,52 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__staging_poll(rt, false);
 }
 
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+/* Where the memory comes from: a pool block, a dedicated block, or physical
+ * memory mapped at a stable buffer's range (*dev_out holds the range). */
+enum { FROM_POOL = 0, FROM_DEDICATED = 1, FROM_STABLE = 2 };
+
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int dedicated,
                                void **dev_out, bool *ordered_out, size_t need);
 
 /* One attempt, without making room. */
-static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, int dedicated,
                                void **dev_out, bool *ordered_out, size_t *need) {
+  if (dedicated == FROM_STABLE) return dmem__stable_map(rt, *dev_out, need);
   if (dedicated) return dmem__device_alloc_dedicated(rt, size, stream, dev_out, need);
   return dmem__device_alloc(rt, size, stream, dev_out, ordered_out, need);
 }
 
+static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
+                                    int dedicated, void **dev_out, bool *ordered_out);
+
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
                                    bool dedicated, void **dev_out, bool *ordered_out) {
+  return pressure_alloc(rt, size, stream, dedicated ? FROM_DEDICATED : FROM_POOL, dev_out,
+                        ordered_out);
+}
+
+dmem_status_t dmem__pressure_map(dmem_runtime_t *rt, void *va, void *stream) {
+  return pressure_alloc(rt, dmem__stable_size(va), stream, FROM_STABLE, &va, NULL);
+}
+
+dmem_status_t dmem__pressure_stable_alloc(dmem_runtime_t *rt, size_t size, void **va_out) {
+  void *va = NULL;
+  size_t rounded = 0;
+  if (size > rt->limit) /* before the granularity rounds it */
+    return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
+                       size, rt->limit);
+  dmem_status_t st = dmem__stable_reserve(rt, size, &va, &rounded);
+  if (st == DMEM_OK) st = dmem__pressure_map(rt, va, rt->order_stream);
+  if (st != DMEM_OK) {
+    if (va) dmem__stable_free(rt, va);
+    return st;
+  }
+  *va_out = va;
+  return DMEM_OK;
+}
+
+static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
+                                    int dedicated, void **dev_out, bool *ordered_out) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
@@ -70,7 +104,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
  * bytes it freed may have gone to another allocation, which left spillable
  * buffers behind), the empty slabs were given back, and a slab past the
  * pool's cut (dmem__device_alloc_past_slabs) does not fit either. */
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int dedicated,
                                void **dev_out, bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
@@ -145,7 +179,7 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
     /* The limit holds it but the pool's slabs are cut so that no range
      * fits and none can be added (live blocks keep them): a slab past the
      * pool's cut, the live bytes still under the limit. */
-    if (!dedicated) {
+    if (dedicated == FROM_POOL) {
       st = dmem__device_alloc_past_slabs(rt, size, stream, dev_out, ordered_out, &need);
       if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
     }

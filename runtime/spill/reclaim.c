@@ -26,9 +26,11 @@ void dmem__reclaim(dmem_runtime_t *rt, dmem__buffer_t *b, uint64_t w) {
     dmem_atomic_store_relaxed(&b->spill_event, NULL);
     dmem__event_put(rt, ev);
   }
+  const bool stable = (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) != 0;
+  if (stable) dmem__stable_free(rt, dmem__bdev(b)); /* mapped or not: the range goes */
   if (state == DMEM_STATE_RESIDENT) {
     /* unlocked and freed: the last user's work is done */
-    dmem__device_release_after(rt, dmem__bdev(b), size, NULL);
+    if (!stable) dmem__device_release_after(rt, dmem__bdev(b), size, NULL);
     if (dmem__bflags(b) & DMEM_ALLOC_PINNED) dmem_atomic_sub_relaxed(&rt->device_pinned, size);
   } else {
     const dmem__tier_ops_t *tier = dmem__tier_of_state(state);

@@ -57,7 +57,10 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   void *spill_ev = (dmem_atomic_load_relaxed(&b->word) & DMEM__F_SPILL_COPY)
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
-  dmem_status_t st = dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
+  const bool stable = (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) != 0;
+  dmem_status_t st = stable ? dmem__pressure_map(rt, dmem__bdev(b), cs)
+                            : dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
+  if (stable && st == DMEM_OK) dev = dmem__bdev(b); /* mapped at the same address */
   bool piped = false;
   if (st == DMEM_OK && tier->load_device && dmem__disk_pipelined(rt)) {
     /* pipelined: the tier enqueues the copies on cs itself, piece by piece
@@ -130,7 +133,12 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
 
 rollback:
   DMEM_NVTX_POP();
-  if (dev) dmem__device_release(rt, dev, size, cs);
+  if (dev && stable) {
+    (void)rt->be->stream_synchronize(rt->be, cs); /* copies into it: done before the unmap */
+    (void)dmem__stable_unmap(rt, dev);
+  } else if (dev) {
+    dmem__device_release(rt, dev, size, cs);
+  }
   uint64_t rw = dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(from), .drop_lock = locking});
   /* the lock taken with TRANSIT is gone again (no other could be added
    * while UNSPILLING): its bytes no longer count as locked */

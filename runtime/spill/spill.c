@@ -57,6 +57,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
   void *ev = NULL;
   bool copied = false; /* the copy is known complete */
   bool tell_free = false; /* freed during the controller's store: we send FREE */
+  const bool stable = (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) != 0;
 
   /* Staging left from the last unspill (not charged to any tier): reuse it. */
   void *stage = b->host;
@@ -94,6 +95,11 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     copied = st == DMEM_OK;
     if (st == DMEM_OK) st = tier_store(rt, b, h, dest, stage, &tell_free);
   }
+  /* a stable buffer's memory is unmapped below: its copy must be done */
+  if (st == DMEM_OK && stable && !copied) {
+    st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
+    copied = st == DMEM_OK;
+  }
   if (st != DMEM_OK) goto undo;
 
   /* Commit unless a lock cancelled the spill meanwhile. */
@@ -112,12 +118,20 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     uint64_t nw = (dmem__w_with_state(w, dest->state) &
                    ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY | DMEM__F_UNSPILL_COPY)) |
                   keep;
+    /* a stable buffer keeps TRANSIT until its memory is unmapped: no
+     * unspill may map the range before */
+    if (stable) nw |= DMEM__F_TRANSIT;
     /* release: publishes b->host; partner is the next mover's acquire */
     if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
       dmem_atomic_add_relaxed(&b->spill_count, 1);
       if (!dest->adopts_staging) dmem__hostpool_free(rt->hostpool, stage);
       /* the range is reusable once the copy that reads it is done */
-      dmem__device_release_after(rt, dev, size, copied ? NULL : ev);
+      if (stable) {
+        (void)dmem__stable_unmap(rt, dev); /* failed: still mapped, kept (stable.c) */
+        nw = dmem__transit_end(b, (dmem__transit_exit_t){.to = DMEM__TO(dest->state)});
+      } else {
+        dmem__device_release_after(rt, dev, size, copied ? NULL : ev);
+      }
       if (copied) {
         dmem_atomic_store_relaxed(&b->spill_event, NULL);
         dmem__event_put(rt, ev);
@@ -275,6 +289,8 @@ static size_t batch_take(const dmem__victim_t *v, size_t n, size_t need, batch_i
   for (; i < n && k < DMEM__SPILL_BATCH_MAX && bytes < need; i++) {
     dmem__buffer_t *b = v[i].b;
     if (!b || (dmem__bflags(b) & DMEM_ALLOC_PINNED)) continue;
+    /* a stable buffer is spilled on its own (dmem__spill_batch) */
+    if (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) break;
     /* acquire: partner is the release of the last mover / dmem_alloc */
     uint64_t w = dmem_atomic_load_acquire(&b->word);
     for (;;) {
@@ -399,6 +415,13 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   size_t k = batch_take(v, n, need, it, &bytes, &res_out->used);
   if (k == 0) {
     dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+    /* a stable buffer first: spilled one by one (its memory is unmapped,
+     * not pooled) */
+    size_t u = res_out->used;
+    if (u < n && v[u].b && (dmem__bflags(v[u].b) & DMEM_BUFFER_STABLE_ADDRESS)) {
+      res_out->single = true;
+      res_out->used = u + 1;
+    }
     return DMEM_OK;
   }
   uint64_t t0 = dmem__now_ns();

@@ -527,6 +527,12 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
  * can be freed. */
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
                                    bool dedicated, void **dev_out, bool *ordered_out);
+/* The same for a stable buffer's range `va` (memory/stable.c): physical
+ * memory mapped there, making room as above. */
+dmem_status_t dmem__pressure_map(dmem_runtime_t *rt, void *va, void *stream);
+/* A new stable buffer's range, reserved and mapped (dmem_alloc with
+ * DMEM_BUFFER_STABLE_ADDRESS); nothing is left reserved on failure. */
+dmem_status_t dmem__pressure_stable_alloc(dmem_runtime_t *rt, size_t size, void **va_out);
 /* Complete what finished in the background: stream releases, staging. */
 void dmem__spill_poll(dmem_runtime_t *rt);
 /* A spill from the device (one buffer, or one batch) is over: its device
