@@ -53,7 +53,7 @@
 #define BENCH_NAME "bench_stable"
 #include "bench_common.h"
 
-#include "internal.h" /* the runtime's backend and streams; memory/stable.c, devmem.c */
+#include "api/api.h" /* the runtime's backend and streams; memory/stable.c, devmem.c */
 
 #ifdef DMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "runtime/internal.h"
+#include "api/api.h"
 
 static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char *spill_dir) {
   dmem_config_t cfg;

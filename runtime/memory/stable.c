@@ -24,7 +24,7 @@
  * it mapped and keeps it (nothing wrote it meanwhile: the buffer was not
  * resident), so no byte is lost either way.
  */
-#include "internal.h"
+#include "memory/memory.h"
 
 #define STABLE_SHARDS 64u
 
