@@ -4,7 +4,7 @@
  *
  * The C files form layers; a file calls only into its own layer or the ones
  * below it (tests/layers/layers.txt is the table, the `layers` test checks
- * the built objects), and no two files call each other round:
+ * the built objects), and no files call each other in a circle:
  *
  *   API      runtime/ (top)       dmem_alloc/free/lock/unlock, entry points,
  *                                 registry, streams, stats, explicit moves
