@@ -182,10 +182,10 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
       return DMEM_OK;
     }
     if (moving) {
-      /* a push-down of it (host -> disk) stops at its next chunk
-       * (tier_disk.c): held by a tier with a next tier */
-      const dmem__tier_row_t *held = dmem__tier_row_of_state(s);
-      if (held && held->next) dmem_atomic_store_relaxed(&b->io_cancel, 1);
+      /* a move of it out of a tier that keeps its bytes pinned (the host
+       * tier: a push-down to disk) stops at its next chunk (tier_disk.c) */
+      const dmem__tier_ops_t *held = dmem__tier_of_state(s);
+      if (held && held->adopts_staging) dmem_atomic_store_relaxed(&b->io_cancel, 1);
       dmem__transit_wait(rt, b, w);
       w = dmem_atomic_load_acquire(&b->word); /* partner: dmem__transit_end */
       continue;

@@ -23,11 +23,11 @@ static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_
 }
 
 /* dest->store of h's bytes at data. For a tier that watches frees (the
- * controller), the FREE event's handshake with dmem_free (core.h: dmem__store_watch): a buffer
- * freed before the store is not stored (DMEM_ERR_STALE_HANDLE: dmem_free
- * has told the controller already); *tell_free is set when it was freed
- * during the store, and the caller then sends its FREE event once its move
- * has ended, after store() returned. */
+ * controller), the FREE event's handshake with dmem_free (core.h:
+ * dmem__store_watch): a buffer freed before the store is not stored
+ * (DMEM_ERR_STALE_HANDLE: dmem_free has told the controller already);
+ * *tell_free is set when it was freed during the store, and the caller then
+ * sends its FREE event once its move has ended, after store() returned. */
 static dmem_status_t tier_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                 const dmem__tier_ops_t *dest, void *data, bool *tell_free) {
   if (!dest->watch_free) return dest->store(rt, b, h, data);

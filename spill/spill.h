@@ -105,7 +105,8 @@ const dmem__tier_row_t *dmem__tier_rows(size_t *n_out);
 /* Check a tier table: every next tier has a row and every next chain ends
  * (no loop), tier and state values unique and below DMEM__NTIERS, batch
  * only on the first row and with charge_n/uncharge_n and adopts_staging,
- * pipelined only with load_device, limit only with a next tier. Returns
+ * pipelined only with load_device, limit only with a next tier and
+ * adopts_staging (tier changes start only from such a tier). Returns
  * true when it holds; else false with what is wrong in why[0..why_len). */
 bool dmem__tier_table_check(const dmem__tier_row_t *rows, size_t n, char *why, size_t why_len);
 /* The row of a tier / of the tier holding a buffer in state s, or NULL. */

@@ -28,7 +28,8 @@
  *     in CMakeLists.txt's spill sources.
  *  2. A row below: its ops, its next tier (the row above it names it as its
  *     next, to put it in the chain), batch (only the first row), and its
- *     pipelined predicate (only with ops->load_device).
+ *     pipelined predicate (only with ops->load_device). A tier with a limit
+ *     (pushed down to its next) must keep its bytes pinned (adopts_staging).
  * Its dmem_tier_t value and DMEM_STATE_DEFERRED_* state are public
  * (include/dmem/types.h): a tier callers can name needs one of each, below
  * DMEM__NTIERS. dmem__tier_table_check, run at every dmem_runtime_create
@@ -88,6 +89,11 @@ bool dmem__tier_table_check(const dmem__tier_row_t *rows, size_t n, char *why, s
       return why_set(why, why_len, "%s: pipelined without load_device", t->name);
     if (t->limit && !rows[i].next)
       return why_set(why, why_len, "%s: a limit but no next tier to push down to", t->name);
+    if (t->limit && !t->adopts_staging)
+      return why_set(why, why_len,
+                     "%s: a limit, but only a tier that keeps its bytes pinned (adopts_staging) "
+                     "can be pushed down",
+                     t->name);
     if (rows[i].next && !row_in(rows, n, rows[i].next))
       return why_set(why, why_len, "%s: its next tier has no row", t->name);
   }

@@ -133,6 +133,14 @@ TEST_CASE(tier_table_check_refuses_broken_rows) {
   n = copy_rows(rows);
   rows[host].next = NULL;
   expect_refused(rows, n, "a limit but no next tier");
+  /* a limit on a tier that does not keep its bytes pinned: no push-down
+   * can move out of it */
+  n = copy_rows(rows);
+  dmem__tier_ops_t unpinned = dmem__tier_host;
+  unpinned.adopts_staging = false;
+  rows[host].ops = &unpinned;
+  rows[host].batch = false;
+  expect_refused(rows, n, "only a tier that keeps its bytes pinned");
   /* a next tier without a row */
   n = copy_rows(rows);
   rows[disk] = rows[ctl];
