@@ -100,7 +100,8 @@ typedef struct dmem__tier_row {
   bool (*pipelined)(const dmem_runtime_t *rt);
 } dmem__tier_row_t;
 
-/* The chain's table, rows[0..*n_out): its first row is where evictions go. */
+/* The chain's table, rows[0..*n_out): its first row is where evictions go.
+ * The table is constant: these lookups are thread-safe and take no lock. */
 const dmem__tier_row_t *dmem__tier_rows(size_t *n_out);
 /* Check a tier table: every next tier has a row and every next chain ends
  * (no loop), tier and state values unique and below DMEM__NTIERS, batch
@@ -119,7 +120,8 @@ const dmem__tier_ops_t *dmem__tier_top(void);
  * catches up (tier_host.c): limit * (1 + burst), burst being
  * dmem_config_t.host_burst; the most pinned memory it holds. */
 size_t dmem__host_tier_cap(size_t limit, double burst);
-/* The tier of DMEM_TIER_HOST/DISK/CONTROLLER, or NULL (DEVICE, unknown). */
+/* The tier of a dmem_tier_t with a row (HOST, DISK, CONTROLLER), or NULL
+ * (DEVICE, unknown). */
 const dmem__tier_ops_t *dmem__tier_of(dmem_tier_t tier);
 /* The tier holding a buffer in state s, or NULL (not deferred). */
 const dmem__tier_ops_t *dmem__tier_of_state(unsigned s);
