@@ -31,9 +31,13 @@
  *     pipelined predicate (only with ops->load_device). A tier with a limit
  *     (pushed down to its next) must keep its bytes pinned (adopts_staging).
  * Its dmem_tier_t value and DMEM_STATE_DEFERRED_* state are public
- * (include/dmem/types.h): a tier callers can name needs one of each, below
- * DMEM__NTIERS. dmem__tier_table_check, run at every dmem_runtime_create
- * (test_spill.c: tier_table_*), refuses a row that breaks these rules.
+ * (include/dmem/types.h), so a tier callers can name (dmem_spill, events,
+ * statistics) also needs a new value of each there (tier values below
+ * DMEM__NTIERS, runtime/internal.h), and, to be seen outside, its bytes in
+ * dmem_stats_t (runtime/stats.c) and its name in Python (pybridge/args.c,
+ * pybridge/runtime.c); the spill code itself needs nothing more.
+ * dmem__tier_table_check, run at every dmem_runtime_create
+ * (tests/test_tier.c), refuses a table that breaks these rules.
  */
 static const dmem__tier_row_t tier_rows[] = {
     {.ops = &dmem__tier_host, .next = &dmem__tier_disk, .batch = true, .pipelined = NULL},
