@@ -209,11 +209,13 @@ static void keeper_free(keeper_t *k) {
   for (int i = 0; i < SLOTS; i++) free(k->data[i]);
 }
 
+/* The host backend, unless DMEM_BACKEND says otherwise (cuda.tier.* runs
+ * these cases again on the CUDA backend). */
 static dmem_runtime_t *host_runtime(size_t limit, size_t host_limit, char *dir, size_t dir_len) {
   check_mkdtemp(dir, dir_len, "dmem-tier-test-");
   dmem_config_t cfg;
   dmem_config_init(&cfg);
-  cfg.backend = DMEM_BACKEND_HOST;
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST; /* cuda.tier.*: CUDA */
   cfg.device_limit = limit;
   cfg.host_limit = host_limit;
   cfg.spill_dir = dir;
