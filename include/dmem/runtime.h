@@ -47,7 +47,9 @@ extern "C" {
  *                                    or a field out of range;
  *         DMEM_ERR_CONFIG            a DMEM_* environment variable is malformed
  *                                    and its field holds the default (detail
- *                                    names it; see dmem/config.h);
+ *                                    names it; see dmem/config.h), or (a
+ *                                    build mistake) the spill tier table
+ *                                    breaks its rules (detail says which);
  *         DMEM_ERR_IO                the spill directory (cfg->spill_dir, else
  *                                    $TMPDIR or /tmp) is missing, not a
  *                                    directory or not writable (detail names

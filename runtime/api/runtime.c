@@ -205,6 +205,12 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   if (st != DMEM_OK) return st;
   st = check_spill_dir(cfg.spill_dir);
   if (st != DMEM_OK) return st;
+  /* the tier chain's table (spill/tier.c) holds its rules */
+  size_t ntiers;
+  const dmem__tier_row_t *tiers = dmem__tier_rows(&ntiers);
+  char why[160];
+  if (!dmem__tier_table_check(tiers, ntiers, why, sizeof why))
+    return dmem__error(DMEM_ERR_CONFIG, "the spill tier table (spill/tier.c): %s", why);
   /* NVTX's lazy initialisation is not safe from several threads at once:
    * once per process, before any thread of this runtime spills */
   DMEM_NVTX_INIT();

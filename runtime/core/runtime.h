@@ -270,9 +270,9 @@ struct dmem_runtime {
   dmem__xstats_t xs;
   /* ---- the disk tier (spill/io.c, spill/pushdown.c, spill/tier_disk.c) ---- */
   dmem__io_t *io; /* I/O threads; made at create, threads started on demand */
-  /* Bytes of host-tier buffers the push-down is writing to disk now
-   * (relaxed: accounting). */
-  _Atomic size_t host_pushing;
+  /* Per tier (dmem_tier_t): bytes of its buffers the push-down is writing
+   * to the next tier now (relaxed: accounting). */
+  _Atomic size_t tier_pushing[DMEM__NTIERS];
   /* Disk-tier moves (relaxed counters): buffers written (pushed down from
    * the host tier, moved there by dmem_spill, or spilled straight to
    * disk), of which push-downs; buffers read back for a retrieve; failed

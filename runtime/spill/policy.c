@@ -69,7 +69,8 @@ typedef struct pass {
 static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                   pass_t *ps) {
   size_t size = dmem__bsize(b);
-  dmem_status_t st = dmem__spill_buffer(rt, b, h, DMEM_TIER_HOST, true);
+  /* to the chain's first tier (spill/tier.c: the host tier) */
+  dmem_status_t st = dmem__spill_buffer(rt, b, h, dmem__tier_top()->tier, true);
   if (st == DMEM_OK) {
     ps->freed += size;
     ps->victims++;
@@ -83,7 +84,8 @@ static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
   return st;
 }
 
-/* Spill victims from cand[0..n) to the host tier as one batch
+/* Spill victims from cand[0..n) to the host tier (the tier whose row takes
+ * batches) as one batch
  * (spill.c's dmem__spill_batch: one copy event, one pool release, one
  * staging carve for all of them); when the host tier or the pinned pool
  * cannot take the batch at once, the same candidates one by one.

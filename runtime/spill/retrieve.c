@@ -39,16 +39,17 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
  * made to wait for it (not in DMEM__RETRIEVE_PREFETCH mode: dmem_prefetch
  * orders the caller's stream once after the whole batch). `from` is the
  * deferred state; the lock (if locking) was taken with TRANSIT and is
- * dropped again on failure. A tier with load_device (the disk, unless its
- * pool is too tight to pipeline: dmem__disk_pipelined) enqueues the copies
- * itself as its pieces arrive; the others load into pinned memory at
- * b->host, copied in one go. */
+ * dropped again on failure. A tier whose row says pipelined now (the disk,
+ * unless its pool is too tight to pipeline: dmem__disk_pipelined) enqueues
+ * the copies itself as its pieces arrive (load_device); the others load
+ * into pinned memory at b->host, copied in one go. */
 static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                unsigned from, void *stream, dmem__retrieve_mode_t mode) {
   const bool locking = mode == DMEM__RETRIEVE_LOCK;
   uint64_t t0 = dmem__now_ns();
-  const dmem__tier_ops_t *tier = dmem__tier_of_state(from);
-  DMEM_ASSERT(tier != NULL);
+  const dmem__tier_row_t *row = dmem__tier_row_of_state(from);
+  DMEM_ASSERT(row != NULL);
+  const dmem__tier_ops_t *tier = row->ops;
   size_t size = dmem__bsize(b);
   void *dev = NULL;
   void *cs = rt->unspill_stream;
@@ -62,7 +63,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                             : dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
   if (stable && st == DMEM_OK) dev = dmem__bdev(b); /* mapped at the same address */
   bool piped = false;
-  if (st == DMEM_OK && tier->load_device && dmem__disk_pipelined(rt)) {
+  if (st == DMEM_OK && row->pipelined && row->pipelined(rt)) {
     /* pipelined: the tier enqueues the copies on cs itself, piece by piece
      * (after the wait for the spill copy) */
     if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
@@ -189,8 +190,10 @@ dmem_status_t dmem__retrieve(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_
       return DMEM_OK;
     }
     if (moving) {
-      /* a host->disk write of it stops at its next chunk (tier_disk.c) */
-      if (s == DMEM_STATE_DEFERRED_HOST) dmem_atomic_store_relaxed(&b->io_cancel, 1);
+      /* a move of it out of a tier that keeps its bytes pinned (the host
+       * tier: a push-down to disk) stops at its next chunk (tier_disk.c) */
+      const dmem__tier_ops_t *held = dmem__tier_of_state(s);
+      if (held && held->adopts_staging) dmem_atomic_store_relaxed(&b->io_cancel, 1);
       dmem__transit_wait(rt, b, w);
       w = dmem_atomic_load_acquire(&b->word); /* partner: dmem__transit_end */
       continue;

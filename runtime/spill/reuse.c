@@ -215,8 +215,8 @@ static bool class_of(dmem__policy_t *p, int prio, uint32_t *cid_out) {
 static bool gone(uint64_t w) {
   if (w & DMEM__F_FREED) return true;
   unsigned s = dmem__w_state(w);
-  return s == DMEM__STATE_FREE || s == DMEM_STATE_DEFERRED_HOST || s == DMEM_STATE_DEFERRED_DISK ||
-         s == DMEM_STATE_DEFERRED_CONTROLLER;
+  /* free, or held by a tier (any state but these three; spill/tier.c) */
+  return s != DMEM_STATE_RESIDENT && s != DMEM_STATE_SPILLING && s != DMEM_STATE_UNSPILLING;
 }
 
 /* Resident, unlocked, nobody moving it: a victim now. */

@@ -1,8 +1,11 @@
 /*
- * spill/spill.c - moving one buffer out of the device: device -> host, disk
- * or controller (the copy runs on the runtime's own copy stream), and tier
- * changes of a buffer already in the host tier. A lock that arrives while a
- * spill copies cancels it (the device copy is still the live one).
+ * spill/spill.c - moving one buffer out of the device to a tier (the copy
+ * runs on the runtime's own copy stream; a store the tier refuses as full
+ * goes on down the chain, spill/tier.c), eviction batches into the tier
+ * whose row takes them (the host tier), and tier changes of a buffer
+ * already in a tier that keeps its bytes pinned (the host tier). A lock
+ * that arrives while a spill copies cancels it (the device copy is still
+ * the live one).
  *
  * Every move runs while the mover owns the buffer's TRANSIT bit (see
  * runtime/core/core.h); no mutex is held while copying or calling the
@@ -19,15 +22,15 @@ static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_
   if (emit) dmem__emit(rt, DMEM_EVENT_SPILL, h, size, tier, 0);
 }
 
-/* dest->store of h's bytes at data. For the controller tier, the FREE
- * event's handshake with dmem_free (core.h: dmem__store_watch): a buffer
- * freed before the store is not stored (DMEM_ERR_STALE_HANDLE: dmem_free
- * has told the controller already); *tell_free is set when it was freed
- * during the store, and the caller then sends its FREE event once its move
- * has ended, after store() returned. */
+/* dest->store of h's bytes at data. For a tier that watches frees (the
+ * controller), the FREE event's handshake with dmem_free (core.h:
+ * dmem__store_watch): a buffer freed before the store is not stored
+ * (DMEM_ERR_STALE_HANDLE: dmem_free has told the controller already);
+ * *tell_free is set when it was freed during the store, and the caller then
+ * sends its FREE event once its move has ended, after store() returned. */
 static dmem_status_t tier_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                 const dmem__tier_ops_t *dest, void *data, bool *tell_free) {
-  if (dest != &dmem__tier_controller) return dest->store(rt, b, h, data);
+  if (!dest->watch_free) return dest->store(rt, b, h, data);
   dmem_status_t st =
       dmem__store_watch(b, h)
           ? dest->store(rt, b, h, data)
@@ -39,14 +42,15 @@ static dmem_status_t tier_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
 
 /* Spill a resident buffer whose TRANSIT we own (state SPILLING, word w).
  *
- * To the host tier the spill is stream-ordered end to end: the copy is
- * enqueued on the spill stream, the pinned staging becomes the host tier's
- * copy, the device range goes back to the pool tagged with the copy's event,
- * and the buffer is DEFERRED_HOST with SPILL_COPY set until the copy is seen
- * complete: no cudaFree, no host synchronisation. A retrieve orders its
- * stream after b->spill_event. The disk and controller tiers need the bytes
- * on the host, so they wait for the copy (as does a full host tier, whose
- * spill goes to disk). */
+ * To a tier that adopts the staging (the host tier) the spill is
+ * stream-ordered end to end: the copy is enqueued on the spill stream, the
+ * pinned staging becomes the tier's copy, the device range goes back to the
+ * pool tagged with the copy's event, and the buffer is DEFERRED_HOST with
+ * SPILL_COPY set until the copy is seen complete: no cudaFree, no host
+ * synchronisation. A retrieve orders its stream after b->spill_event. The
+ * other tiers (disk, controller) need the bytes on the host, so they wait
+ * for the copy (as does a full host tier, whose spill goes on to its next
+ * tier, the disk). */
 static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                        uint64_t w, const dmem__tier_ops_t *want) {
   uint64_t t0 = dmem__now_ns();
@@ -86,9 +90,12 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
    * locker that cancels the spill and then waits on the event */
   dmem_atomic_or_acq_rel(&b->word, DMEM__F_SPILL_COPY);
   dmem__transit_broadcast(rt); /* lockers waiting for SPILL_COPY may cancel now */
-  if (dest->adopts_staging) {
+  while (dest->adopts_staging) {
     st = dest->store(rt, b, h, stage);
-    if (st == DMEM_ERR_HOST_OUT_OF_MEMORY) dest = &dmem__tier_disk; /* full: straight to disk */
+    if (st != DMEM_ERR_HOST_OUT_OF_MEMORY) break;
+    const dmem__tier_ops_t *next = dmem__tier_row(dest)->next;
+    if (!next) break;
+    dest = next; /* full: on down the chain (the host tier: straight to disk) */
   }
   if (!dest->adopts_staging) {
     st = dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
@@ -164,9 +171,9 @@ undo:
   return st;
 }
 
-/* Wait for the spill copy into the host tier of a DEFERRED_HOST buffer
- * whose TRANSIT we own, and give its event back (tier changes need the
- * bytes on the host). */
+/* Wait for the spill copy into the tier of a buffer held by a tier that
+ * adopts staging (DEFERRED_HOST) whose TRANSIT we own, and give its event
+ * back (tier changes need the bytes on the host). */
 static dmem_status_t finish_spill_copy(dmem_runtime_t *rt, dmem__buffer_t *b) {
   uint64_t w = dmem_atomic_load_relaxed(&b->word);
   if (!(w & DMEM__F_SPILL_COPY)) return DMEM_OK;
@@ -179,9 +186,11 @@ static dmem_status_t finish_spill_copy(dmem_runtime_t *rt, dmem__buffer_t *b) {
   return DMEM_OK;
 }
 
-/* Move a DEFERRED_HOST buffer whose TRANSIT we own to another tier. */
-static dmem_status_t spill_from_host(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
-                                     const dmem__tier_ops_t *dest) {
+/* Move a buffer whose TRANSIT we own from `src`, a tier that keeps its
+ * bytes pinned at b->host (the host tier), to another tier. */
+static dmem_status_t spill_from_pinned(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
+                                       const dmem__tier_ops_t *src,
+                                       const dmem__tier_ops_t *dest) {
   uint64_t t0 = dmem__now_ns();
   size_t size = dmem__bsize(b);
   bool tell_free = false; /* freed during the controller's store: we send FREE */
@@ -189,10 +198,10 @@ static dmem_status_t spill_from_host(dmem_runtime_t *rt, dmem__buffer_t *b, dmem
   if (st == DMEM_OK) st = tier_store(rt, b, h, dest, b->host, &tell_free);
   if (st != DMEM_OK) {
     dmem__move_end(rt, b, (dmem__transit_exit_t){0});
-    if (tell_free) dmem__emit(rt, DMEM_EVENT_FREE, h, size, DMEM_TIER_HOST, 0);
+    if (tell_free) dmem__emit(rt, DMEM_EVENT_FREE, h, size, src->tier, 0);
     return st;
   }
-  dmem__tier_host.drop(rt, b, h);
+  src->drop(rt, b, h);
   dmem__host_copy_release(rt, b);
   uint64_t nw = dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(dest->state)});
   dmem_atomic_add_relaxed(&rt->ns_spilling, dmem__now_ns() - t0);
@@ -207,11 +216,9 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
   if (st != DMEM_OK) return st;
   const dmem__tier_ops_t *dest = dmem__tier_of(tier);
   if (!dest) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill: invalid tier %d", (int)tier);
-  if (dest == &dmem__tier_controller) {
-    dmem_controller_t c;
-    if (!dmem__controller_get(rt, &c) || !c.store || !c.retrieve)
-      return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                         "spill to the controller tier needs a controller with store/retrieve");
+  if (dest->ready) {
+    st = dest->ready(rt);
+    if (st != DMEM_OK) return st;
   }
   /* acquire: partner is the release of the last mover / dmem_alloc */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
@@ -251,11 +258,12 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
       return st;
     }
     if (s == dest->state) return DMEM_OK;
-    if (s == DMEM_STATE_DEFERRED_HOST) {
+    const dmem__tier_ops_t *src = dmem__tier_of_state(s);
+    if (src && src->adopts_staging) {
       if (!dmem__transit_take(b, &w, s, 0)) continue;
       dmem__moving_t m;
       dmem__moving_push(&m, rt, h, false);
-      st = spill_from_host(rt, b, h, dest);
+      st = spill_from_pinned(rt, b, h, src, dest);
       dmem__moving_pop(&m);
       return st;
     }
@@ -328,23 +336,6 @@ static void batch_undo(dmem_runtime_t *rt, batch_item_t *it, size_t k) {
   }
 }
 
-/* Charge `bytes` to the host tier at once, as host_store does per buffer
- * (tier_host.c): past host_limit it kicks the push-down; false when the
- * tier cannot take them all (nothing charged). */
-static bool batch_charge_host(dmem_runtime_t *rt, size_t bytes) {
-  size_t limit = rt->host_limit;
-  if (!limit) {
-    dmem__peak_raise(&rt->host_peak, dmem_atomic_add_relaxed(&rt->host_used, bytes) + bytes);
-    return true;
-  }
-  if (bytes > limit) return false;
-  bool admitted =
-      dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit, rt->cfg.host_burst), bytes, NULL);
-  if (admitted) dmem__peak_raise(&rt->host_peak, dmem_atomic_load_relaxed(&rt->host_used));
-  if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
-  return admitted;
-}
-
 /* Pinned staging for every victim: the staging a finished unspill left
  * (b->host), else one pinned-pool call for all the others. On failure the
  * items keep what they had (stage and reused) for batch_undo. */
@@ -389,9 +380,10 @@ static dmem_status_t batch_copy(dmem_runtime_t *rt, batch_item_t *it, size_t k, 
 /* A victim whose spill a lock cancelled after its SPILL_COPY was published
  * (we still own TRANSIT; the copy is complete: the caller waited for it):
  * as spill_from_device's undo. */
-static void batch_cancelled(dmem_runtime_t *rt, batch_item_t *x, void *ev, bool copied) {
+static void batch_cancelled(dmem_runtime_t *rt, const dmem__tier_ops_t *dest, batch_item_t *x,
+                            void *ev, bool copied) {
   dmem__buffer_t *b = x->b;
-  dmem__tier_host.drop(rt, b, x->h);
+  dest->drop(rt, b, x->h);
   dmem_atomic_add_relaxed(&rt->cancelled_spills, 1);
   b->host = x->reused ? x->stage : NULL;
   if (!x->reused) dmem__hostpool_free(rt->hostpool, x->stage);
@@ -407,6 +399,14 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   *res_out = (dmem__spill_batch_result_t){0};
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
+  /* the tier whose row takes batches (the first row: the host tier) */
+  const dmem__tier_row_t *row = dmem__tier_row(dmem__tier_top());
+  if (!row->batch) { /* no batches: the caller spills these one by one */
+    res_out->single = true;
+    res_out->used = n < DMEM__SPILL_BATCH_MAX ? n : DMEM__SPILL_BATCH_MAX;
+    return DMEM_OK;
+  }
+  const dmem__tier_ops_t *dest = row->ops;
   batch_item_t it[DMEM__SPILL_BATCH_MAX];
   size_t bytes = 0;
   /* one count for the whole batch, raised before its victims leave the
@@ -429,7 +429,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
   void *ev = NULL;
   bool copied = false; /* the copies are known complete */
 
-  if (!batch_charge_host(rt, bytes)) {
+  if (!dest->charge_n(rt, bytes)) {
     res_out->single = true; /* one by one: some go to disk */
     batch_undo(rt, it, k);
     goto out;
@@ -440,7 +440,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
     res_out->single = true; /* one by one: they recycle staging, or go to disk */
   }
   if (st != DMEM_OK || res_out->single) {
-    dmem_atomic_sub_relaxed(&rt->host_used, bytes);
+    dest->uncharge_n(rt, bytes);
     batch_undo(rt, it, k);
     goto out;
   }
@@ -455,7 +455,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
     copied = st == DMEM_OK;
   }
   if (st != DMEM_OK) {
-    dmem_atomic_sub_relaxed(&rt->host_used, bytes);
+    dest->uncharge_n(rt, bytes);
     batch_undo(rt, it, k);
     if (ev) dmem__event_put(rt, ev);
     goto out;
@@ -468,7 +468,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
     /* release: publishes spill_event; partner is the acquiring CAS of a
      * locker that cancels the spill and then waits on the event */
     dmem_atomic_or_acq_rel(&it[j].b->word, DMEM__F_SPILL_COPY);
-    it[j].b->host = it[j].stage; /* the host tier adopts the staging */
+    it[j].b->host = it[j].stage; /* the tier adopts the staging */
   }
   dmem__transit_broadcast(rt);
 
@@ -490,7 +490,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
         break;
       }
       DMEM_ASSERT((w & DMEM__F_TRANSIT) && dmem__w_count(w) == 0);
-      uint64_t nw = (dmem__w_with_state(w, DMEM_STATE_DEFERRED_HOST) &
+      uint64_t nw = (dmem__w_with_state(w, dest->state) &
                      ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY | DMEM__F_UNSPILL_COPY)) |
                     keep;
       /* release: publishes b->host; partner is the next mover's acquire */
@@ -512,7 +512,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
     /* their copies may still write the staging they give back */
     if (!copied) (void)dmem__fatal_keep(rt, rt->be->event_synchronize(rt->be, ev));
     for (size_t j = 0; j < k; j++)
-      if (it[j].cancelled) batch_cancelled(rt, &it[j], ev, copied);
+      if (it[j].cancelled) batch_cancelled(rt, dest, &it[j], ev, copied);
   }
   /* The ranges are reusable once the copies that read them are done: one
    * pool call tagged with the batch's event. */
@@ -523,12 +523,12 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
     dmem__staging_push_n(rt, entries, m); /* each gives its reference back once ev completes */
   dmem__moves_after(rt, done_b, done_w, m);
   if (m && DMEM__TRACE_ON())
-    dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_HOST, "spill", t0, dmem__now_ns() - t0, freed, m,
+    dmem__trace_event(DMEM__TRACK_TIER, dest->tier, "spill", t0, dmem__now_ns() - t0, freed, m,
                       0);
-  if (m) dmem__stats_spill_n(rt, DMEM_TIER_HOST, m, freed, dmem__now_ns() - t0);
+  if (m) dmem__stats_spill_n(rt, dest->tier, m, freed, dmem__now_ns() - t0);
   for (size_t j = 0; j < m; j++)
     if (!(done_w[j] & DMEM__F_FREED))
-      dmem__emit(rt, DMEM_EVENT_SPILL, entries[j].h, sizes[j], DMEM_TIER_HOST, 0);
+      dmem__emit(rt, DMEM_EVENT_SPILL, entries[j].h, sizes[j], dest->tier, 0);
   res_out->victims = m;
   res_out->freed = freed;
 out:

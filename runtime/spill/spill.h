@@ -66,23 +66,45 @@ static inline void dmem__stats_unspill(dmem_runtime_t *rt, dmem_tier_t tier, siz
 
 /* ---- tiers (tier.c; tier_host.c, tier_disk.c, tier_controller.c) -------------- */
 
-/* Where a deferred buffer's bytes are kept. Every function is called by the
- * owner of the buffer's TRANSIT (or by reclaim, which owns the buffer). */
+/* What a tier does: where a deferred buffer's bytes are kept, one file per
+ * tier. Every function is called by the owner of the buffer's TRANSIT (or
+ * by reclaim, which owns the buffer). Where a tier sits in the chain (its
+ * next tier, batches, pipelining) is its row in tier.c's table. */
 typedef struct dmem__tier_ops {
   dmem_tier_t tier;
   unsigned state; /* the buffer state of a buffer held here */
   const char *name;
   /* The host tier keeps the pinned staging itself as its copy (store adopts
-   * `data`, load has nothing to do); the others copy out and in. */
+   * `data`, load has nothing to do); the others copy out and in. A tier
+   * that adopts keeps the bytes at b->host, so a buffer held there can move
+   * on to another tier (spill.c), and a spill copy into it may still run
+   * while the buffer is held there (SPILL_COPY). */
   bool adopts_staging;
+  /* The store hands the bytes to code outside dmem that learns of frees
+   * from the FREE event (the controller): it runs inside dmem_free's
+   * handshake (core.h: dmem__store_watch), and a buffer freed before it is
+   * not stored. */
+  bool watch_free;
+  /* DMEM_OK when a spill may go to the tier now; else the status such a
+   * spill returns (the detail recorded). NULL: always. The controller
+   * tier: a controller with store and retrieve is installed. */
+  dmem_status_t (*ready)(dmem_runtime_t *rt);
   /* Keep the buffer's size bytes, now at `data` (pinned). The host tier
    * adopts `data` as b->host, charging host_used; past the host limit it
    * kicks the push-down to disk, and it refuses (DMEM_ERR_HOST_OUT_OF_MEMORY:
-   * the caller goes straight to disk) a buffer larger than the limit or one
-   * that would take the tier more than half the limit past it. The others
+   * the caller goes on to the row's next tier) a buffer larger than the
+   * limit or one that would take the tier more than half the limit past it
+   * (host_burst). The others
    * copy it out and leave `data` to the caller; the disk tier's write stops
    * (DMEM_ERR_BUSY) when a lock cancels the move. */
   dmem_status_t (*store)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, void *data);
+  /* Batch admission (a tier whose row takes eviction batches; NULL
+   * otherwise): charge `bytes` of several buffers at once, as store does
+   * for one (past the limit it kicks the push-down); false when the tier
+   * cannot take them all (nothing charged). uncharge_n gives such a charge
+   * back; a buffer committed to the tier is dropped one by one (drop). */
+  bool (*charge_n)(dmem_runtime_t *rt, size_t bytes);
+  void (*uncharge_n)(dmem_runtime_t *rt, size_t bytes);
   /* Bring the bytes back into pinned memory at b->host (the host tier: they
    * are there already). On failure b->host is as it was. */
   dmem_status_t (*load)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
@@ -93,7 +115,7 @@ typedef struct dmem__tier_ops {
    * tier's copy is as it was; copies of pieces already enqueued may still
    * be running into dev (the caller gives dev back in stream order). The
    * disk tier: its chunks are read into the tier's pinned staging slots
-   * (tier_disk.c). */
+   * (tier_disk.c). Used when the tier's row says pipelined. */
   dmem_status_t (*load_device)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, void *dev,
                                void *stream);
   /* Copy n bytes at offset off of the buffer into host memory at dst and
@@ -107,15 +129,52 @@ typedef struct dmem__tier_ops {
   void (*drop)(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
   /* Bytes held by the tier. */
   size_t (*used)(dmem_runtime_t *rt);
+  /* The tier's target size in bytes (0: none now), past which the
+   * push-down (pushdown.c) moves its least recently used buffers to the
+   * row's next tier. NULL: never pushed down. */
+  size_t (*limit)(const dmem_runtime_t *rt);
 } dmem__tier_ops_t;
 
 extern const dmem__tier_ops_t dmem__tier_host, dmem__tier_disk, dmem__tier_controller;
+
+/* One row of the tier chain (tier.c's table, which says how to add a
+ * tier). */
+typedef struct dmem__tier_row {
+  const dmem__tier_ops_t *ops;
+  /* The tier below: where the push-down sends bytes past ops->limit, and
+   * where a spill goes on when ops->store refuses it as full
+   * (DMEM_ERR_HOST_OUT_OF_MEMORY). NULL: the end of the chain. */
+  const dmem__tier_ops_t *next;
+  /* Eviction batches (dmem__spill_batch) go here, admitted at once by
+   * ops->charge_n. At most one row, the first (where evictions go). */
+  bool batch;
+  /* Whether a retrieve from the tier may be pipelined now (ops->load_device:
+   * the pieces copied to the device as they arrive); NULL: never. */
+  bool (*pipelined)(const dmem_runtime_t *rt);
+} dmem__tier_row_t;
+
+/* The chain's table, rows[0..*n_out): its first row is where evictions go.
+ * The table is constant: these lookups are thread-safe and take no lock. */
+const dmem__tier_row_t *dmem__tier_rows(size_t *n_out);
+/* Check a tier table: every next tier has a row and every next chain ends
+ * (no loop), tier and state values unique and below DMEM__NTIERS, batch
+ * only on the first row and with charge_n/uncharge_n and adopts_staging,
+ * pipelined only with load_device, limit only with a next tier and
+ * adopts_staging (tier changes start only from such a tier). Returns
+ * true when it holds; else false with what is wrong in why[0..why_len). */
+bool dmem__tier_table_check(const dmem__tier_row_t *rows, size_t n, char *why, size_t why_len);
+/* The row of a tier / of the tier holding a buffer in state s, or NULL. */
+const dmem__tier_row_t *dmem__tier_row(const dmem__tier_ops_t *t);
+const dmem__tier_row_t *dmem__tier_row_of_state(unsigned s);
+/* The first row's tier: where evictions spill to. */
+const dmem__tier_ops_t *dmem__tier_top(void);
 
 /* How far past host_limit the host tier may go while the push-down to disk
  * catches up (tier_host.c): limit * (1 + burst), burst being
  * dmem_config_t.host_burst; the most pinned memory it holds. */
 size_t dmem__host_tier_cap(size_t limit, double burst);
-/* The tier of DMEM_TIER_HOST/DISK/CONTROLLER, or NULL (DEVICE, unknown). */
+/* The tier of a dmem_tier_t with a row (HOST, DISK, CONTROLLER), or NULL
+ * (DEVICE, unknown). */
 const dmem__tier_ops_t *dmem__tier_of(dmem_tier_t tier);
 /* The tier holding a buffer in state s, or NULL (not deferred). */
 const dmem__tier_ops_t *dmem__tier_of_state(unsigned s);
@@ -134,7 +193,7 @@ void dmem__disk_stage_fini(dmem_runtime_t *rt);
  * a read holds now stay. */
 void dmem__disk_stage_trim(dmem_runtime_t *rt, bool wait);
 /* Whether retrieves from disk read through the staging slots, pipelined
- * (tier_disk.c): always without host_limit; with it, only when the pool's
+ * (tier_disk.c; the disk row's `pipelined`): always without host_limit; with it, only when the pool's
  * staging allowance holds DMEM__DISK_PIPE_MIN_SLOTS slots twice over. A
  * tighter pool reads each buffer into staging of its own size, freed once
  * its copy is done: slots held between retrieves took the room that spills
@@ -264,12 +323,13 @@ void dmem__io_quiesce(dmem__io_t *io);
 /* True on an I/O thread while it runs the background job. */
 extern _Thread_local bool dmem__io_tl_background;
 
-/* ---- the host tier's push-down to disk (pushdown.c) ------------------------------ */
+/* ---- the push-down from tier to tier (pushdown.c) --------------------------------- */
 
-/* The I/O pool's background job: while the host tier holds more than
- * host_limit bytes (not counting those being written down now), move its
- * least recently used buffers (lowest priority first) to disk. Returns
- * whether it should run again. */
+/* The I/O pool's background job: while a tier with a limit and a next tier
+ * (the host tier: host_limit, disk) holds more than its limit (not
+ * counting the bytes being written down now), move its least recently
+ * used buffers (lowest priority first) to the next tier. Returns whether
+ * it should run again. */
 bool dmem__pushdown_run(dmem_runtime_t *rt);
 
 /* ---- reclaim and the end of moves (reclaim.c) ----------------------------------- */

@@ -63,8 +63,11 @@ void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all) {
     /* done elsewhere, or freed (then reclaim recycles the staging; TRANSIT
      * is never taken on a freed buffer) */
     unsigned s = dmem__w_state(w);
+    /* resident: the unspill copy; held by a tier that adopted the staging
+     * (the host tier): the spill copy into it */
+    const dmem__tier_ops_t *held = s == DMEM_STATE_RESIDENT ? NULL : dmem__tier_of_state(s);
     uint64_t flag = s == DMEM_STATE_RESIDENT        ? DMEM__F_UNSPILL_COPY
-                    : s == DMEM_STATE_DEFERRED_HOST ? DMEM__F_SPILL_COPY
+                    : held && held->adopts_staging ? DMEM__F_SPILL_COPY
                                                     : 0;
     if (dmem__w_gen(w) != dmem__h_gen(h) || !(w & flag) || (w & DMEM__F_FREED)) continue;
     /* the take fails if FREED was set meanwhile: the entry is kept and

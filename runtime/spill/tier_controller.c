@@ -5,6 +5,14 @@
  */
 #include "spill/spill.h"
 
+static dmem_status_t ctl_ready(dmem_runtime_t *rt) {
+  dmem_controller_t c;
+  if (!dmem__controller_get(rt, &c) || !c.store || !c.retrieve)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                       "spill to the controller tier needs a controller with store/retrieve");
+  return DMEM_OK;
+}
+
 static dmem_status_t ctl_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                void *data) {
   dmem_controller_t c;
@@ -57,6 +65,8 @@ const dmem__tier_ops_t dmem__tier_controller = {
     .state = DMEM_STATE_DEFERRED_CONTROLLER,
     .name = "controller",
     .adopts_staging = false,
+    .watch_free = true,
+    .ready = ctl_ready,
     .store = ctl_store,
     .load = ctl_load,
     .read = NULL, /* retrieve may drop the controller's copy */

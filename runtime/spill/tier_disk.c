@@ -305,8 +305,10 @@ static bool store_cancelled(void *arg) {
   store_ctx_t *c = arg;
   uint64_t w = dmem_atomic_load_relaxed(&c->b->word); /* a hint; the mover re-checks */
   unsigned s = dmem__w_state(w);
-  if (dmem_atomic_load_relaxed(&c->b->io_cancel) ||
-      (s != DMEM_STATE_SPILLING && s != DMEM_STATE_DEFERRED_HOST)) {
+  /* neither spilling nor held by the tier it is written from: a lock
+   * cancelled the spill */
+  if (dmem_atomic_load_relaxed(&c->b->io_cancel) || s == DMEM_STATE_RESIDENT ||
+      s == DMEM_STATE_UNSPILLING || s == DMEM__STATE_FREE) {
     dmem_atomic_store_relaxed(&c->by_lock, 1);
     return true;
   }

@@ -47,6 +47,27 @@ static dmem_status_t host_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_hand
   return DMEM_OK;
 }
 
+/* Batch admission (dmem__spill_batch): `bytes` of several buffers charged
+ * at once, as host_store does per buffer: past host_limit it kicks the
+ * push-down; false when the tier cannot take them all (nothing charged). */
+static bool host_charge_n(dmem_runtime_t *rt, size_t bytes) {
+  size_t limit = rt->host_limit;
+  if (!limit) {
+    dmem__peak_raise(&rt->host_peak, dmem_atomic_add_relaxed(&rt->host_used, bytes) + bytes);
+    return true;
+  }
+  if (bytes > limit) return false;
+  bool admitted =
+      dmem__reserve(&rt->host_used, dmem__host_tier_cap(limit, rt->cfg.host_burst), bytes, NULL);
+  if (admitted) dmem__peak_raise(&rt->host_peak, dmem_atomic_load_relaxed(&rt->host_used));
+  if (dmem_atomic_load_relaxed(&rt->host_used) > limit) dmem__io_kick(rt->io);
+  return admitted;
+}
+
+static void host_uncharge_n(dmem_runtime_t *rt, size_t bytes) {
+  dmem_atomic_sub_relaxed(&rt->host_used, bytes);
+}
+
 static dmem_status_t host_load(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
   (void)rt;
   (void)h;
@@ -76,14 +97,19 @@ static void host_drop(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h) {
 
 static size_t host_used(dmem_runtime_t *rt) { return dmem_atomic_load_relaxed(&rt->host_used); }
 
+static size_t host_limit(const dmem_runtime_t *rt) { return rt->host_limit; }
+
 const dmem__tier_ops_t dmem__tier_host = {
     .tier = DMEM_TIER_HOST,
     .state = DMEM_STATE_DEFERRED_HOST,
     .name = "host",
     .adopts_staging = true,
     .store = host_store,
+    .charge_n = host_charge_n,
+    .uncharge_n = host_uncharge_n,
     .load = host_load,
     .read = host_read,
     .drop = host_drop,
     .used = host_used,
+    .limit = host_limit,
 };

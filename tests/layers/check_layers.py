@@ -6,8 +6,11 @@ Usage: check_layers.py NM BUILD_DIR TABLE
 Reads every object file under BUILD_DIR that was built from a source under
 one of the table's paths (CMake's CMakeFiles/<target>.dir/<source>.o layout),
 maps each undefined symbol to the file that defines it, and fails (exit 1)
-when a file calls into a layer above its own, when two files call each other
-round (directly or through others), or when a source file has no layer."""
+when a file calls into a layer above its own, when files call each other in
+a circle of any length (a -> b -> a, a -> b -> c -> a, ...: the strongly
+connected components of the file call graph; each is printed as one circle
+with the function that makes each step, and the component's other files), or
+when a source file has no layer."""
 import collections
 import os
 import re
@@ -63,6 +66,38 @@ def objects(build, layers, source_root):
     return found
 
 
+def describe_circle(comp, edges, via):
+    """One shortest circle through the first file of a strongly connected
+    component, as 'a.c -> b.c (sym) -> ... -> a.c (sym)', and the component's
+    files that the circle does not pass through."""
+    members = set(comp)
+    start = comp[0]
+    prev = {}
+    queue = collections.deque([start])
+    end = None
+    while queue and end is None:
+        v = queue.popleft()
+        for w in sorted(edges[v]):
+            if w not in members:
+                continue
+            if w == start:
+                end = v
+                break
+            if w not in prev:
+                prev[w] = v
+                queue.append(w)
+    path = [end]
+    while path[-1] != start:
+        path.append(prev[path[-1]])
+    path.reverse()
+    path.append(start)
+    text = path[0] + "".join(f" -> {b} ({via[(a, b)]})" for a, b in zip(path, path[1:]))
+    rest = sorted(members - set(path))
+    if rest:
+        text += f"; in the same circle of {len(comp)} files also: " + ", ".join(rest)
+    return text
+
+
 def main():
     nm, build, table = sys.argv[1:4]
     layers, public_only = read_table(table)
@@ -87,12 +122,14 @@ def main():
         if rank[src] is None:
             errors.append(f"{src}: in no layer of {table}")
     edges = collections.defaultdict(set)
+    via = {}  # (caller, callee) -> the first symbol (sorted) that makes the call
     for src, syms in sorted(undefined.items()):
         for s in sorted(syms):
             d = defined.get(s)
             if not d or d == src:
                 continue
             edges[src].add(d)
+            via.setdefault((src, d), s)
             if rank[src] is not None and rank[d] is not None and rank[d] > rank[src]:
                 errors.append(f"{src} ({layers[rank[src]][0]}) calls {s} of {d} "
                               f"({layers[rank[d]][0]}), a higher layer")
@@ -130,7 +167,7 @@ def main():
         if v not in index:
             strong(v)
     for c in circles:
-        errors.append("files calling each other round: " + " <-> ".join(c))
+        errors.append("file circle: " + describe_circle(c, edges, via))
     for e in errors:
         print("layers:", e)
     nedges = sum(len(v) for v in edges.values())
