@@ -812,7 +812,7 @@ TEST_CASE(victims_already_spilled_are_skipped) {
   ctl_fini(&c);
 }
 
-/* ---- eviction batches (spill/spill.c, dmem__spill_batch) ------------------------- */
+/* ---- eviction batches (spill/move_out.c, dmem__spill_batch) ------------------------- */
 
 #define KiB ((size_t)1 << 10)
 #define NB 200 /* more than three batches of DMEM__SPILL_BATCH_MAX (64) */

@@ -1,6 +1,6 @@
 /*
  * runtime/api/move.c - the explicit moves: dmem_spill, dmem_unspill,
- * dmem_prefetch and dmem_evict. The engine behind them is the spill layer (spill/spill.c,
+ * dmem_prefetch and dmem_evict. The engine behind them is the spill layer (spill/move_out.c,
  * spill/retrieve.c, spill/policy.c).
  */
 #include "api/api.h"

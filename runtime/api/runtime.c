@@ -3,6 +3,8 @@
  * polling.
  */
 #include "api/api.h"
+#include "spill/summary.h"
+#include "spill/ahead.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * mem_set_access) and charged against the runtime's device limit like a
  * pool block; spilled, it is unmapped and released (mem_unmap,
  * mem_release) and the charge goes back. An unspill maps new physical
- * memory at the same address. The spill layer decides when (spill/spill.c,
+ * memory at the same address. The spill layer decides when (spill/move_out.c,
  * spill/retrieve.c, spill/reclaim.c) and makes room (spill/pressure.c).
  *
  * Records: one per range, in a process-wide table keyed by address (device

@@ -14,6 +14,7 @@
  * and it looks on its own every 50 ms.
  */
 #include "spill/spill.h"
+#include "spill/ahead.h"
 #include <errno.h>
 #include <time.h>
 

@@ -7,6 +7,7 @@
  * sorted at each pass).
  */
 #include "spill/spill.h"
+#include "spill/summary.h"
 #include <sched.h>
 #include <stdlib.h>
 
@@ -86,7 +87,7 @@ static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
 
 /* Spill victims from cand[0..n) to the host tier (the tier whose row takes
  * batches) as one batch
- * (spill.c's dmem__spill_batch: one copy event, one pool release, one
+ * (move_out.c's dmem__spill_batch: one copy event, one pool release, one
  * staging carve for all of them); when the host tier or the pinned pool
  * cannot take the batch at once, the same candidates one by one.
  * *used_out: candidates consumed. */

@@ -7,6 +7,7 @@
  * up to a deadline.
  */
 #include "spill/spill.h"
+#include "spill/ahead.h"
 
 
 void dmem__spill_poll(dmem_runtime_t *rt) {

@@ -7,6 +7,7 @@
  * synchronisation.
  */
 #include "spill/spill.h"
+#include "spill/summary.h"
 
 /* After a successful lock or cancel CAS (new word nw): order `stream` after
  * the copies still in flight on the buffer. */

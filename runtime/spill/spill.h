@@ -1,6 +1,6 @@
 /*
  * spill/spill.h - the spill layer: where a deferred buffer's bytes are kept
- * (tiers), moving a buffer out (spill.c) and back (retrieve.c), recycling
+ * (tiers), moving a buffer out (move_out.c) and back (retrieve.c), recycling
  * unspill staging (staging.c), reclaim and the end of a move (reclaim.c),
  * stream releases waiting for their event (pending.c), choosing victims
  * (policy.c) and making room when device memory runs short (pressure.c).
@@ -13,56 +13,6 @@
 
 #include "memory/memory.h"
 
-/* ---- statistics of moves and the info-level summary (summary.c) ---------------- */
-
-/* spill/summary.c: at info, log at most once a second what moved since the
- * last summary (never a line per buffer). dmem__summary_note is called
- * where spills, unspills, push-downs and evictions are counted. */
-void dmem__summary_tick(dmem_runtime_t *rt);
-/* Log what moved since the last summary, if anything (destroy calls it). */
-void dmem__summary_flush(dmem_runtime_t *rt);
-static inline void dmem__summary_note(dmem_runtime_t *rt) {
-  if (dmem_atomic_load_relaxed(&rt->log_level) >= DMEM_LOG_INFO) dmem__summary_tick(rt);
-}
-
-/* Count a completed spill / retrieve into `tier` (stats). */
-static inline void dmem__stats_spill(dmem_runtime_t *rt, dmem_tier_t tier, size_t size,
-                                     uint64_t ns) {
-  dmem_atomic_add_relaxed(&rt->spill_count, 1);
-  dmem_atomic_add_relaxed(&rt->bytes_spilled, size);
-  dmem_atomic_add_relaxed(&rt->ns_spilling, ns);
-  if ((unsigned)tier < DMEM__NTIERS) {
-    dmem_atomic_add_relaxed(&rt->xs.spill_count[tier], 1);
-    dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
-    dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
-  }
-  dmem__summary_note(rt);
-}
-/* The same for n spills of `size` bytes in all (one spill batch). */
-static inline void dmem__stats_spill_n(dmem_runtime_t *rt, dmem_tier_t tier, size_t n,
-                                       size_t size, uint64_t ns) {
-  dmem_atomic_add_relaxed(&rt->spill_count, n);
-  dmem_atomic_add_relaxed(&rt->bytes_spilled, size);
-  dmem_atomic_add_relaxed(&rt->ns_spilling, ns);
-  if ((unsigned)tier < DMEM__NTIERS) {
-    dmem_atomic_add_relaxed(&rt->xs.spill_count[tier], n);
-    dmem_atomic_add_relaxed(&rt->xs.spill_bytes[tier], size);
-    dmem_atomic_add_relaxed(&rt->xs.spill_ns[tier], ns);
-  }
-  dmem__summary_note(rt);
-}
-static inline void dmem__stats_unspill(dmem_runtime_t *rt, dmem_tier_t tier, size_t size,
-                                       uint64_t ns) {
-  dmem_atomic_add_relaxed(&rt->unspill_count, 1);
-  dmem_atomic_add_relaxed(&rt->bytes_unspilled, size);
-  dmem_atomic_add_relaxed(&rt->ns_unspilling, ns);
-  if ((unsigned)tier < DMEM__NTIERS) {
-    dmem_atomic_add_relaxed(&rt->xs.unspill_count[tier], 1);
-    dmem_atomic_add_relaxed(&rt->xs.unspill_bytes[tier], size);
-    dmem_atomic_add_relaxed(&rt->xs.unspill_ns[tier], ns);
-  }
-  dmem__summary_note(rt);
-}
 
 /* ---- tiers (tier.c; tier_host.c, tier_disk.c, tier_controller.c) -------------- */
 
@@ -77,7 +27,7 @@ typedef struct dmem__tier_ops {
   /* The host tier keeps the pinned staging itself as its copy (store adopts
    * `data`, load has nothing to do); the others copy out and in. A tier
    * that adopts keeps the bytes at b->host, so a buffer held there can move
-   * on to another tier (spill.c), and a spill copy into it may still run
+   * on to another tier (move_out.c), and a spill copy into it may still run
    * while the buffer is held there (SPILL_COPY). */
   bool adopts_staging;
   /* The store hands the bytes to code outside dmem that learns of frees
@@ -422,7 +372,7 @@ void dmem__pending_stream_forget(dmem_runtime_t *rt, void *stream);
 /* At destroy, after dmem__pending_poll(rt, true). */
 void dmem__pending_fini(dmem_runtime_t *rt);
 
-/* ---- moving out (spill.c) and back (retrieve.c) --------------------------------- */
+/* ---- moving out (move_out.c) and back (retrieve.c) --------------------------------- */
 
 /* Spill b (handle h) to `tier`. by_policy: b is an eviction victim, skipped
  * (BUSY) unless it is still resident. */
@@ -463,21 +413,6 @@ dmem_status_t dmem__copy_chunked(dmem_runtime_t *rt, void *dst, const void *src,
  * prefetched); *done_out (may be NULL) counts the buffers handled. */
 dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
                              void *stream, size_t *done_out);
-
-/* ---- spill-ahead (ahead.c) -------------------------------------------------------- */
-
-/* Start the background thread when rt->ahead_high is set. */
-dmem_status_t dmem__ahead_start(dmem_runtime_t *rt);
-/* Stop and join it (at destroy). */
-void dmem__ahead_stop(dmem_runtime_t *rt);
-/* Wake the thread when device use passed the high-water mark. Called after
- * allocations; one relaxed load when under the mark. */
-void dmem__ahead_kick_slow(dmem_runtime_t *rt);
-static inline void dmem__ahead_note(dmem_runtime_t *rt) {
-  if (rt->ahead_high && dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high &&
-      !dmem_atomic_load_relaxed(&rt->ahead_kick))
-    dmem__ahead_kick_slow(rt);
-}
 
 /* ---- victims (policy.c) and room (pressure.c) ------------------------------------ */
 

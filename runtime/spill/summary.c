@@ -7,6 +7,7 @@
  * and destroy logs what is left.
  */
 #include "spill/spill.h"
+#include "spill/summary.h"
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 

@@ -3,7 +3,7 @@
  * the tier does (its ops, spill/spill.h: dmem__tier_ops_t, in its own
  * file: tier_host.c, tier_disk.c, tier_controller.c) and where it sits:
  * its next tier, whether eviction batches go to it, whether retrieves from
- * it are pipelined. spill.c, pushdown.c and retrieve.c walk the table; none
+ * it are pipelined. move_out.c, pushdown.c and retrieve.c walk the table; none
  * of them names a tier. Also: which tier holds a buffer in which state,
  * and the release of a buffer's pinned host memory.
  */

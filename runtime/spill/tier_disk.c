@@ -35,6 +35,7 @@
  * (spill/disk.c): the retrieve that freed it punches nothing.
  */
 #include "spill/spill.h"
+#include "spill/summary.h"
 #include <stdlib.h>
 
 /* ---- staging slots for reads ------------------------------------------------------- */

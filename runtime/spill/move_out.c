@@ -1,5 +1,5 @@
 /*
- * spill/spill.c - moving one buffer out of the device to a tier (the copy
+ * spill/move_out.c - moving one buffer out of the device to a tier (the copy
  * runs on the runtime's own copy stream; a store the tier refuses as full
  * goes on down the chain, spill/tier.c), eviction batches into the tier
  * whose row takes them (the host tier), and tier changes of a buffer
@@ -12,6 +12,7 @@
  * controller.
  */
 #include "spill/spill.h"
+#include "spill/summary.h"
 
 static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_tier_t tier,
                          uint64_t t0, bool emit) {

@@ -1,0 +1,25 @@
+/*
+ * runtime/spill/ahead.h - the spill-ahead thread (ahead.c): start, stop, and the
+ * kick after allocations.
+ * Its own header (not spill.h): the files that count or kick include it,
+ * so the layer's header names no function of the files that include it.
+ */
+#ifndef DMEM_SPILL_AHEAD_H
+#define DMEM_SPILL_AHEAD_H
+
+#include "core/runtime.h"
+
+/* Start the background thread when rt->ahead_high is set. */
+dmem_status_t dmem__ahead_start(dmem_runtime_t *rt);
+/* Stop and join it (at destroy). */
+void dmem__ahead_stop(dmem_runtime_t *rt);
+/* Wake the thread when device use passed the high-water mark. Called after
+ * allocations; one relaxed load when under the mark. */
+void dmem__ahead_kick_slow(dmem_runtime_t *rt);
+static inline void dmem__ahead_note(dmem_runtime_t *rt) {
+  if (rt->ahead_high && dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high &&
+      !dmem_atomic_load_relaxed(&rt->ahead_kick))
+    dmem__ahead_kick_slow(rt);
+}
+
+#endif /* DMEM_SPILL_AHEAD_H */
