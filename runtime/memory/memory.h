@@ -1,15 +1,15 @@
 /*
  * runtime/memory/memory.h - the memory layer: the stream-ordered device pool
- * (pool.c), device memory charged against the runtime's limit (devmem.c),
- * the table of live raw allocations (raw.c) and the pinned host pool
- * (hostpool.c).
+ * (pool.c and its parts pool_*.c, whose order pool_internal.h draws),
+ * device memory charged against the runtime's limit (devmem.c), the table
+ * of live raw allocations (raw.c) and the pinned host pool (hostpool.c).
  * It calls only core, the backend table and base; making room when memory
  * runs short is the spill layer's job (spill/pressure.c).
  */
 #ifndef DMEM_MEMORY_LAYER_H
 #define DMEM_MEMORY_LAYER_H
 
-/* ---- the device pool (memory/pool.c) ------------------------------------------- */
+/* ---- the device pool (memory/pool*.c) ------------------------------------------ */
 #include "memory/pool.h"
 
 /* ---- device memory (memory/devmem.c) -------------------------------------------- */
