@@ -14,23 +14,22 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__staging_poll(rt, false);
 }
 
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, dmem__devsrc_t src,
                                void **dev_out, bool *ordered_out, size_t need);
 
 /* One attempt, without making room. */
-static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, dmem__devsrc_t src,
                                void **dev_out, bool *ordered_out, size_t *need) {
-  if (dedicated) return dmem__device_alloc_dedicated(rt, size, stream, dev_out, need);
-  return dmem__device_alloc(rt, size, stream, dev_out, ordered_out, need);
+  return dmem__device_alloc_from(rt, src, size, stream, dev_out, ordered_out, need);
 }
 
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                   bool dedicated, void **dev_out, bool *ordered_out) {
+                                   dmem__devsrc_t src, void **dev_out, bool *ordered_out) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
   size_t need = 0;
-  dmem_status_t st = try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
+  dmem_status_t st = try_alloc(rt, size, stream, src, dev_out, ordered_out, &need);
   if (st != DMEM_ERR_OUT_OF_MEMORY) {
     if (st == DMEM_OK) dmem__ahead_note(rt);
     return st; /* done, or a device error */
@@ -39,7 +38,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
   uint64_t t0 = dmem__now_ns();
   DMEM_NVTX_PUSH("dmem wait for room");
   if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
-  st = make_room(rt, size, stream, dedicated, dev_out, ordered_out, need);
+  st = make_room(rt, size, stream, src, dev_out, ordered_out, need);
   DMEM_NVTX_POP();
   uint64_t waited = dmem__now_ns() - t0;
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
@@ -70,7 +69,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
  * bytes it freed may have gone to another allocation, which left spillable
  * buffers behind), the empty slabs were given back, and a slab past the
  * pool's cut (dmem__device_alloc_past_slabs) does not fit either. */
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bool dedicated,
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, dmem__devsrc_t src,
                                void **dev_out, bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
@@ -81,7 +80,7 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
     dmem_status_t st = DMEM_ERR_OUT_OF_MEMORY;
     if (!first) {
       seen = dmem_atomic_load_acquire(&rt->moves_done); /* partner: as above */
-      st = try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
+      st = try_alloc(rt, size, stream, src, dev_out, ordered_out, &need);
     }
     if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
     dmem__spill_poll(rt);
@@ -98,7 +97,7 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
      * none: the trim below gives the device the bytes). Empty slabs go back
      * first (once per allocation: a trim waits for their events): they may
      * make room for a new slab without spilling anything. */
-    size_t contig = dedicated || dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
+    size_t contig = dmem__device_fits(rt, src, size, stream) ? 0 : size;
     if (contig && !cut_trimmed) {
       cut_trimmed = trimmed = true;
       size_t released = 0;
@@ -145,10 +144,8 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, bo
     /* The limit holds it but the pool's slabs are cut so that no range
      * fits and none can be added (live blocks keep them): a slab past the
      * pool's cut, the live bytes still under the limit. */
-    if (!dedicated) {
-      st = dmem__device_alloc_past_slabs(rt, size, stream, dev_out, ordered_out, &need);
-      if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
-    }
+    st = dmem__device_alloc_past_slabs(rt, src, size, stream, dev_out, ordered_out, &need);
+    if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
     if (last_err != DMEM_OK && last_err != DMEM_ERR_BUSY) return last_err;
     if (own > 0 && !hope)
       return dmem__error(DMEM_ERR_OUT_OF_MEMORY,

@@ -57,7 +57,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   void *spill_ev = (dmem_atomic_load_relaxed(&b->word) & DMEM__F_SPILL_COPY)
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
-  dmem_status_t st = dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
+  dmem_status_t st = dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL);
   bool piped = false;
   if (st == DMEM_OK && tier->load_device && dmem__disk_pipelined(rt)) {
     /* pipelined: the tier enqueues the copies on cs itself, piece by piece
