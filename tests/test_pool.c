@@ -1,5 +1,5 @@
 /*
- * tests/test_pool.c - the device pool suballocator (runtime/memory/pool.c)
+ * tests/test_pool.c - the device pool suballocator (runtime/memory/pool*.c)
  * on the host backend: limits, coalescing, best fit, trimming, stream-ordered
  * reuse (streams are worker threads there, so a blocked host function shows
  * whether a stream was really made to wait), caches, many threads, timing.

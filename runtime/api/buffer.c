@@ -44,7 +44,7 @@ dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_h
    * there, as after an unspill copy (UNSPILL_COPY). */
   void *dev = NULL, *ready = NULL;
   bool ordered = false;
-  st = dmem__pressure_alloc(rt, size, rt->order_stream, false, &dev, &ordered);
+  st = dmem__pressure_alloc(rt, size, rt->order_stream, DMEM__SRC_POOL, &dev, &ordered);
   if (st != DMEM_OK) return st;
   if (ordered) {
     st = dmem__event_get(rt, &ready);

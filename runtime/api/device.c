@@ -10,18 +10,17 @@
 #include <string.h>
 
 static dmem_status_t device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
-                                   bool dedicated, void **ptr_out, const char *fn) {
+                                   dmem__devsrc_t src, void **ptr_out, const char *fn) {
   if (!rt || !ptr_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
   if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s: size 0", fn);
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   void *p = NULL;
-  st = dmem__pressure_alloc(rt, size, stream, dedicated, &p, NULL);
+  st = dmem__pressure_alloc(rt, size, stream, src, &p, NULL);
   if (st != DMEM_OK) return st;
-  st = dmem__raw_insert(rt->raw, p, size, dedicated);
+  st = dmem__raw_insert(rt->raw, p, size, src);
   if (st != DMEM_OK) {
-    if (dedicated) dmem__device_release_dedicated(rt, p, size, stream);
-    else dmem__device_release(rt, p, size, stream);
+    dmem__device_release_to(rt, src, p, size, stream);
     return st;
   }
   *ptr_out = p;
@@ -30,12 +29,13 @@ static dmem_status_t device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_
 
 dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_stream_t stream,
                                  void **ptr_out) {
-  return device_malloc(rt, size, stream, false, ptr_out, "dmem_device_malloc");
+  return device_malloc(rt, size, stream, DMEM__SRC_POOL, ptr_out, "dmem_device_malloc");
 }
 
 dmem_status_t dmem_device_malloc_dedicated(dmem_runtime_t *rt, size_t size,
                                            dmem_stream_t stream, void **ptr_out) {
-  return device_malloc(rt, size, stream, true, ptr_out, "dmem_device_malloc_dedicated");
+  return device_malloc(rt, size, stream, DMEM__SRC_DEDICATED, ptr_out,
+                       "dmem_device_malloc_dedicated");
 }
 
 dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stream) {
@@ -44,11 +44,10 @@ dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stream_t stre
   if (fk != DMEM_OK) return fk;
   if (!ptr) return DMEM_OK;
   size_t size;
-  bool dedicated;
-  dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size, &dedicated);
+  dmem__devsrc_t src;
+  dmem_status_t st = dmem__raw_remove(rt->raw, ptr, &size, &src);
   if (st != DMEM_OK) return st;
-  if (dedicated) dmem__device_release_dedicated(rt, ptr, size, stream);
-  else dmem__device_release(rt, ptr, size, stream);
+  dmem__device_release_to(rt, src, ptr, size, stream);
   return DMEM_OK;
 }
 

@@ -51,7 +51,7 @@
  *  16 policy    rt->pol.mu       (the default eviction policy's lists,
  *                                 spill/reuse.c; nothing is taken under it)
  *
- * The device pool's mutexes (memory/pool.c) and the backends' own are
+ * The device pool's mutexes (memory/pool*.c) and the backends' own are
  * innermost: neither calls up.
  */
 #ifndef DMEM_CORE_LAYER_H

@@ -111,20 +111,104 @@ size_t dmem__device_used(dmem_runtime_t *rt) {
   return charged > slack ? charged - slack : 0; /* a racing snapshot may cross */
 }
 
+/* ---- device memory sources ------------------------------------------------------ */
+
+/* Where device blocks come from: one row per source, each a thin adapter
+ * over its allocator's file. A new source is its file plus a row here (and
+ * a DMEM__SRC_ name in memory.h). The charge against the limit is the same
+ * for every source (device_alloc below). Buffers always come from the pool:
+ * their calls (dmem__device_alloc, dmem__device_release*) name the pool
+ * directly, so the buffer path pays no indirect call; raw allocations and
+ * the spill layer's make-room loop go through the table. */
+typedef struct devsrc {
+  const char *name; /* in messages */
+  /* A block of size bytes in stream order on `stream`; *ordered_out (may be
+   * NULL) as for dmem__device_alloc, written only on DMEM_OK, and only by a
+   * source that can tell. DMEM_ERR_OUT_OF_MEMORY when the source has no
+   * room; backend errors. */
+  dmem_status_t (*alloc)(dmem_runtime_t *rt, size_t size, void *stream, void **ptr_out,
+                         bool *ordered_out);
+  /* The same past the source's own cut (dmem__device_alloc_past_slabs);
+   * NULL: the source has none. */
+  dmem_status_t (*alloc_past)(dmem_runtime_t *rt, size_t size, void *stream, void **ptr_out,
+                              bool *ordered_out);
+  /* Give back a block whose last use was enqueued on `stream`. */
+  dmem_status_t (*release)(dmem_runtime_t *rt, void *ptr, size_t size, void *stream);
+  /* Whether a request could be served now without a contiguous range being
+   * freed first; NULL: always (freed bytes are enough). */
+  int (*fits)(dmem_runtime_t *rt, size_t size, void *stream);
+  /* Give cached memory back until at most keep bytes stay held. */
+  dmem_status_t (*trim)(dmem_runtime_t *rt, size_t keep, size_t *released_out);
+  /* `stream` is about to be destroyed. */
+  void (*stream_forget)(dmem_runtime_t *rt, void *stream);
+} devsrc_t;
+
+static dmem_status_t pool_src_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **ptr_out,
+                                    bool *ordered_out) {
+  return dmem__pool_alloc_ordered(rt->pool, size, stream, ptr_out, ordered_out);
+}
+static dmem_status_t pool_src_alloc_past(dmem_runtime_t *rt, size_t size, void *stream,
+                                         void **ptr_out, bool *ordered_out) {
+  return dmem__pool_alloc_past_limit(rt->pool, size, stream, ptr_out, ordered_out);
+}
+static dmem_status_t pool_src_release(dmem_runtime_t *rt, void *ptr, size_t size, void *stream) {
+  dmem__pool_free(rt->pool, ptr, size, stream);
+  return DMEM_OK;
+}
+static int pool_src_fits(dmem_runtime_t *rt, size_t size, void *stream) {
+  return dmem__pool_fits(rt->pool, size, stream);
+}
+static dmem_status_t pool_src_trim(dmem_runtime_t *rt, size_t keep, size_t *released_out) {
+  return dmem__pool_trim(rt->pool, keep, released_out);
+}
+static void pool_src_stream_forget(dmem_runtime_t *rt, void *stream) {
+  dmem__pool_stream_forget(rt->pool, stream);
+}
+
+static dmem_status_t blocks_src_alloc(dmem_runtime_t *rt, size_t size, void *stream,
+                                      void **ptr_out, bool *ordered_out) {
+  (void)ordered_out; /* never set for a dedicated block */
+  return dmem__blocks_alloc(rt->blocks, size, stream, ptr_out);
+}
+static dmem_status_t blocks_src_release(dmem_runtime_t *rt, void *ptr, size_t size,
+                                        void *stream) {
+  (void)size;
+  return dmem__blocks_free(rt->blocks, ptr, stream);
+}
+static dmem_status_t blocks_src_trim(dmem_runtime_t *rt, size_t keep, size_t *released_out) {
+  return dmem__blocks_trim(rt->blocks, keep, released_out);
+}
+static void blocks_src_stream_forget(dmem_runtime_t *rt, void *stream) {
+  dmem__blocks_stream_forget(rt->blocks, stream);
+}
+
+/* Rows in dmem__devsrc_t order (stream_forget visits them in it, trim last
+ * to first). */
+static const devsrc_t devsrc_table[DMEM__SRC_COUNT] = {
+    [DMEM__SRC_POOL] = {"pool", pool_src_alloc, pool_src_alloc_past, pool_src_release,
+                        pool_src_fits, pool_src_trim, pool_src_stream_forget},
+    [DMEM__SRC_DEDICATED] = {"dedicated block", blocks_src_alloc, NULL, blocks_src_release, NULL,
+                             blocks_src_trim, blocks_src_stream_forget},
+};
+
+const char *dmem__device_source_name(dmem__devsrc_t src) {
+  return (unsigned)src < DMEM__SRC_COUNT ? devsrc_table[src].name : "unknown source";
+}
+
 /* ---- device memory ------------------------------------------------------------ */
 
-static dmem_status_t device_alloc(dmem_runtime_t *rt, size_t size, void *stream, bool past_limit,
-                                  void **dev_out, bool *ordered_out, size_t *short_by_out) {
+/* Charge the limit, then a block of `src` (past its cut with `past`). */
+static inline dmem_status_t device_alloc(dmem_runtime_t *rt, const devsrc_t *src, bool past,
+                                         size_t size, void *stream, void **dev_out,
+                                         bool *ordered_out, size_t *short_by_out) {
   size_t short_by = 0;
   if (!charge(rt, size, &short_by)) {
     *short_by_out = short_by;
     return DMEM_ERR_OUT_OF_MEMORY; /* the caller makes room or records the detail */
   }
   void *p = NULL;
-  bool ordered = false;
-  dmem_status_t st =
-      past_limit ? dmem__pool_alloc_past_limit(rt->pool, size, stream, &p, &ordered)
-                 : dmem__pool_alloc_ordered(rt->pool, size, stream, &p, &ordered);
+  dmem_status_t st = past ? src->alloc_past(rt, size, stream, &p, ordered_out)
+                          : src->alloc(rt, size, stream, &p, ordered_out);
   st = dmem__fatal_keep(rt, st);
   if (st != DMEM_OK) {
     uncharge(rt, size);
@@ -133,19 +217,49 @@ static dmem_status_t device_alloc(dmem_runtime_t *rt, size_t size, void *stream,
     return st;
   }
   *dev_out = p;
-  if (ordered_out) *ordered_out = ordered;
   return DMEM_OK;
 }
 
 dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
                                  bool *ordered_out, size_t *short_by_out) {
-  return device_alloc(rt, size, stream, false, dev_out, ordered_out, short_by_out);
+  /* a constant row: the pool's calls are direct */
+  return device_alloc(rt, &devsrc_table[DMEM__SRC_POOL], false, size, stream, dev_out,
+                      ordered_out, short_by_out);
 }
 
-dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, size_t size, void *stream,
-                                            void **dev_out, bool *ordered_out,
+dmem_status_t dmem__device_alloc_from(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size,
+                                      void *stream, void **dev_out, bool *ordered_out,
+                                      size_t *short_by_out) {
+  if (src == DMEM__SRC_POOL)
+    return dmem__device_alloc(rt, size, stream, dev_out, ordered_out, short_by_out);
+  return device_alloc(rt, &devsrc_table[src], false, size, stream, dev_out, ordered_out,
+                      short_by_out);
+}
+
+dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size,
+                                            void *stream, void **dev_out, bool *ordered_out,
                                             size_t *short_by_out) {
-  return device_alloc(rt, size, stream, true, dev_out, ordered_out, short_by_out);
+  const devsrc_t *s = &devsrc_table[src];
+  if (!s->alloc_past) {
+    *short_by_out = size;
+    return DMEM_ERR_OUT_OF_MEMORY; /* no cut to pass */
+  }
+  return device_alloc(rt, s, true, size, stream, dev_out, ordered_out, short_by_out);
+}
+
+int dmem__device_fits(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size, void *stream) {
+  const devsrc_t *s = &devsrc_table[src];
+  return s->fits ? s->fits(rt, size, stream) : 1;
+}
+
+void dmem__device_release_to(dmem_runtime_t *rt, dmem__devsrc_t src, void *dev, size_t size,
+                             void *stream) {
+  if (src == DMEM__SRC_POOL) {
+    dmem__device_release(rt, dev, size, stream);
+    return;
+  }
+  (void)dmem__fatal_keep(rt, devsrc_table[src].release(rt, dev, size, stream));
+  uncharge(rt, size);
 }
 
 void dmem__device_release(dmem_runtime_t *rt, void *dev, size_t size, void *stream) {
@@ -165,38 +279,20 @@ void dmem__device_release_after_n(dmem_runtime_t *rt, void *const *devs, const s
     if (devs[i]) uncharge(rt, sizes[i]); /* this thread's shard: no shared write */
 }
 
-dmem_status_t dmem__device_alloc_dedicated(dmem_runtime_t *rt, size_t size, void *stream,
-                                           void **dev_out, size_t *short_by_out) {
-  size_t short_by = 0;
-  if (!charge(rt, size, &short_by)) {
-    *short_by_out = short_by;
-    return DMEM_ERR_OUT_OF_MEMORY;
-  }
-  void *p = NULL;
-  dmem_status_t st = dmem__fatal_keep(rt, dmem__blocks_alloc(rt->blocks, size, stream, &p));
-  if (st != DMEM_OK) {
-    uncharge(rt, size);
-    if (st == DMEM_ERR_OUT_OF_MEMORY) *short_by_out = size;
-    return st;
-  }
-  *dev_out = p;
-  return DMEM_OK;
-}
-
-void dmem__device_release_dedicated(dmem_runtime_t *rt, void *dev, size_t size, void *stream) {
-  (void)dmem__fatal_keep(rt, dmem__blocks_free(rt->blocks, dev, stream));
-  uncharge(rt, size);
-}
-
 dmem_status_t dmem__device_trim(dmem_runtime_t *rt, size_t keep, size_t *released_out) {
-  size_t a = 0, b = 0;
-  dmem_status_t st = dmem__fatal_keep(rt, dmem__blocks_trim(rt->blocks, keep, &a));
-  dmem_status_t st2 = dmem__fatal_keep(rt, dmem__pool_trim(rt->pool, keep, &b));
-  if (released_out) *released_out = a + b;
-  return st != DMEM_OK ? st : st2;
+  size_t total = 0;
+  dmem_status_t first = DMEM_OK;
+  /* last row first: cached dedicated blocks go back before the pool's slabs */
+  for (unsigned i = DMEM__SRC_COUNT; i-- > 0;) {
+    size_t released = 0;
+    dmem_status_t st = dmem__fatal_keep(rt, devsrc_table[i].trim(rt, keep, &released));
+    total += released;
+    if (first == DMEM_OK) first = st;
+  }
+  if (released_out) *released_out = total;
+  return first;
 }
 
 void dmem__device_stream_forget(dmem_runtime_t *rt, void *stream) {
-  dmem__pool_stream_forget(rt->pool, stream);
-  dmem__blocks_stream_forget(rt->blocks, stream);
+  for (unsigned i = 0; i < DMEM__SRC_COUNT; i++) devsrc_table[i].stream_forget(rt, stream);
 }

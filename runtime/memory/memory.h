@@ -1,8 +1,8 @@
 /*
  * runtime/memory/memory.h - the memory layer: the stream-ordered device pool
- * (pool.c), device memory charged against the runtime's limit (devmem.c),
- * the table of live raw allocations (raw.c) and the pinned host pool
- * (hostpool.c).
+ * (pool.c and its parts pool_*.c, whose order pool_internal.h draws),
+ * device memory charged against the runtime's limit (devmem.c), the table
+ * of live raw allocations (raw.c) and the pinned host pool (hostpool.c).
  * It calls only core, the backend table and base; making room when memory
  * runs short is the spill layer's job (spill/pressure.c).
  */
@@ -11,10 +11,22 @@
 
 #include "core/runtime.h"
 
-/* ---- the device pool (memory/pool.c) ------------------------------------------- */
+/* ---- the device pool (memory/pool*.c) ------------------------------------------ */
 #include "memory/pool.h"
 
 /* ---- device memory (memory/devmem.c) -------------------------------------------- */
+
+/* The sources of device blocks: a row each in memory/devmem.c's table
+ * (alloc, alloc past the source's cut, release, fits, trim, stream_forget).
+ * A new source is one file (its allocator) plus one row there and a name
+ * here. Buffers always come from the pool. */
+typedef enum dmem__devsrc {
+  DMEM__SRC_POOL,      /* the stream-ordered pool (memory/pool*.c) */
+  DMEM__SRC_DEDICATED, /* a whole backend allocation each (memory/blocks.c) */
+  DMEM__SRC_COUNT
+} dmem__devsrc_t;
+/* The source's name for messages ("pool", "dedicated block"). */
+const char *dmem__device_source_name(dmem__devsrc_t src);
 
 /* Charge size bytes against the device limit and take a pool block usable in
  * stream order on `stream`. *ordered_out (may be NULL) is set when the pool
@@ -26,27 +38,39 @@
  * backend errors. Nothing is spilled here. */
 dmem_status_t dmem__device_alloc(dmem_runtime_t *rt, size_t size, void *stream, void **dev_out,
                                  bool *ordered_out, size_t *short_by_out);
-/* dmem__device_alloc, except that when the charge fits the limit but no
- * slab of the pool has a range for it and none can be added under the
- * limit, the pool adds one past it (dmem__pool_alloc_past_limit): live bytes
- * stay under the limit, the slabs may hold more while live blocks keep
- * other slabs partly empty. The last resort of spill/pressure.c, once
- * nothing can be spilled and empty slabs were given back. */
-dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, size_t size, void *stream,
-                                            void **dev_out, bool *ordered_out,
+/* dmem__device_alloc from source `src`, charged against the limit like a
+ * pool block (DMEM__SRC_POOL: dmem__device_alloc itself). *ordered_out is
+ * never set for a source that cannot tell (a dedicated block). */
+dmem_status_t dmem__device_alloc_from(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size,
+                                      void *stream, void **dev_out, bool *ordered_out,
+                                      size_t *short_by_out);
+/* dmem__device_alloc_from, except that when the charge fits the limit but
+ * the source has no room under its own cut, it allocates past it: for the
+ * pool, when no slab has a range for it and none can be added under the
+ * limit, a slab past it (dmem__pool_alloc_past_limit): live bytes stay
+ * under the limit, the slabs may hold more while live blocks keep other
+ * slabs partly empty. The last resort of spill/pressure.c, once nothing can
+ * be spilled and empty slabs were given back. DMEM_ERR_OUT_OF_MEMORY
+ * (*short_by_out = size, nothing charged) for a source without a cut (a
+ * dedicated block). */
+dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size,
+                                            void *stream, void **dev_out, bool *ordered_out,
                                             size_t *short_by_out);
-/* dmem__device_alloc for a dedicated block (memory/blocks.c): charged against the
- * limit like a pool block. */
-dmem_status_t dmem__device_alloc_dedicated(dmem_runtime_t *rt, size_t size, void *stream,
-                                           void **dev_out, size_t *short_by_out);
-/* `stream` is about to be destroyed: the pool and the dedicated blocks stop
- * naming it (memory/pool.h's dmem__pool_stream_forget). */
+/* Whether a request of `size` from `src` could be served now without a
+ * contiguous range being freed first (the pool: dmem__pool_fits; a source
+ * that takes whole backend allocations: always, once the bytes are free). */
+int dmem__device_fits(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size, void *stream);
+/* Give back a block of `src` whose last use was enqueued on `stream`
+ * (DMEM__SRC_POOL: dmem__device_release). */
+void dmem__device_release_to(dmem_runtime_t *rt, dmem__devsrc_t src, void *dev, size_t size,
+                             void *stream);
+/* `stream` is about to be destroyed: every source stops naming it (the
+ * pool: memory/pool.h's dmem__pool_stream_forget). */
 void dmem__device_stream_forget(dmem_runtime_t *rt, void *stream);
-/* Give back a dedicated block whose last use was enqueued on `stream`. */
-void dmem__device_release_dedicated(dmem_runtime_t *rt, void *dev, size_t size, void *stream);
-/* Give empty pool slabs and cached dedicated blocks back to the backend until
- * at most keep bytes of each stay held; *released_out (may be NULL): bytes
- * given back. Backend errors. */
+/* Give each source's cached memory back to the backend (empty pool slabs,
+ * cached dedicated blocks) until at most keep bytes of each stay held;
+ * *released_out (may be NULL): bytes given back. Backend errors (the first
+ * source's that fails). */
 dmem_status_t dmem__device_trim(dmem_runtime_t *rt, size_t keep, size_t *released_out);
 /* Give back a block whose last use was enqueued on `stream` (reusable at once
  * by that stream), or whose last use is ordered before `event` (NULL: the
@@ -108,18 +132,18 @@ bool dmem__stable_mapped(const void *va);
 
 dmem_status_t dmem__raw_create(dmem__raw_t **raw_out);
 void dmem__raw_destroy(dmem__raw_t *raw);
-/* Record a live raw allocation (`dedicated`: a block of memory/blocks.c).
+/* Record a live raw allocation from source `src`.
  * DMEM_ERR_HOST_OUT_OF_MEMORY. */
-dmem_status_t dmem__raw_insert(dmem__raw_t *raw, void *ptr, size_t size, bool dedicated);
-/* Forget a live raw allocation; *size_out is its size, *dedicated_out what
+dmem_status_t dmem__raw_insert(dmem__raw_t *raw, void *ptr, size_t size, dmem__devsrc_t src);
+/* Forget a live raw allocation; *size_out is its size, *src_out what
  * insert was told. DMEM_ERR_INVALID_ARGUMENT (detail recorded) when ptr is
  * not one: nothing changes. */
 dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out,
-                               bool *dedicated_out);
+                               dmem__devsrc_t *src_out);
 /* The same for dmem_device_adopt: forget a live raw allocation that is a
- * pool block; a dedicated block stays (DMEM_ERR_INVALID_ARGUMENT, detail
- * saying it cannot be adopted), as does anything that is not a live raw
- * allocation. */
+ * pool block; a block of another source (a dedicated block) stays
+ * (DMEM_ERR_INVALID_ARGUMENT, detail saying it cannot be adopted), as does
+ * anything that is not a live raw allocation. */
 dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *raw, void *ptr, size_t *size_out);
 size_t dmem__raw_count(dmem__raw_t *raw);
 /* Bytes of the live raw allocations (the sizes asked; dmem_stats' raw_used):

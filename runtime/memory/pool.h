@@ -1,7 +1,9 @@
 /*
  * runtime/memory/pool.h - the device pool: a stream-ordered suballocator of
  * large slabs taken from the backend (memory layer; it calls the backend
- * table and nothing else of the runtime).
+ * table and nothing else of the runtime). Built from pool.c and its parts
+ * pool_caches.c, pool_slabs.c, pool_ranges.c, pool_tags.c, pool_index.c,
+ * each calling only those after it (pool_internal.h draws the order).
  *
  * What it gives:
  *  - Blocks of device memory, 256-byte aligned, carved from slabs that come

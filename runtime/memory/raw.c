@@ -20,7 +20,7 @@
 typedef struct raw_entry {
   void *ptr; /* NULL: empty */
   size_t size;
-  bool dedicated; /* a dedicated block (memory/blocks.c), not a pool range */
+  uint8_t src; /* its source (dmem__devsrc_t): a pool range, a dedicated block */
 } raw_entry_t;
 
 typedef struct raw_shard {
@@ -87,7 +87,7 @@ static bool raw_grow(raw_shard_t *s) {
   return true;
 }
 
-dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedicated) {
+dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, dmem__devsrc_t src) {
   uint64_t h;
   raw_shard_t *s = raw_shard(t, ptr, &h);
   dmem__mutex_lock(&s->mu, DMEM__RANK_RAW);
@@ -102,7 +102,7 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedi
   }
   s->v[j].ptr = ptr;
   s->v[j].size = size;
-  s->v[j].dedicated = dedicated;
+  s->v[j].src = (uint8_t)src;
   s->n++;
   dmem_atomic_store_relaxed(&s->bytes, dmem_atomic_load_relaxed(&s->bytes) + size);
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
@@ -113,10 +113,10 @@ dmem_status_t dmem__raw_insert(dmem__raw_t *t, void *ptr, size_t size, bool dedi
   return DMEM_OK;
 }
 
-/* Forget ptr's entry unless it is a dedicated block and keep_dedicated is
- * set (then DMEM_ERR_INVALID_ARGUMENT, detail recorded, nothing changes). */
-static dmem_status_t raw_remove(dmem__raw_t *t, void *ptr, bool keep_dedicated,
-                                size_t *size_out, bool *dedicated_out) {
+/* Forget ptr's entry unless pooled_only is set and it is not a pool block
+ * (then DMEM_ERR_INVALID_ARGUMENT, detail recorded, nothing changes). */
+static dmem_status_t raw_remove(dmem__raw_t *t, void *ptr, bool pooled_only, size_t *size_out,
+                                dmem__devsrc_t *src_out) {
   uint64_t h;
   raw_shard_t *s = raw_shard(t, ptr, &h);
   dmem__mutex_lock(&s->mu, DMEM__RANK_RAW);
@@ -132,13 +132,18 @@ static dmem_status_t raw_remove(dmem__raw_t *t, void *ptr, bool keep_dedicated,
                        ptr);
   }
   size_t size = s->v[j].size;
-  bool dedicated = s->v[j].dedicated;
-  if (dedicated && keep_dedicated) {
+  dmem__devsrc_t src = (dmem__devsrc_t)s->v[j].src;
+  if (src != DMEM__SRC_POOL && pooled_only) {
     dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
+    if (src == DMEM__SRC_DEDICATED)
+      return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
+                         "%p is a dedicated block (dmem_device_malloc_dedicated): dedicated "
+                         "blocks cannot be adopted as buffers (copy the bytes instead)",
+                         ptr);
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "%p is a dedicated block (dmem_device_malloc_dedicated): dedicated "
-                       "blocks cannot be adopted as buffers (copy the bytes instead)",
-                       ptr);
+                       "%p is a block of the %s source, not of the pool: it cannot be adopted "
+                       "as a buffer (copy the bytes instead)",
+                       ptr, dmem__device_source_name(src));
   }
   /* backward-shift deletion: move later entries of the probe run up */
   size_t i = j;
@@ -161,18 +166,18 @@ done:
   dmem__mutex_unlock(&s->mu, DMEM__RANK_RAW);
   dmem_atomic_sub_relaxed(&t->total, size);
   *size_out = size;
-  *dedicated_out = dedicated;
+  *src_out = src;
   return DMEM_OK;
 }
 
 dmem_status_t dmem__raw_remove(dmem__raw_t *t, void *ptr, size_t *size_out,
-                               bool *dedicated_out) {
-  return raw_remove(t, ptr, false, size_out, dedicated_out);
+                               dmem__devsrc_t *src_out) {
+  return raw_remove(t, ptr, false, size_out, src_out);
 }
 
 dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *t, void *ptr, size_t *size_out) {
-  bool dedicated;
-  return raw_remove(t, ptr, true, size_out, &dedicated);
+  dmem__devsrc_t src;
+  return raw_remove(t, ptr, true, size_out, &src);
 }
 
 size_t dmem__raw_count(dmem__raw_t *t) {

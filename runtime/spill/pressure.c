@@ -15,28 +15,29 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
   dmem__staging_poll(rt, false);
 }
 
-/* Where the memory comes from: a pool block, a dedicated block, or physical
- * memory mapped at a stable buffer's range (*dev_out holds the range). */
-enum { FROM_POOL = 0, FROM_DEDICATED = 1, FROM_STABLE = 2 };
+/* Where the memory comes from: a row of the device memory sources
+ * (memory.h: the pool, dedicated blocks), or FROM_STABLE: physical memory
+ * mapped at a stable buffer's range, which *dev_out holds (memory/stable.c;
+ * not a row: it allocates at an address the buffer already has). */
+#define FROM_STABLE ((int)DMEM__SRC_COUNT)
 
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int dedicated,
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int src,
                                void **dev_out, bool *ordered_out, size_t need);
 
 /* One attempt, without making room. */
-static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, int dedicated,
+static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, int src,
                                void **dev_out, bool *ordered_out, size_t *need) {
-  if (dedicated == FROM_STABLE) return dmem__stable_map(rt, *dev_out, need);
-  if (dedicated) return dmem__device_alloc_dedicated(rt, size, stream, dev_out, need);
-  return dmem__device_alloc(rt, size, stream, dev_out, ordered_out, need);
+  if (src == FROM_STABLE) return dmem__stable_map(rt, *dev_out, need);
+  return dmem__device_alloc_from(rt, (dmem__devsrc_t)src, size, stream, dev_out, ordered_out,
+                                 need);
 }
 
 static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                    int dedicated, void **dev_out, bool *ordered_out);
+                                    int src, void **dev_out, bool *ordered_out);
 
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                   bool dedicated, void **dev_out, bool *ordered_out) {
-  return pressure_alloc(rt, size, stream, dedicated ? FROM_DEDICATED : FROM_POOL, dev_out,
-                        ordered_out);
+                                   dmem__devsrc_t src, void **dev_out, bool *ordered_out) {
+  return pressure_alloc(rt, size, stream, (int)src, dev_out, ordered_out);
 }
 
 dmem_status_t dmem__pressure_map(dmem_runtime_t *rt, void *va, void *stream) {
@@ -60,12 +61,12 @@ dmem_status_t dmem__pressure_stable_alloc(dmem_runtime_t *rt, size_t size, void 
 }
 
 static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                    int dedicated, void **dev_out, bool *ordered_out) {
+                                    int src, void **dev_out, bool *ordered_out) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
   size_t need = 0;
-  dmem_status_t st = try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
+  dmem_status_t st = try_alloc(rt, size, stream, src, dev_out, ordered_out, &need);
   if (st != DMEM_ERR_OUT_OF_MEMORY) {
     if (st == DMEM_OK) dmem__ahead_note(rt);
     return st; /* done, or a device error */
@@ -74,7 +75,7 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
   uint64_t t0 = dmem__now_ns();
   DMEM_NVTX_PUSH("dmem wait for room");
   if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
-  st = make_room(rt, size, stream, dedicated, dev_out, ordered_out, need);
+  st = make_room(rt, size, stream, src, dev_out, ordered_out, need);
   DMEM_NVTX_POP();
   uint64_t waited = dmem__now_ns() - t0;
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
@@ -105,7 +106,7 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
  * bytes it freed may have gone to another allocation, which left spillable
  * buffers behind), the empty slabs were given back, and a slab past the
  * pool's cut (dmem__device_alloc_past_slabs) does not fit either. */
-static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int dedicated,
+static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int src,
                                void **dev_out, bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
@@ -116,7 +117,7 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
     dmem_status_t st = DMEM_ERR_OUT_OF_MEMORY;
     if (!first) {
       seen = dmem_atomic_load_acquire(&rt->moves_done); /* partner: as above */
-      st = try_alloc(rt, size, stream, dedicated, dev_out, ordered_out, &need);
+      st = try_alloc(rt, size, stream, src, dev_out, ordered_out, &need);
     }
     if (st != DMEM_ERR_OUT_OF_MEMORY) return st; /* done, or a device error */
     dmem__spill_poll(rt);
@@ -133,7 +134,8 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
      * none: the trim below gives the device the bytes). Empty slabs go back
      * first (once per allocation: a trim waits for their events): they may
      * make room for a new slab without spilling anything. */
-    size_t contig = dedicated || dmem__pool_fits(rt->pool, size, stream) ? 0 : size;
+    size_t contig =
+        src == FROM_STABLE || dmem__device_fits(rt, (dmem__devsrc_t)src, size, stream) ? 0 : size;
     if (contig && !cut_trimmed) {
       cut_trimmed = trimmed = true;
       size_t released = 0;
@@ -180,8 +182,9 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
     /* The limit holds it but the pool's slabs are cut so that no range
      * fits and none can be added (live blocks keep them): a slab past the
      * pool's cut, the live bytes still under the limit. */
-    if (dedicated == FROM_POOL) {
-      st = dmem__device_alloc_past_slabs(rt, size, stream, dev_out, ordered_out, &need);
+    if (src != FROM_STABLE) {
+      st = dmem__device_alloc_past_slabs(rt, (dmem__devsrc_t)src, size, stream, dev_out,
+                                         ordered_out, &need);
       if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
     }
     if (last_err != DMEM_OK && last_err != DMEM_ERR_BUSY) return last_err;

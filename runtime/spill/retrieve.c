@@ -61,7 +61,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                        : NULL;
   const bool stable = (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) != 0;
   dmem_status_t st = stable ? dmem__pressure_map(rt, dmem__bdev(b), cs)
-                            : dmem__pressure_alloc(rt, size, cs, false, &dev, NULL);
+                            : dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL);
   if (stable && st == DMEM_OK) dev = dmem__bdev(b); /* mapped at the same address */
   bool piped = false;
   if (st == DMEM_OK && row->pipelined && row->pipelined(rt)) {

@@ -516,12 +516,12 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
                           dmem_status_t *first_error_out);
 /* Device memory for size bytes in stream order on `stream`, spilling (and
  * waiting for moves and stream releases in flight, up to a deadline) when
- * memory runs short: a pool block, or with `dedicated` a dedicated block
- * (memory/blocks.c). *ordered_out as for dmem__device_alloc (may be NULL;
- * never set for a dedicated block). DMEM_ERR_OUT_OF_MEMORY when nothing more
- * can be freed. */
+ * memory runs short: a block of source `src` (memory/memory.h: a pool
+ * block, a dedicated block). *ordered_out as for dmem__device_alloc (may be
+ * NULL; never set for a dedicated block). DMEM_ERR_OUT_OF_MEMORY when
+ * nothing more can be freed. */
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                   bool dedicated, void **dev_out, bool *ordered_out);
+                                   dmem__devsrc_t src, void **dev_out, bool *ordered_out);
 /* The same for a stable buffer's range `va` (memory/stable.c): physical
  * memory mapped there, making room as above. */
 dmem_status_t dmem__pressure_map(dmem_runtime_t *rt, void *va, void *stream);
