@@ -1,6 +1,6 @@
 /*
  * runtime/memory/memory.h - the memory layer: the stream-ordered device pool
- * (pool.c and its parts pool_*.c, whose order pool_internal.h draws),
+ * (pool.c and its parts pool_*.c, whose order pool_parts.h draws),
  * device memory charged against the runtime's limit (devmem.c), the table
  * of live raw allocations (raw.c) and the pinned host pool (hostpool.c).
  * It calls only core, the backend table and base; making room when memory

@@ -4,7 +4,7 @@
  * the stream, the free ranges, the same after settling events and flushing
  * caches, a new slab, everything flushed), frees, trim, and the queries of
  * victim selection.
- * The top of the pool's files (pool_internal.h draws them): calls
+ * The top of the pool's files (pool_parts.h draws them): calls
  * pool_caches.c, pool_slabs.c, pool_ranges.c, pool_tags.c and pool_index.c,
  * and is called by none of them.
  */
@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/pool_internal.h"
+#include "memory/pool_parts.h"
+#include "memory/pool_tags.h"
 
 /* ---- sizes ------------------------------------------------------------------ */
 

@@ -3,7 +3,7 @@
  * large slabs taken from the backend (memory layer; it calls the backend
  * table and nothing else of the runtime). Built from pool.c and its parts
  * pool_caches.c, pool_slabs.c, pool_ranges.c, pool_tags.c, pool_index.c,
- * each calling only those after it (pool_internal.h draws the order).
+ * each calling only those after it (pool_parts.h draws the order).
  *
  * What it gives:
  *  - Blocks of device memory, 256-byte aligned, carved from slabs that come

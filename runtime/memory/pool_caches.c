@@ -1,6 +1,6 @@
 /*
  * runtime/memory/pool_caches.c - the device pool's per-stream caches (see
- * pool_internal.h for the pool's files): the lock-free table of streams,
+ * pool_parts.h for the pool's files): the lock-free table of streams,
  * per-thread shards of blocks freed on each stream (small ones by size
  * class, large ones by exact size), the alloc/free fast path that takes no
  * pool-wide lock, and the flushes that hand cached blocks to the free
@@ -40,7 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/pool_internal.h"
+#include "memory/pool_parts.h"
+#include "memory/pool_tags.h"
 
 /* Round-robin shard index of this thread, 1-based (0: not assigned). */
 static _Thread_local unsigned pool_tl_shard;

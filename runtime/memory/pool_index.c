@@ -1,6 +1,6 @@
 /*
  * runtime/memory/pool_index.c - the device pool's two indexes of segments
- * (see pool_internal.h for the pool's files): the map of LIVE segments by
+ * (see pool_parts.h for the pool's files): the map of LIVE segments by
  * address (open addressing, linear probing, backward-shift deletion), which
  * a free uses to find its block, and the treap of FREE segments keyed by
  * (size, address), whose lower bound is the best fit.
@@ -9,7 +9,7 @@
  */
 #include <stdlib.h>
 
-#include "memory/pool_internal.h"
+#include "memory/pool_parts.h"
 
 /* ---- the live-segment map (mu) ---------------------------------------------- */
 

@@ -1,6 +1,6 @@
 /*
  * runtime/memory/pool_ranges.c - the device pool's segments and free ranges
- * (see pool_internal.h for the pool's files): segment descriptors, FREE
+ * (see pool_parts.h for the pool's files): segment descriptors, FREE
  * segments entered in the treap (and the `pending` list when tagged),
  * coalescing with address neighbours as their tags allow, best-fit takes
  * from one range or from a run of neighbours (the allocating stream made to
@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/pool_internal.h"
+#include "memory/pool_parts.h"
+#include "memory/pool_tags.h"
 
 /* ---- segments (mu) ---------------------------------------------------------- */
 

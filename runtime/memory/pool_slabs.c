@@ -1,5 +1,5 @@
 /*
- * runtime/memory/pool_slabs.c - the device pool's slabs (see pool_internal.h
+ * runtime/memory/pool_slabs.c - the device pool's slabs (see pool_parts.h
  * for the pool's files): the large allocations it takes from the backend
  * (be->device_alloc), kept in an array sorted by base. Growth (geometric from
  * min_slab, capped by the limit, or one slab past it for
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/pool_internal.h"
+#include "memory/pool_parts.h"
 
 /* ---- slabs ---------------------------------------------------------------- */
 

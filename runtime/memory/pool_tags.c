@@ -1,6 +1,6 @@
 /*
  * runtime/memory/pool_tags.c - the device pool's event tags (see
- * pool_internal.h for the pool's files): an event recorded on a stream after
+ * pool_parts.h for the pool's files): an event recorded on a stream after
  * the frees it covers, shared by every range freed under it; lazy tags,
  * recorded only when another stream first needs their ranges; and the rules
  * for when a range may be used by a stream or joined with its neighbour.
@@ -61,7 +61,8 @@
  */
 #include <stdlib.h>
 
-#include "memory/pool_internal.h"
+#include "memory/pool_parts.h"
+#include "memory/pool_tags.h"
 
 /* Only its address is used: a key for this thread's cudaStreamPerThread. */
 static _Thread_local char pool_tl_anchor;

@@ -1,5 +1,5 @@
 /*
- * runtime/memory/pool_internal.h - what the files of the device pool share:
+ * runtime/memory/pool_parts.h - what the files of the device pool share:
  * its constants, its structs, the size classes, and each file's functions
  * for the files above it. Not for use outside runtime/memory/pool*.c (the
  * pool's interface is memory/pool.h).
@@ -56,8 +56,8 @@
  * new tag) and stream_wait_event (non-blocking) run under rec_mu, aux_mu or
  * mu.
  */
-#ifndef DMEM_MEMORY_POOL_INTERNAL_H
-#define DMEM_MEMORY_POOL_INTERNAL_H
+#ifndef DMEM_MEMORY_POOL_PARTS_H
+#define DMEM_MEMORY_POOL_PARTS_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -255,16 +255,6 @@ static inline size_t pool_class_size(unsigned c) {
 
 /* ---- pool_tags.c: event tags (mu unless noted) --------------------------------- */
 
-/* The key of cudaStreamPerThread in the calling thread (one per thread). */
-uintptr_t dmem__pool_thread_key(void);
-
-/* The key the pool files a stream's blocks and records under. */
-static inline uintptr_t pool_stream_key(const dmem__pool_t *p, void *stream) {
-  if (!stream) return 1; /* the default stream (CUDA: cudaStreamLegacy is 0x1 too) */
-  if (p->cuda && stream == POOL_CUDA_PER_THREAD_STREAM) return dmem__pool_thread_key();
-  return (uintptr_t)stream;
-}
-
 static inline void pool_tag_ref(pool_tag_t *t) { t->refs++; }
 static inline bool pool_tag_settled(const pool_tag_t *t) { return !t || t->done; }
 
@@ -384,4 +374,4 @@ void dmem__pool_cache_stats(dmem__pool_t *p, size_t *in_use, uint64_t *hits, siz
 void dmem__pool_caches_drain(dmem__pool_t *p);
 size_t dmem__pool_caches_destroy(dmem__pool_t *p);
 
-#endif /* DMEM_MEMORY_POOL_INTERNAL_H */
+#endif /* DMEM_MEMORY_POOL_PARTS_H */
