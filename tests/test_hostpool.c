@@ -661,8 +661,17 @@ static void small_headroom_burst(size_t headroom, dmem__hostpool_stats_t *out) {
   enum { N = 256 };
   void *v[N];
   for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)60 << 10, &v[i]), DMEM_OK);
-  struct timespec settle = {0, 200 * 1000 * 1000};
-  nanosleep(&settle, NULL);
+  /* Settled: the background thread's grows stopped changing for 200 ms
+   * (a loaded machine may start it late; up to 10 s). */
+  struct timespec tick = {0, 50 * 1000 * 1000};
+  dmem__hostpool_stats_t prev = {0};
+  dmem__hostpool_stats(p, &prev);
+  for (int quiet = 0, waited = 0; quiet < 4 && waited < 200; waited++) {
+    nanosleep(&tick, NULL);
+    dmem__hostpool_stats(p, out);
+    quiet = out->background_grows == prev.background_grows && out->free == prev.free ? quiet + 1 : 0;
+    prev = *out;
+  }
   dmem__hostpool_stats(p, out);
   for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[i]);
   dmem__hostpool_destroy(p);
