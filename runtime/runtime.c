@@ -18,39 +18,9 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "dmem_config_t.struct_size is %zu, expected %zu: use dmem_config_init",
                        cfg->struct_size, sizeof *cfg);
-  if (cfg->backend != DMEM_BACKEND_AUTO && cfg->backend != DMEM_BACKEND_CUDA &&
-      cfg->backend != DMEM_BACKEND_HOST)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "unknown backend %d", (int)cfg->backend);
-  if (cfg->device < 0)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "device %d is negative", cfg->device);
-  if (!(cfg->device_limit_fraction >= 0 && cfg->device_limit_fraction <= 1))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "device_limit_fraction %g not in [0, 1]",
-                       cfg->device_limit_fraction);
-  if ((int)cfg->log_level < DMEM_LOG_OFF || (int)cfg->log_level > DMEM_LOG_DEBUG)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "log level %d not in 0..4", (int)cfg->log_level);
-  if (cfg->oom_wait_ms > DMEM__OOM_WAIT_MAX_MS)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "oom_wait_ms %u is more than %d (an hour)",
-                       cfg->oom_wait_ms, DMEM__OOM_WAIT_MAX_MS);
-  if (!(cfg->spill_ahead == DMEM_SPILL_AHEAD_DEFAULT ||
-        (cfg->spill_ahead >= 0 && cfg->spill_ahead <= 1)))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill_ahead %g not in [0, 1]",
-                       cfg->spill_ahead);
-  if (!(cfg->spill_ahead_low >= 0 && cfg->spill_ahead_low < 1) ||
-      (cfg->spill_ahead > 0 && cfg->spill_ahead_low >= cfg->spill_ahead))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "spill_ahead_low %g not in [0, spill_ahead %g)", cfg->spill_ahead_low,
-                       cfg->spill_ahead);
-  if (!(cfg->host_burst >= 0 && cfg->host_burst <= 1))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_burst %g not in [0, 1]", cfg->host_burst);
-  if (cfg->stats_interval_s > DMEM_STATS_INTERVAL_MAX)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "stats_interval_s %u is more than %u (a day)",
-                       cfg->stats_interval_s, DMEM_STATS_INTERVAL_MAX);
-  if ((int)cfg->host_pin < DMEM_HOST_PIN_AUTO || (int)cfg->host_pin > DMEM_HOST_PIN_REGISTER)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_pin %d not in 0..2", (int)cfg->host_pin);
-  if ((int)cfg->eviction_policy < DMEM_EVICTION_DEFAULT ||
-      (int)cfg->eviction_policy > DMEM_EVICTION_REUSE)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "eviction_policy %d not in 0..2",
-                       (int)cfg->eviction_policy);
+  /* each field's range: DMEM_CONFIG_OPTIONS (include/dmem/config.h) */
+  dmem_status_t st = dmem__config_check(cfg);
+  if (st != DMEM_OK) return st;
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;

@@ -249,6 +249,78 @@ typedef struct dmem_config {
 #define DMEM_SPILL_AHEAD_DEFAULT (-1.0)
 
 /**
+ * The configuration table: one row per option. dmem generates from it the
+ * defaults (dmem_config_init), the DMEM_* environment parsing and its
+ * errors, the range checks of dmem_runtime_create, the keyword arguments of
+ * the Python dmem.Runtime(...) and dmem.configure(...) (and dmem.dask's
+ * pass-through of them), and the list that the README's table of
+ * environment variables is checked against. Adding an option: a field in
+ * dmem_config_t, a row here, the code that uses it, a line of the README's
+ * table (docs/design.md, "Adding an option").
+ *
+ * X(field, also, kind, default, env, keyword, lo, hi, choices, doc):
+ *   field     the dmem_config_t field the option sets;
+ *   also      a second field the same variable sets (the kinds
+ *             size_or_percent, stats, ahead), else field again;
+ *   kind      how its values are written:
+ *     size             bytes, as dmem_size_parse reads them ("8GB" = 8e9,
+ *                      "8GiB" = 2^33); Python: an int or such a str; at
+ *                      least lo
+ *     size_or_percent  the same, or "N%" (0 < N <= 100) of the device into
+ *                      `also` (a fraction; field then 0)
+ *     fraction         environment "N%", Python a float, lo..hi (a fraction)
+ *     integer          a whole number, lo..hi
+ *     choice           one of the names of `choices` ("a|b|c"), each name
+ *                      meaning its position there (an empty name: a valid
+ *                      value with no name); case-insensitive in the
+ *                      environment
+ *     log              a choice of `choices`, or "warning", or 0..hi
+ *     path             a file system path (any non-empty text)
+ *     stats            0 | 1 | N seconds (2..hi): field (bool) and also
+ *     ahead            off | on | N% | N%,M% (0 < M < N <= 100): field,
+ *                      also (environment only)
+ *   default   the field's default (`also` defaults to 0);
+ *   env       the DMEM_* variable, or NULL;
+ *   keyword   the Python keyword, or NULL; keyword rows are in the order
+ *             dmem.Runtime takes its arguments positionally, so a new one
+ *             goes after the last;
+ *   lo, hi    the valid range (kinds fraction, integer, size: lo; stats,
+ *             log: hi), checked in the environment, in Python and by
+ *             dmem_runtime_create;
+ *   choices   the names of a choice or log option, else NULL;
+ *   doc       one line: what it sets.
+ */
+#define DMEM_CONFIG_OPTIONS(X)                                                                  \
+  X(backend, backend, choice, DMEM_BACKEND_AUTO, "DMEM_BACKEND", "backend", 0, 0,               \
+    "auto|cuda|host", "backend")                                                               \
+  X(device, device, integer, 0, "DMEM_DEVICE", "device", 0, 1023, NULL, "device")               \
+  X(device_limit, device_limit_fraction, size_or_percent, 0, "DMEM_DEVICE_LIMIT",               \
+    "device_limit", 0, 0, NULL, "device limit")                                                 \
+  X(host_limit, host_limit, size, 0, "DMEM_HOST_LIMIT", "host_limit", 0, 0, NULL, "host limit") \
+  X(spill_dir, spill_dir, path, NULL, "DMEM_SPILL_DIR", "spill_dir", 0, 0, NULL,                \
+    "spill directory")                                                                          \
+  X(host_backend_capacity, host_backend_capacity, size, (size_t)1 << 30, "DMEM_HOST_CAPACITY",  \
+    "host_capacity", 1, 0, NULL, "host backend capacity")                                       \
+  X(host_reserve, host_reserve, size, 0, "DMEM_HOST_RESERVE", "host_reserve", 0, 0, NULL,       \
+    "host reserve")                                                                             \
+  X(host_burst, host_burst, fraction, DMEM_HOST_BURST_DEFAULT, "DMEM_HOST_BURST", "host_burst", \
+    0, 1, NULL, "host burst")                                                                   \
+  X(log_level, log_level, log, DMEM_LOG_WARN, "DMEM_LOG", "log_level", 0, 4,                    \
+    "off|error|warn|info|debug", "log level")                                                   \
+  X(host_headroom, host_headroom, size, DMEM_HOST_HEADROOM_DEFAULT, "DMEM_HOST_HEADROOM",       \
+    "host_headroom", 0, 0, NULL, "pinned pool headroom")                                        \
+  X(eviction_policy, eviction_policy, choice, DMEM_EVICTION_DEFAULT, "DMEM_EVICTION_POLICY",    \
+    "eviction_policy", 0, 0, "|lru|reuse", "eviction policy")                                   \
+  X(host_pin, host_pin, choice, DMEM_HOST_PIN_AUTO, "DMEM_HOST_PIN", NULL, 0, 0,                \
+    "auto|malloc_host|register", "host pinning")                                                \
+  X(oom_wait_ms, oom_wait_ms, integer, 5000, "DMEM_OOM_WAIT", NULL, 0, 3600000, NULL,           \
+    "allocation wait (ms)")                                                                     \
+  X(print_stats, stats_interval_s, stats, false, "DMEM_STATS", NULL, 0, DMEM_STATS_INTERVAL_MAX, \
+    NULL, "statistics")                                                                         \
+  X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
+    0, NULL, "spill-ahead")
+
+/**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose
  * values are well formed. Malformed values are left at their defaults here and
  * reported by dmem_runtime_create as DMEM_ERR_CONFIG, unless the caller sets
