@@ -95,6 +95,10 @@ static PyMethodDef pyd_mod_methods[] = {
      "          log_level=None, host_headroom=None, eviction_policy=None)\n\n"
      "Configuration of the default runtimes, before their first use (BusyError after it).\n"
      "Arguments as for Runtime(...); those left None come from the DMEM_* environment."},
+    {"_config_options", pyd_mod_config_options, METH_NOARGS,
+     "_config_options() -> list of dict: the options of Runtime(...) and configure(...) and\n"
+     "the DMEM_* variables, one dict per row of the C library's table\n"
+     "(DMEM_CONFIG_OPTIONS): field, kind, env, keyword, choices, doc."},
     {"_library_path", pyd_mod_library_path, METH_NOARGS,
      "Path of the libdmem shared library loaded in this process."},
     {NULL, NULL, 0, NULL}};
