@@ -245,16 +245,16 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   dmem__charge_init(rt);
   /* The pinned pool holds the host tier (up to its cap, host_burst past host_limit,
    * while the push-down to disk catches up) plus staging for copies in
-   * flight and moves to disk and the controller: a quarter of the limit
-   * more, at least 64 MiB and at most 1 GiB (a few eviction batches' worth;
+   * flight and moves to disk and the controller: cfg.host_staging, or a
+   * quarter of the limit more, at most 1 GiB (a few eviction batches' worth;
    * past that the staging waits for finished copies rather than pin host
-   * memory that host_limit was set to bound). */
+   * memory that host_limit was set to bound); at least 64 MiB either way. */
   size_t pin_limit = 0;
   if (rt->host_limit) {
     size_t cap = dmem__host_tier_cap(rt->host_limit, cfg.host_burst);
-    size_t extra = rt->host_limit / 4;
+    size_t extra = cfg.host_staging ? cfg.host_staging : rt->host_limit / 4;
+    if (!cfg.host_staging && extra > ((size_t)1 << 30)) extra = (size_t)1 << 30;
     if (extra < ((size_t)64 << 20)) extra = (size_t)64 << 20;
-    if (extra > ((size_t)1 << 30)) extra = (size_t)1 << 30;
     rt->host_staging = extra;
     pin_limit = cap > SIZE_MAX - extra ? SIZE_MAX : cap + extra;
   }

@@ -301,6 +301,56 @@ TEST_CASE(table_ranges_checked_at_create) {
   dmem_runtime_destroy(rt);
 }
 
+/* host_staging (DMEM_HOST_STAGING): the pinned pool's room beside the host
+ * tier. With host_limit 8 MiB and no burst the pool holds 8 MiB + the
+ * staging: 64 MiB by default, so a reserve of 80 MiB does not fit; with
+ * 80 MiB of staging it does. A malformed variable is DMEM_ERR_CONFIG. */
+static dmem_status_t create_staged(size_t staging, dmem_runtime_t **rt) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_limit = (size_t)8 << 20;
+  cfg.host_burst = 0;
+  cfg.host_reserve = (size_t)80 << 20;
+  if (staging) cfg.host_staging = staging;
+  return dmem_runtime_create(&cfg, rt);
+}
+
+TEST_CASE(host_staging_from_struct_and_env) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, 0);
+  dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+  CHECK_STATUS(create_staged(0, &rt), DMEM_ERR_INVALID_ARGUMENT); /* 8 + 64 MiB < 80 */
+  CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+  CHECK_STATUS(create_staged((size_t)1 << 20, &rt), DMEM_ERR_INVALID_ARGUMENT); /* raised to 64 */
+  rt = NULL;
+  REQUIRE_OK(create_staged((size_t)80 << 20, &rt)); /* 8 + 80 MiB */
+  dmem_runtime_destroy(rt);
+
+  setenv("DMEM_HOST_STAGING", "80MiB", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, (size_t)80 << 20);
+  rt = NULL;
+  REQUIRE_OK(create_staged(0, &rt));
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_HOST_STAGING", "80MB", 1); /* as Dask reads it: 8e7 */
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, (size_t)80000000);
+
+  setenv("DMEM_HOST_STAGING", "lots", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, 0); /* left at the default here ... */
+  rt = (dmem_runtime_t *)0x1;
+  CHECK_STATUS(create_staged(0, &rt), DMEM_ERR_CONFIG); /* ... an error at create */
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_HOST_STAGING") != NULL);
+  rt = NULL;
+  REQUIRE_OK(create_staged((size_t)80 << 20, &rt)); /* the field given: ignored */
+  dmem_runtime_destroy(rt);
+  clear_env();
+}
+
 TEST_CASE(backend_selection_without_gpu) {
   clear_env();
   dmem_config_t cfg;

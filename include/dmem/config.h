@@ -36,6 +36,9 @@
  *   DMEM_HOST_RESERVE  bytes, with an optional unit suffix; 0 = none: pinned
  *                      host memory taken at creation and kept until destroy
  *                      (see dmem_config_t.host_reserve)
+ *   DMEM_HOST_STAGING  bytes, with an optional unit suffix; 0 = derived: the
+ *                      pinned memory for copies in flight beside the host
+ *                      tier (see dmem_config_t.host_staging)
  *   DMEM_HOST_PIN      auto | malloc_host | register: how the CUDA backend
  *                      pins host memory (see dmem_config_t.host_pin)
  *   DMEM_SPILL_DIR     directory under which the private spill directory is
@@ -234,6 +237,15 @@ typedef struct dmem_config {
    *  (DMEM_EVICTION_DEFAULT: DMEM_EVICTION_REUSE). Any other value:
    *  dmem_runtime_create gives DMEM_ERR_INVALID_ARGUMENT. */
   dmem_eviction_policy_t eviction_policy;
+  /** With host_limit: the pinned memory the pinned pool may hold beside the
+   *  host tier, for copies in flight (the staging of spills, unspills,
+   *  moves to disk and to the controller), in bytes. 0 (the default): a
+   *  quarter of host_limit, at least 64 MiB and at most 1 GiB. A value
+   *  below 64 MiB is raised to it. The pinned pool is bounded by
+   *  host_limit * (1 + host_burst) + host_staging, so with host_burst this
+   *  sets the process's pinned memory for a given host_limit; the disk
+   *  tier pipelines its reads and writes only from 128 MiB of staging. */
+  size_t host_staging;
 } dmem_config_t;
 
 /** dmem_config_t.stats_interval_s: the most it may be (a day). */
@@ -318,7 +330,9 @@ typedef struct dmem_config {
   X(print_stats, stats_interval_s, stats, false, "DMEM_STATS", NULL, 0, DMEM_STATS_INTERVAL_MAX, \
     NULL, "statistics")                                                                         \
   X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
-    0, NULL, "spill-ahead")
+    0, NULL, "spill-ahead")                                                                     \
+  X(host_staging, host_staging, size, 0, "DMEM_HOST_STAGING", "host_staging", 0, 0, NULL,       \
+    "pinned staging")
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

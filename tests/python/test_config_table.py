@@ -173,3 +173,59 @@ def test_local_cluster_passes_eviction_policy_to_its_workers(tmp_path, monkeypat
             def policy(dask_worker):
                 return dask_worker.data.runtime.info()["eviction_policy"]
             assert list(client.run(policy).values()) == ["lru"]
+
+
+# ---- host_staging: an option added by a row of the table ---------------------------------
+
+def staged(tmp_path, **kw):
+    """A host runtime whose pinned pool holds 8 MiB of host tier plus the
+    staging (64 MiB by default), asked for a reserve of 80 MiB."""
+    return dmem.Runtime(backend="host", host_capacity=8 * MiB, host_limit=8 * MiB, host_burst=0.0,
+                        host_reserve=80 * MiB, spill_dir=str(tmp_path), **kw)
+
+
+def test_host_staging_keyword_environment_and_bad_values(tmp_path, monkeypatch):
+    monkeypatch.delenv("DMEM_HOST_STAGING", raising=False)
+    with pytest.raises(dmem.InvalidArgumentError, match="host_reserve"):
+        staged(tmp_path)                           # 8 + 64 MiB < 80 MiB
+    with staged(tmp_path, host_staging=80 * MiB):  # 8 + 80 MiB
+        pass
+    with staged(tmp_path, host_staging="80MiB"):
+        pass
+    monkeypatch.setenv("DMEM_HOST_STAGING", "80MiB")
+    with staged(tmp_path):
+        pass
+    monkeypatch.setenv("DMEM_HOST_STAGING", "lots")
+    with pytest.raises(dmem.ConfigError) as e:
+        staged(tmp_path)
+    assert "DMEM_HOST_STAGING" in e.value.detail
+    monkeypatch.delenv("DMEM_HOST_STAGING")
+    for bad, exc in (("lots", ValueError), (-1, ValueError), ("10%", ValueError),
+                     (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(exc):
+            staged(tmp_path, host_staging=bad)
+
+
+def test_dask_passes_host_staging_through(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    from dmem.dask.cluster import worker_options
+    from dmem.dask.data import RUNTIME_OPTIONS, DmemWorkerData
+    from dmem.dask.worker import _parser
+
+    monkeypatch.delenv("DMEM_HOST_STAGING", raising=False)
+    assert "host_staging" in RUNTIME_OPTIONS
+    assert worker_options("host", host_staging="80MiB")["data"][1]["host_staging"] == "80MiB"
+    args = _parser().parse_args(["tcp://127.0.0.1:1", "--host-staging", "80MiB"])
+    assert args.rt_host_staging == "80MiB"
+    kw = dict(backend="host", device_memory_limit=8 * MiB, host_memory_limit=8 * MiB,
+              host_burst=0.0, host_reserve=80 * MiB, spill_dir=str(tmp_path))
+    with pytest.raises(dmem.InvalidArgumentError):
+        DmemWorkerData(**kw, worker_local_directory=str(tmp_path / "a"))
+    d = DmemWorkerData(**kw, host_staging="80MiB", worker_local_directory=str(tmp_path / "b"))
+    try:
+        assert d.runtime.info()["host_limit"] == 8 * MiB
+    finally:
+        d.close()
+        gc.collect()
+        if d._owned:
+            d.runtime.close()
