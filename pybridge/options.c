@@ -313,3 +313,31 @@ PyObject *pyd_mod_config_options(PyObject *mod, PyObject *unused) {
 #undef PYD_ROW_INFO
   return list;
 }
+
+const char *pyd_config_doc(const char *func, int keyword_only, const char *body) {
+  size_t cap = strlen(func) + strlen(body) + 16;
+  for (size_t i = 0; i < PYD_NOPTS; i++)
+    if (pyd_opt_keywords[i]) cap += strlen(pyd_opt_keywords[i]) + 8 + strlen(func) + 2;
+  char *s = PyMem_RawMalloc(cap); /* kept for the life of the process, as the type */
+  if (!s) return NULL;
+  size_t indent = strlen(func) + 1, col = indent, n = 0;
+  n += (size_t)snprintf(s + n, cap - n, "%s(%s", func, keyword_only ? "*" : "");
+  col += keyword_only ? 1 : 0;
+  int first = !keyword_only;
+  for (size_t i = 0; i < PYD_NOPTS; i++) {
+    if (!pyd_opt_keywords[i]) continue;
+    size_t w = strlen(pyd_opt_keywords[i]) + 5 + (first ? 0 : 2);
+    if (!first && col + w > 88) { /* wrap under the first argument */
+      n += (size_t)snprintf(s + n, cap - n, ",\n%*s", (int)indent, "");
+      col = indent;
+    } else if (!first) {
+      n += (size_t)snprintf(s + n, cap - n, ", ");
+      col += 2;
+    }
+    n += (size_t)snprintf(s + n, cap - n, "%s=None", pyd_opt_keywords[i]);
+    col += strlen(pyd_opt_keywords[i]) + 5;
+    first = 0;
+  }
+  snprintf(s + n, cap - n, ")\n\n%s", body);
+  return s;
+}

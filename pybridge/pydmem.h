@@ -254,6 +254,10 @@ int pyd_log_level_arg(PyObject *o);
  * device was given. -1 with TypeError or ValueError on error (*keep NULL). */
 int pyd_config_parse(PyObject *args, PyObject *kwds, const char *func, int keyword_only,
                      dmem_config_t *cfg, PyObject **keep, int *device_given);
+/* "func(kw=None, ...)" with every keyword of the table (keyword_only: "*,"
+ * first), a blank line, then body: the docstring of Runtime and configure,
+ * built once at import; NULL when out of memory. */
+const char *pyd_config_doc(const char *func, int keyword_only, const char *body);
 /* dmem._dmem._config_options(): a list of one dict per row of the table:
  * field, kind, env, keyword, choices (None where a row has none), doc. */
 PyObject *pyd_mod_config_options(PyObject *mod, PyObject *unused);

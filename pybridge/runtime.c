@@ -784,22 +784,21 @@ PyTypeObject pyd_runtime_type = {
     .tp_dealloc = (destructor)pyd_runtime_dealloc,
     .tp_repr = (reprfunc)pyd_runtime_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
-              "        spill_dir=None, host_capacity=None, host_reserve=None, host_burst=None,\n"
-              "        log_level=None, host_headroom=None, eviction_policy=None)\n\n"
-              "A dmem runtime. device_limit: bytes, '8GB' (8e9), '8GiB' (2**33) or '80%'; host_limit: bytes\n"
-              "of spilled data kept in host memory (None: unlimited); host_burst: how far past\n"
-              "host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow while\n"
-              "it is pushed down to disk (dmem_config_t.host_burst); host_reserve: pinned host\n"
-              "memory taken at creation and kept (dmem_config_t.host_reserve); host_headroom: the\n"
-              "most free pinned host memory the pinned pool keeps ahead of spills (default 4GiB;\n"
-              "0: it grows only by what spills need; dmem_config_t.host_headroom); eviction_policy:\n"
-              "'reuse' (the default: scan-resistant) or 'lru' (dmem_config_t.eviction_policy);\n"
-              "host_capacity: simulated\n"
-              "device memory of the host backend. Strings are read as the DMEM_* variables\n"
-              "are, which is as dask.utils.parse_bytes reads them: K/M/G/T/P alone or with B\n"
-              "are powers of 1000 ('8G' = '8GB' = 8e9), Ki/Mi/Gi/Ti/Pi alone or with B powers\n"
-              "of 1024. Context manager; close() destroys it.",
+    /* PyInit__dmem puts the signature first, from the table of options */
+    .tp_doc = "A dmem runtime. Each argument is a row of the C library's table of options\n"
+              "(DMEM_CONFIG_OPTIONS in dmem/config.h, where each is described;\n"
+              "dmem._dmem._config_options() lists them); None: its DMEM_* variable, else its\n"
+              "default. device_limit: bytes, '8GB' (8e9), '8GiB' (2**33) or '80%'; host_limit:\n"
+              "bytes of spilled data kept in host memory (None: unlimited); host_burst: how far\n"
+              "past host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow\n"
+              "while it is pushed down to disk; host_reserve: pinned host memory taken at\n"
+              "creation and kept; host_headroom: the most free pinned host memory the pinned\n"
+              "pool keeps ahead of spills (default 4GiB; 0: it grows only by what spills need);\n"
+              "eviction_policy: 'reuse' (the default: scan-resistant) or 'lru'; host_capacity:\n"
+              "simulated device memory of the host backend. Strings are read as the DMEM_*\n"
+              "variables are, which is as dask.utils.parse_bytes reads them: K/M/G/T/P alone or\n"
+              "with B are powers of 1000 ('8G' = '8GB' = 8e9), Ki/Mi/Gi/Ti/Pi alone or with B\n"
+              "powers of 1024. Context manager; close() destroys it.",
     .tp_traverse = (traverseproc)pyd_runtime_traverse,
     .tp_clear = (inquiry)pyd_runtime_clear,
     .tp_weaklistoffset = offsetof(pyd_runtime_t, weakreflist),

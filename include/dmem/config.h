@@ -326,7 +326,7 @@ typedef struct dmem_config {
   X(host_pin, host_pin, choice, DMEM_HOST_PIN_AUTO, "DMEM_HOST_PIN", NULL, 0, 0,                \
     "auto|malloc_host|register", "host pinning")                                                \
   X(oom_wait_ms, oom_wait_ms, integer, 5000, "DMEM_OOM_WAIT", NULL, 0, 3600000, NULL,           \
-    "allocation wait (ms)")                                                                     \
+    "allocation wait")                                                                     \
   X(print_stats, stats_interval_s, stats, false, "DMEM_STATS", NULL, 0, DMEM_STATS_INTERVAL_MAX, \
     NULL, "statistics")                                                                         \
   X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
