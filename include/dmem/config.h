@@ -17,7 +17,7 @@
  * 8 * 10^9 bytes), Ki/Mi/Gi/Ti/Pi alone or with B a power of 1024 ("8GiB" =
  * 8 * 2^30); no suffix or "B": bytes.
  *   DMEM_BACKEND       auto | cuda | host
- *   DMEM_DEVICE        device ordinal (non-negative integer)
+ *   DMEM_DEVICE        device ordinal (0..1023)
  *   DMEM_DEVICE_LIMIT  bytes, with an optional unit suffix ("40GB", "40GiB"),
  *                      or "N%" of the device's capacity (0 < N <= 100); a
  *                      limit above the capacity is clamped to it (logged at
@@ -136,7 +136,7 @@ typedef enum dmem_eviction_policy {
 typedef struct dmem_config {
   size_t struct_size;            /**< sizeof(dmem_config_t), set by dmem_config_init */
   dmem_backend_t backend;        /**< default DMEM_BACKEND_AUTO */
-  int device;                    /**< CUDA device ordinal, default 0 */
+  int device;                    /**< CUDA device ordinal, 0..1023; default 0 */
   size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity.
                                       Above the capacity (up to SIZE_MAX) it is
                                       clamped to the capacity, with a warning
@@ -296,9 +296,10 @@ typedef struct dmem_config {
  *   keyword   the Python keyword, or NULL; keyword rows are in the order
  *             dmem.Runtime takes its arguments positionally, so a new one
  *             goes after the last;
- *   lo, hi    the valid range (kinds fraction, integer, size: lo; stats,
- *             log: hi), checked in the environment, in Python and by
- *             dmem_runtime_create;
+ *   lo, hi    the valid range (kinds fraction, integer: lo..hi; size: at
+ *             least lo; stats, log: up to hi), checked in the environment
+ *             and in Python, and except a size's lo by dmem_runtime_create
+ *             (DMEM_ERR_INVALID_ARGUMENT naming the field);
  *   choices   the names of a choice or log option, else NULL;
  *   doc       one line: what it sets.
  */

@@ -1,6 +1,9 @@
 /*
- * runtime/core/config.c - defaults, DMEM_* environment variables and the size
- * parser they share with the Python bridge (dmem_size_parse).
+ * runtime/core/config.c - what the table of options (DMEM_CONFIG_OPTIONS,
+ * include/dmem/config.h) generates in C: the defaults, the DMEM_*
+ * environment variables and the range checks of dmem_runtime_create, one
+ * parser, message and check per kind of option; and the size parser shared
+ * with the Python bridge (dmem_size_parse).
  */
 #include "internal.h"
 #include <ctype.h>
@@ -292,14 +295,11 @@ static void kind_expect_ahead(char *b, size_t n, double lo, double hi, const cha
 static dmem_status_t bad_field(const char *field, double value, double lo, double hi) {
   return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s %g not in [%g, %g]", field, value, lo, hi);
 }
-static dmem_status_t check_size(const char *f, size_t v, double lo) {
-  (void)f, (void)v, (void)lo;
-  return DMEM_OK; /* any size is valid here; the smallest is checked with the backend */
-}
 static dmem_status_t check_range(const char *f, double v, double lo, double hi) {
   return v >= lo && v <= hi ? DMEM_OK : bad_field(f, v, lo, hi);
 }
-#define CHECK_size(cfg, field, also, lo, hi, c) check_size(#field, (cfg)->field, lo)
+/* any size is valid here (host_backend_capacity's lo is checked with the backend) */
+#define CHECK_size(cfg, field, also, lo, hi, c) DMEM_OK
 #define CHECK_size_or_percent(cfg, field, also, lo, hi, c) \
   check_range(#also, (cfg)->also, 0, 1)
 #define CHECK_fraction(cfg, field, also, lo, hi, c) check_range(#field, (cfg)->field, lo, hi)
