@@ -293,7 +293,8 @@ static void kind_expect_ahead(char *b, size_t n, double lo, double hi, const cha
 /* The checks of dmem_runtime_create: DMEM_OK, or DMEM_ERR_INVALID_ARGUMENT
  * with the detail naming the field. */
 static dmem_status_t bad_field(const char *field, double value, double lo, double hi) {
-  return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s %g not in [%g, %g]", field, value, lo, hi);
+  return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s %.15g not in [%.15g, %.15g]", field, value, lo,
+                     hi);
 }
 static dmem_status_t check_range(const char *f, double v, double lo, double hi) {
   return v >= lo && v <= hi ? DMEM_OK : bad_field(f, v, lo, hi);
