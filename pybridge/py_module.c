@@ -10,6 +10,8 @@
  */
 #include "pydmem.h"
 
+#include <string.h>
+
 /* ---- module functions ------------------------------------------------------ */
 
 static PyObject *pyd_mod_shutdown(PyObject *mod, PyObject *unused) {
@@ -90,11 +92,14 @@ static PyMethodDef pyd_mod_methods[] = {
     {"_default_runtimes", pyd_mod_default_runtimes, METH_NOARGS,
      "The default runtimes this process has made through dmem (a list; none are made)."},
     {"configure", (PyCFunction)(void (*)(void))pyd_mod_configure, METH_VARARGS | METH_KEYWORDS,
-     "configure(*, device_limit=None, host_limit=None, spill_dir=None, backend=None,\n"
-     "          device=None, host_capacity=None, host_reserve=None, host_burst=None,\n"
-     "          log_level=None, host_headroom=None, eviction_policy=None)\n\n"
+     /* the signature comes first, from the table: PyInit__dmem */
      "Configuration of the default runtimes, before their first use (BusyError after it).\n"
-     "Arguments as for Runtime(...); those left None come from the DMEM_* environment."},
+     "Arguments as for Runtime(...), by keyword only; those left None come from the DMEM_*\n"
+     "environment."},
+    {"_config_options", pyd_mod_config_options, METH_NOARGS,
+     "_config_options() -> list of dict: the options of Runtime(...) and configure(...) and\n"
+     "the DMEM_* variables, one dict per row of the C library's table\n"
+     "(DMEM_CONFIG_OPTIONS): field, kind, env, keyword, choices, doc."},
     {"_library_path", pyd_mod_library_path, METH_NOARGS,
      "Path of the libdmem shared library loaded in this process."},
     {NULL, NULL, 0, NULL}};
@@ -155,6 +160,17 @@ static int pyd_add_exceptions(PyObject *m) {
 }
 
 PyMODINIT_FUNC PyInit__dmem(void) {
+  /* Runtime's and configure's signatures: the keywords of the C library's
+   * table of options (DMEM_CONFIG_OPTIONS), so that a new option shows */
+  static int docs_done = 0;
+  if (!docs_done) {
+    const char *d = pyd_config_doc("Runtime", 0, pyd_runtime_type.tp_doc);
+    if (d) pyd_runtime_type.tp_doc = d;
+    for (PyMethodDef *md = pyd_mod_methods; md->ml_name; md++)
+      if (strcmp(md->ml_name, "configure") == 0 && (d = pyd_config_doc("configure", 1, md->ml_doc)))
+        md->ml_doc = d;
+    docs_done = 1;
+  }
   if (PyType_Ready(&pyd_runtime_type) < 0 || PyType_Ready(&pyd_buffer_type) < 0 ||
       PyType_Ready(&pyd_stream_type) < 0 || pyd_view_type_ready() < 0 ||
       pyd_controller_types_ready() < 0 || PyType_Ready(&pyd_devmem_type) < 0 ||

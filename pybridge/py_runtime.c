@@ -29,30 +29,6 @@ static void pyd_live_unlink(pyd_runtime_t *r) {
   r->live_prev = r->live_next = NULL;
 }
 
-static const char *const pyd_log_names[] = {"off", "error", "warn", "info", "debug"};
-
-/* A log level: "off", "error", "warn" ("warning"), "info", "debug" or 0..4;
- * -1 with an exception otherwise. */
-static int pyd_log_level_arg(PyObject *o) {
-  if (PyUnicode_Check(o)) {
-    for (int i = 0; i < 5; i++)
-      if (PyUnicode_CompareWithASCIIString(o, pyd_log_names[i]) == 0) return i;
-    if (PyUnicode_CompareWithASCIIString(o, "warning") == 0) return DMEM_LOG_WARN;
-  } else if (PyLong_Check(o) && !PyBool_Check(o)) {
-    int ovf = 0;
-    long v = PyLong_AsLongAndOverflow(o, &ovf);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    if (!ovf && v >= 0 && v <= 4) return (int)v;
-  } else {
-    PyErr_Format(PyExc_TypeError, "log_level must be a str or an int, not %.100s",
-                 Py_TYPE(o)->tp_name);
-    return -1;
-  }
-  PyErr_Format(PyExc_ValueError,
-               "log_level must be 'off', 'error', 'warn', 'info', 'debug' or 0..4, not %R", o);
-  return -1;
-}
-
 /* Keep the runtime's backend_reason (dmem_runtime_info) in self. */
 static void pyd_runtime_keep_reason(pyd_runtime_t *self) {
   dmem_runtime_info_t info;
@@ -61,129 +37,11 @@ static void pyd_runtime_keep_reason(pyd_runtime_t *self) {
     snprintf(self->backend_reason, sizeof self->backend_reason, "%s", info.backend_reason);
 }
 
-/* The keyword arguments of Runtime(...) and configure(...) into cfg (from
- * dmem_config_init). *dir_bytes receives the encoded spill_dir (cfg->spill_dir
- * points into it; the caller drops it); *device_given is set when device was
- * given. -1 with an exception on error. */
-static int pyd_config_parse(PyObject *args, PyObject *kwds, const char *fmt, dmem_config_t *cfg,
-                            PyObject **dir_bytes, int *device_given) {
-  static char *kwlist[] = {"backend",      "device",     "device_limit", "host_limit",
-                           "spill_dir",    "host_capacity", "host_reserve", "host_burst",
-                           "log_level",    "host_headroom", "eviction_policy", NULL};
-  PyObject *backend = Py_None, *device = Py_None, *device_limit = Py_None, *host_limit = Py_None,
-           *spill_dir = Py_None, *host_capacity = Py_None, *host_reserve = Py_None,
-           *host_burst = Py_None, *log_level = Py_None, *host_headroom = Py_None,
-           *eviction_policy = Py_None;
-  *dir_bytes = NULL;
-  if (device_given) *device_given = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &backend, &device,
-                                   &device_limit, &host_limit, &spill_dir, &host_capacity,
-                                   &host_reserve, &host_burst, &log_level, &host_headroom,
-                                   &eviction_policy))
-    return -1;
-  if (eviction_policy != Py_None) {
-    if (!PyUnicode_Check(eviction_policy)) {
-      PyErr_Format(PyExc_TypeError, "eviction_policy must be a str, not %.100s",
-                   Py_TYPE(eviction_policy)->tp_name);
-      return -1;
-    }
-    if (PyUnicode_CompareWithASCIIString(eviction_policy, "reuse") == 0)
-      cfg->eviction_policy = DMEM_EVICTION_REUSE;
-    else if (PyUnicode_CompareWithASCIIString(eviction_policy, "lru") == 0)
-      cfg->eviction_policy = DMEM_EVICTION_LRU;
-    else {
-      PyErr_Format(PyExc_ValueError, "eviction_policy must be 'reuse' or 'lru', not %R",
-                   eviction_policy);
-      return -1;
-    }
-  }
-  if (log_level != Py_None) {
-    int l = pyd_log_level_arg(log_level);
-    if (l < 0) return -1;
-    cfg->log_level = (dmem_log_level_t)l;
-  }
-  if (backend != Py_None) {
-    if (!PyUnicode_Check(backend)) {
-      PyErr_Format(PyExc_TypeError, "backend must be a str, not %.100s", Py_TYPE(backend)->tp_name);
-      return -1;
-    }
-    if (PyUnicode_CompareWithASCIIString(backend, "auto") == 0) cfg->backend = DMEM_BACKEND_AUTO;
-    else if (PyUnicode_CompareWithASCIIString(backend, "cuda") == 0) cfg->backend = DMEM_BACKEND_CUDA;
-    else if (PyUnicode_CompareWithASCIIString(backend, "host") == 0) cfg->backend = DMEM_BACKEND_HOST;
-    else {
-      PyErr_Format(PyExc_ValueError, "backend must be 'auto', 'cuda' or 'host', not %R", backend);
-      return -1;
-    }
-  }
-  if (device != Py_None) {
-    if (!PyLong_Check(device) || PyBool_Check(device)) {
-      PyErr_Format(PyExc_TypeError, "device must be an int, not %.100s", Py_TYPE(device)->tp_name);
-      return -1;
-    }
-    int ovf = 0;
-    long d = PyLong_AsLongAndOverflow(device, &ovf);
-    if (d == -1 && PyErr_Occurred()) return -1;
-    if (ovf || d < 0 || d > 1 << 20) {
-      PyErr_Format(PyExc_ValueError, "device must be a non-negative ordinal, not %R", device);
-      return -1;
-    }
-    cfg->device = (int)d;
-    if (device_given) *device_given = 1;
-  }
-  if (device_limit != Py_None) {
-    size_t b = 0;
-    double f = 0.0;
-    if (pyd_size_arg(device_limit, "device_limit", &b, &f) < 0) return -1;
-    cfg->device_limit = b;
-    cfg->device_limit_fraction = 0.0;
-    if (f > 0.0) {
-      cfg->device_limit = 0;
-      cfg->device_limit_fraction = f;
-    }
-  }
-  if (host_limit != Py_None && pyd_size_arg(host_limit, "host_limit", &cfg->host_limit, NULL) < 0)
-    return -1;
-  if (host_reserve != Py_None &&
-      pyd_size_arg(host_reserve, "host_reserve", &cfg->host_reserve, NULL) < 0)
-    return -1;
-  if (host_headroom != Py_None &&
-      pyd_size_arg(host_headroom, "host_headroom", &cfg->host_headroom, NULL) < 0)
-    return -1;
-  if (host_burst != Py_None) {
-    if (!(PyFloat_Check(host_burst) || PyLong_Check(host_burst)) || PyBool_Check(host_burst)) {
-      PyErr_Format(PyExc_TypeError, "host_burst must be a float, not %.100s",
-                   Py_TYPE(host_burst)->tp_name);
-      return -1;
-    }
-    double f = PyFloat_AsDouble(host_burst);
-    if (f == -1.0 && PyErr_Occurred()) return -1;
-    if (!(f >= 0.0 && f <= 1.0)) {
-      PyErr_Format(PyExc_ValueError, "host_burst must be in [0, 1], not %R", host_burst);
-      return -1;
-    }
-    cfg->host_burst = f;
-  }
-  if (host_capacity != Py_None) {
-    size_t b = 0;
-    if (pyd_size_arg(host_capacity, "host_capacity", &b, NULL) < 0) return -1;
-    if (b == 0) {
-      PyErr_SetString(PyExc_ValueError, "host_capacity must be positive");
-      return -1;
-    }
-    cfg->host_backend_capacity = b;
-  }
-  if (spill_dir != Py_None) {
-    if (!PyUnicode_FSConverter(spill_dir, dir_bytes)) return -1;
-    cfg->spill_dir = PyBytes_AS_STRING(*dir_bytes);
-  }
-  return 0;
-}
-
 static PyObject *pyd_runtime_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
-  PyObject *dir_bytes = NULL;
-  if (pyd_config_parse(args, kwds, "|OOOOOOOOOOO:Runtime", &cfg, &dir_bytes, NULL) < 0) return NULL;
+  PyObject *dir_bytes = NULL; /* what cfg's strings point into (spill_dir) */
+  if (pyd_config_parse(args, kwds, "Runtime", 0, &cfg, &dir_bytes, NULL) < 0) return NULL;
 
   pyd_runtime_t *self = (pyd_runtime_t *)type->tp_alloc(type, 0);
   if (!self) {
@@ -735,9 +593,9 @@ PyObject *pyd_mod_default_runtimes(PyObject *mod, PyObject *unused) {
 PyObject *pyd_mod_configure(PyObject *mod, PyObject *args, PyObject *kwds) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
-  PyObject *dir_bytes = NULL;
+  PyObject *dir_bytes = NULL; /* what cfg's strings point into (spill_dir) */
   int device_given = 0;
-  if (pyd_config_parse(args, kwds, "|$OOOOOOOOOOO:configure", &cfg, &dir_bytes, &device_given) < 0)
+  if (pyd_config_parse(args, kwds, "configure", 1, &cfg, &dir_bytes, &device_given) < 0)
     return NULL;
   for (int d = 0; d < PYD_MAX_DEVICES; d++) {
     if (pyd_defaults[d]) {
@@ -936,22 +794,21 @@ PyTypeObject pyd_runtime_type = {
     .tp_dealloc = (destructor)pyd_runtime_dealloc,
     .tp_repr = (reprfunc)pyd_runtime_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Runtime(backend='auto', device=0, device_limit=None, host_limit=None,\n"
-              "        spill_dir=None, host_capacity=None, host_reserve=None, host_burst=None,\n"
-              "        log_level=None, host_headroom=None, eviction_policy=None)\n\n"
-              "A dmem runtime. device_limit: bytes, '8GB' (8e9), '8GiB' (2**33) or '80%'; host_limit: bytes\n"
-              "of spilled data kept in host memory (None: unlimited); host_burst: how far past\n"
-              "host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow while\n"
-              "it is pushed down to disk (dmem_config_t.host_burst); host_reserve: pinned host\n"
-              "memory taken at creation and kept (dmem_config_t.host_reserve); host_headroom: the\n"
-              "most free pinned host memory the pinned pool keeps ahead of spills (default 4GiB;\n"
-              "0: it grows only by what spills need; dmem_config_t.host_headroom); eviction_policy:\n"
-              "'reuse' (the default: scan-resistant) or 'lru' (dmem_config_t.eviction_policy);\n"
-              "host_capacity: simulated\n"
-              "device memory of the host backend. Strings are read as the DMEM_* variables\n"
-              "are, which is as dask.utils.parse_bytes reads them: K/M/G/T/P alone or with B\n"
-              "are powers of 1000 ('8G' = '8GB' = 8e9), Ki/Mi/Gi/Ti/Pi alone or with B powers\n"
-              "of 1024. Context manager; close() destroys it.",
+    /* PyInit__dmem puts the signature first, from the table of options */
+    .tp_doc = "A dmem runtime. Each argument is a row of the C library's table of options\n"
+              "(DMEM_CONFIG_OPTIONS in dmem/config.h, where each is described;\n"
+              "dmem._dmem._config_options() lists them); None: its DMEM_* variable, else its\n"
+              "default. device_limit: bytes, '8GB' (8e9), '8GiB' (2**33) or '80%'; host_limit:\n"
+              "bytes of spilled data kept in host memory (None: unlimited); host_burst: how far\n"
+              "past host_limit (a fraction of it, 0 to 1; default 0.5) the host tier may grow\n"
+              "while it is pushed down to disk; host_reserve: pinned host memory taken at\n"
+              "creation and kept; host_headroom: the most free pinned host memory the pinned\n"
+              "pool keeps ahead of spills (default 4GiB; 0: it grows only by what spills need);\n"
+              "eviction_policy: 'reuse' (the default: scan-resistant) or 'lru'; host_capacity:\n"
+              "simulated device memory of the host backend. Strings are read as the DMEM_*\n"
+              "variables are, which is as dask.utils.parse_bytes reads them: K/M/G/T/P alone or\n"
+              "with B are powers of 1000 ('8G' = '8GB' = 8e9), Ki/Mi/Gi/Ti/Pi alone or with B\n"
+              "powers of 1024. Context manager; close() destroys it.",
     .tp_traverse = (traverseproc)pyd_runtime_traverse,
     .tp_clear = (inquiry)pyd_runtime_clear,
     .tp_weaklistoffset = offsetof(pyd_runtime_t, weakreflist),

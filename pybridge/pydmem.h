@@ -238,6 +238,29 @@ int pyd_priority_arg(PyObject *o, int *out);
 int pyd_offset_int_arg(PyObject *o, const char *what, Py_ssize_t *out);
 /* A spill tier: 'host', 'disk' or 'controller'. -1 on error. */
 int pyd_tier_arg(PyObject *o, dmem_tier_t *out);
+
+/* ---- py_options.c: the keywords of DMEM_CONFIG_OPTIONS ------------------------------ */
+
+/* The log levels' names, by value. */
+extern const char *pyd_log_names[5];
+/* A log level: 'off', 'error', 'warn' ('warning'), 'info', 'debug' or 0..4;
+ * -1 with TypeError or ValueError otherwise. */
+int pyd_log_level_arg(PyObject *o);
+/* The arguments of func(...) (Runtime: positional too, in the table's
+ * order; configure: keyword_only) into cfg (from dmem_config_init): one
+ * keyword per row of DMEM_CONFIG_OPTIONS that has one; None leaves a field
+ * alone. *keep receives what cfg's strings point into (the caller drops it
+ * after creating the runtime); *device_given (may be NULL) is set when
+ * device was given. -1 with TypeError or ValueError on error (*keep NULL). */
+int pyd_config_parse(PyObject *args, PyObject *kwds, const char *func, int keyword_only,
+                     dmem_config_t *cfg, PyObject **keep, int *device_given);
+/* "func(kw=None, ...)" with every keyword of the table (keyword_only: "*,"
+ * first), a blank line, then body: the docstring of Runtime and configure,
+ * built once at import; NULL when out of memory. */
+const char *pyd_config_doc(const char *func, int keyword_only, const char *body);
+/* dmem._dmem._config_options(): a list of one dict per row of the table:
+ * field, kind, env, keyword, choices (None where a row has none), doc. */
+PyObject *pyd_mod_config_options(PyObject *mod, PyObject *unused);
 /* Names of states and tiers, as the Python API spells them. */
 const char *pyd_state_name(dmem_state_t s);
 const char *pyd_tier_name(dmem_tier_t t);

@@ -4,14 +4,15 @@
 
 #include "check.h"
 
-static const char *vars[] = {"DMEM_BACKEND",  "DMEM_DEVICE",    "DMEM_DEVICE_LIMIT",
-                             "DMEM_HOST_LIMIT", "DMEM_SPILL_DIR", "DMEM_LOG",
-                             "DMEM_STATS",    "DMEM_HOST_CAPACITY", "DMEM_OOM_WAIT",
-                             "DMEM_SPILL_AHEAD", "DMEM_HOST_RESERVE", "DMEM_HOST_PIN",
-                             "DMEM_HOST_BURST", "DMEM_HOST_HEADROOM", "DMEM_EVICTION_POLICY"};
+/* Every variable of the table of options (DMEM_CONFIG_OPTIONS), so that a
+ * new option's variable is cleared too. */
+#define ENV_OF_ROW(field, also, kind, def, env, kw, lo, hi, choices, doc) env,
+static const char *vars[] = {DMEM_CONFIG_OPTIONS(ENV_OF_ROW)};
+#undef ENV_OF_ROW
 
 static void clear_env(void) {
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    if (vars[i]) unsetenv(vars[i]);
 }
 
 static dmem_status_t create_with_env(const char *var, const char *value, dmem_runtime_t **rt) {
@@ -221,6 +222,133 @@ TEST_CASE(bad_config_struct) {
   cfg.device_limit_fraction = 1.5;
   CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_TRUE(rt == NULL);
+}
+
+/* Every variable of the table: a malformed value makes dmem_runtime_create
+ * fail with DMEM_ERR_CONFIG naming it (a path's kind takes any text), and
+ * leaves the field at its default in dmem_config_init. */
+TEST_CASE(table_every_variable_malformed_is_config_error) {
+#define ROW_OF(field, also, kind, def, env, kw, lo, hi, choices, doc) {env, #kind},
+  static const struct { const char *env, *kind; } rows[] = {DMEM_CONFIG_OPTIONS(ROW_OF)};
+#undef ROW_OF
+  size_t checked = 0;
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    if (!rows[i].env || strcmp(rows[i].kind, "path") == 0) continue;
+    dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+    dmem_status_t st = create_with_env(rows[i].env, "not-a-value", &rt);
+    if (st != DMEM_ERR_CONFIG) fprintf(stderr, "%s gave %s\n", rows[i].env, dmem_status_name(st));
+    CHECK_EQ(st, DMEM_ERR_CONFIG);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), rows[i].env) != NULL);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), "expected") != NULL);
+    checked++;
+  }
+  CHECK_GT(checked, 10);
+  clear_env();
+  dmem_config_t def, cfg;
+  dmem_config_init(&def);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    if (rows[i].env && strcmp(rows[i].kind, "path") != 0) setenv(rows[i].env, "not-a-value", 1);
+  dmem_config_init(&cfg);
+  CHECK_TRUE(memcmp(&def, &cfg, sizeof cfg) == 0); /* each left at its default */
+  clear_env();
+}
+
+/* dmem_runtime_create checks each field against its row's range or
+ * choices: DMEM_ERR_INVALID_ARGUMENT naming the field, nothing created. */
+TEST_CASE(table_ranges_checked_at_create) {
+  clear_env();
+  static const char *const names[] = {"device",          "oom_wait_ms",      "host_burst",
+                                      "log_level",       "backend",          "host_pin",
+                                      "eviction_policy", "stats_interval_s", "device_limit_fraction",
+                                      "spill_ahead",     "spill_ahead_low",  "host_burst"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    cfg.backend = DMEM_BACKEND_HOST;
+    switch (i) {
+      case 0: cfg.device = 1024; break;
+      case 1: cfg.oom_wait_ms = 3600001; break;
+      case 2: cfg.host_burst = 1.5; break;
+      case 3: cfg.log_level = (dmem_log_level_t)5; break;
+      case 4: cfg.backend = (dmem_backend_t)3; break;
+      case 5: cfg.host_pin = (dmem_host_pin_t)3; break;
+      case 6: cfg.eviction_policy = (dmem_eviction_policy_t)-1; break;
+      case 7: cfg.stats_interval_s = DMEM_STATS_INTERVAL_MAX + 1; break;
+      case 8: cfg.device_limit_fraction = -0.5; break;
+      case 9: cfg.spill_ahead = 1.5; break;
+      case 10: cfg.spill_ahead = 0.5, cfg.spill_ahead_low = 0.6; break;
+      case 11: cfg.host_burst = 0.0 / 0.0; break; /* NaN */
+    }
+    dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+    CHECK_STATUS(dmem_runtime_create(&cfg, &rt), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+    CHECK_TRUE(strstr(dmem_last_error_detail(), names[i]) != NULL);
+  }
+  /* the ends of each range are valid */
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device = 1023;
+  cfg.oom_wait_ms = 3600000;
+  cfg.host_burst = 1.0;
+  cfg.log_level = DMEM_LOG_DEBUG;
+  cfg.stats_interval_s = DMEM_STATS_INTERVAL_MAX;
+  cfg.eviction_policy = DMEM_EVICTION_REUSE;
+  cfg.host_pin = DMEM_HOST_PIN_REGISTER;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_runtime_destroy(rt);
+}
+
+/* host_staging (DMEM_HOST_STAGING): the pinned pool's room beside the host
+ * tier. With host_limit 8 MiB and no burst the pool holds 8 MiB + the
+ * staging: 64 MiB by default, so a reserve of 80 MiB does not fit; with
+ * 80 MiB of staging it does. A malformed variable is DMEM_ERR_CONFIG. */
+static dmem_status_t create_staged(size_t staging, dmem_runtime_t **rt) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_limit = (size_t)8 << 20;
+  cfg.host_burst = 0;
+  cfg.host_reserve = (size_t)80 << 20;
+  if (staging) cfg.host_staging = staging;
+  return dmem_runtime_create(&cfg, rt);
+}
+
+TEST_CASE(host_staging_from_struct_and_env) {
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, 0);
+  dmem_runtime_t *rt = (dmem_runtime_t *)0x1;
+  CHECK_STATUS(create_staged(0, &rt), DMEM_ERR_INVALID_ARGUMENT); /* 8 + 64 MiB < 80 */
+  CHECK_TRUE(rt == (dmem_runtime_t *)0x1);
+  CHECK_STATUS(create_staged((size_t)1 << 20, &rt), DMEM_ERR_INVALID_ARGUMENT); /* raised to 64 */
+  rt = NULL;
+  REQUIRE_OK(create_staged((size_t)80 << 20, &rt)); /* 8 + 80 MiB */
+  dmem_runtime_destroy(rt);
+
+  setenv("DMEM_HOST_STAGING", "80MiB", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, (size_t)80 << 20);
+  rt = NULL;
+  REQUIRE_OK(create_staged(0, &rt));
+  dmem_runtime_destroy(rt);
+  setenv("DMEM_HOST_STAGING", "80MB", 1); /* as Dask reads it: 8e7 */
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, (size_t)80000000);
+
+  setenv("DMEM_HOST_STAGING", "lots", 1);
+  dmem_config_init(&cfg);
+  CHECK_UEQ(cfg.host_staging, 0); /* left at the default here ... */
+  rt = (dmem_runtime_t *)0x1;
+  CHECK_STATUS(create_staged(0, &rt), DMEM_ERR_CONFIG); /* ... an error at create */
+  CHECK_TRUE(strstr(dmem_last_error_detail(), "DMEM_HOST_STAGING") != NULL);
+  rt = NULL;
+  REQUIRE_OK(create_staged((size_t)80 << 20, &rt)); /* the field given: ignored */
+  dmem_runtime_destroy(rt);
+  clear_env();
 }
 
 TEST_CASE(backend_selection_without_gpu) {

@@ -17,7 +17,7 @@
  * 8 * 10^9 bytes), Ki/Mi/Gi/Ti/Pi alone or with B a power of 1024 ("8GiB" =
  * 8 * 2^30); no suffix or "B": bytes.
  *   DMEM_BACKEND       auto | cuda | host
- *   DMEM_DEVICE        device ordinal (non-negative integer)
+ *   DMEM_DEVICE        device ordinal (0..1023)
  *   DMEM_DEVICE_LIMIT  bytes, with an optional unit suffix ("40GB", "40GiB"),
  *                      or "N%" of the device's capacity (0 < N <= 100); a
  *                      limit above the capacity is clamped to it (logged at
@@ -36,6 +36,9 @@
  *   DMEM_HOST_RESERVE  bytes, with an optional unit suffix; 0 = none: pinned
  *                      host memory taken at creation and kept until destroy
  *                      (see dmem_config_t.host_reserve)
+ *   DMEM_HOST_STAGING  bytes, with an optional unit suffix; 0 = derived: the
+ *                      pinned memory for copies in flight beside the host
+ *                      tier (see dmem_config_t.host_staging)
  *   DMEM_HOST_PIN      auto | malloc_host | register: how the CUDA backend
  *                      pins host memory (see dmem_config_t.host_pin)
  *   DMEM_SPILL_DIR     directory under which the private spill directory is
@@ -133,7 +136,7 @@ typedef enum dmem_eviction_policy {
 typedef struct dmem_config {
   size_t struct_size;            /**< sizeof(dmem_config_t), set by dmem_config_init */
   dmem_backend_t backend;        /**< default DMEM_BACKEND_AUTO */
-  int device;                    /**< CUDA device ordinal, default 0 */
+  int device;                    /**< CUDA device ordinal, 0..1023; default 0 */
   size_t device_limit;           /**< bytes; 0: device_limit_fraction or the capacity.
                                       Above the capacity (up to SIZE_MAX) it is
                                       clamped to the capacity, with a warning
@@ -234,6 +237,15 @@ typedef struct dmem_config {
    *  (DMEM_EVICTION_DEFAULT: DMEM_EVICTION_REUSE). Any other value:
    *  dmem_runtime_create gives DMEM_ERR_INVALID_ARGUMENT. */
   dmem_eviction_policy_t eviction_policy;
+  /** With host_limit: the pinned memory the pinned pool may hold beside the
+   *  host tier, for copies in flight (the staging of spills, unspills,
+   *  moves to disk and to the controller), in bytes. 0 (the default): a
+   *  quarter of host_limit, at least 64 MiB and at most 1 GiB. A value
+   *  below 64 MiB is raised to it. The pinned pool is bounded by
+   *  host_limit * (1 + host_burst) + host_staging, so with host_burst this
+   *  sets the process's pinned memory for a given host_limit; the disk
+   *  tier pipelines its reads and writes only from 128 MiB of staging. */
+  size_t host_staging;
 } dmem_config_t;
 
 /** dmem_config_t.stats_interval_s: the most it may be (a day). */
@@ -247,6 +259,81 @@ typedef struct dmem_config {
 
 /** dmem_config_t.spill_ahead: the backend's default. */
 #define DMEM_SPILL_AHEAD_DEFAULT (-1.0)
+
+/**
+ * The configuration table: one row per option. dmem generates from it the
+ * defaults (dmem_config_init), the DMEM_* environment parsing and its
+ * errors, the range checks of dmem_runtime_create, the keyword arguments of
+ * the Python dmem.Runtime(...) and dmem.configure(...) (and dmem.dask's
+ * pass-through of them), and the list that the README's table of
+ * environment variables is checked against. Adding an option: a field in
+ * dmem_config_t, a row here, the code that uses it, a line of the README's
+ * table (docs/design.md, "Adding an option").
+ *
+ * X(field, also, kind, default, env, keyword, lo, hi, choices, doc):
+ *   field     the dmem_config_t field the option sets;
+ *   also      a second field the same variable sets (the kinds
+ *             size_or_percent, stats, ahead), else field again;
+ *   kind      how its values are written:
+ *     size             bytes, as dmem_size_parse reads them ("8GB" = 8e9,
+ *                      "8GiB" = 2^33); Python: an int or such a str; at
+ *                      least lo
+ *     size_or_percent  the same, or "N%" (0 < N <= 100) of the device into
+ *                      `also` (a fraction; field then 0)
+ *     fraction         environment "N%", Python a float, lo..hi (a fraction)
+ *     integer          a whole number, lo..hi
+ *     choice           one of the names of `choices` ("a|b|c"), each name
+ *                      meaning its position there (an empty name: a valid
+ *                      value with no name); case-insensitive in the
+ *                      environment
+ *     log              a choice of `choices`, or "warning", or 0..hi
+ *     path             a file system path (any non-empty text)
+ *     stats            0 | 1 | N seconds (2..hi): field (bool) and also
+ *     ahead            off | on | N% | N%,M% (0 < M < N <= 100): field,
+ *                      also (environment only)
+ *   default   the field's default (`also` defaults to 0);
+ *   env       the DMEM_* variable, or NULL;
+ *   keyword   the Python keyword, or NULL; keyword rows are in the order
+ *             dmem.Runtime takes its arguments positionally, so a new one
+ *             goes after the last;
+ *   lo, hi    the valid range (kinds fraction, integer: lo..hi; size: at
+ *             least lo; stats, log: up to hi), checked in the environment
+ *             and in Python, and except a size's lo by dmem_runtime_create
+ *             (DMEM_ERR_INVALID_ARGUMENT naming the field);
+ *   choices   the names of a choice or log option, else NULL;
+ *   doc       one line: what it sets.
+ */
+#define DMEM_CONFIG_OPTIONS(X)                                                                  \
+  X(backend, backend, choice, DMEM_BACKEND_AUTO, "DMEM_BACKEND", "backend", 0, 0,               \
+    "auto|cuda|host", "backend")                                                               \
+  X(device, device, integer, 0, "DMEM_DEVICE", "device", 0, 1023, NULL, "device")               \
+  X(device_limit, device_limit_fraction, size_or_percent, 0, "DMEM_DEVICE_LIMIT",               \
+    "device_limit", 0, 0, NULL, "device limit")                                                 \
+  X(host_limit, host_limit, size, 0, "DMEM_HOST_LIMIT", "host_limit", 0, 0, NULL, "host limit") \
+  X(spill_dir, spill_dir, path, NULL, "DMEM_SPILL_DIR", "spill_dir", 0, 0, NULL,                \
+    "spill directory")                                                                          \
+  X(host_backend_capacity, host_backend_capacity, size, (size_t)1 << 30, "DMEM_HOST_CAPACITY",  \
+    "host_capacity", 1, 0, NULL, "host backend capacity")                                       \
+  X(host_reserve, host_reserve, size, 0, "DMEM_HOST_RESERVE", "host_reserve", 0, 0, NULL,       \
+    "host reserve")                                                                             \
+  X(host_burst, host_burst, fraction, DMEM_HOST_BURST_DEFAULT, "DMEM_HOST_BURST", "host_burst", \
+    0, 1, NULL, "host burst")                                                                   \
+  X(log_level, log_level, log, DMEM_LOG_WARN, "DMEM_LOG", "log_level", 0, 4,                    \
+    "off|error|warn|info|debug", "log level")                                                   \
+  X(host_headroom, host_headroom, size, DMEM_HOST_HEADROOM_DEFAULT, "DMEM_HOST_HEADROOM",       \
+    "host_headroom", 0, 0, NULL, "pinned pool headroom")                                        \
+  X(eviction_policy, eviction_policy, choice, DMEM_EVICTION_DEFAULT, "DMEM_EVICTION_POLICY",    \
+    "eviction_policy", 0, 0, "|lru|reuse", "eviction policy")                                   \
+  X(host_pin, host_pin, choice, DMEM_HOST_PIN_AUTO, "DMEM_HOST_PIN", NULL, 0, 0,                \
+    "auto|malloc_host|register", "host pinning")                                                \
+  X(oom_wait_ms, oom_wait_ms, integer, 5000, "DMEM_OOM_WAIT", NULL, 0, 3600000, NULL,           \
+    "allocation wait")                                                                     \
+  X(print_stats, stats_interval_s, stats, false, "DMEM_STATS", NULL, 0, DMEM_STATS_INTERVAL_MAX, \
+    NULL, "statistics")                                                                         \
+  X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
+    0, NULL, "spill-ahead")                                                                     \
+  X(host_staging, host_staging, size, 0, "DMEM_HOST_STAGING", "host_staging", 0, 0, NULL,       \
+    "pinned staging")
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

@@ -44,7 +44,9 @@ extern "C" {
  *
  * @return DMEM_OK;
  *         DMEM_ERR_INVALID_ARGUMENT  rt_out NULL, cfg->struct_size too small,
- *                                    or a field out of range;
+ *                                    or a field out of range (its row of
+ *                                    DMEM_CONFIG_OPTIONS, dmem/config.h; the
+ *                                    detail names the field);
  *         DMEM_ERR_CONFIG            a DMEM_* environment variable is malformed
  *                                    and its field holds the default (detail
  *                                    names it; see dmem/config.h), or (a

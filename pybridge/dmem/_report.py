@@ -12,26 +12,26 @@ import sys
 
 from . import _dmem
 
-# (variable, what it sets, the info() key that shows the value in effect)
-_VARIABLES = [
-    ("DMEM_BACKEND", "backend", "backend"),
-    ("DMEM_DEVICE", "device", "device"),
-    ("DMEM_DEVICE_LIMIT", "device limit", "device_limit"),
-    ("DMEM_HOST_LIMIT", "host limit", "host_limit"),
-    ("DMEM_HOST_BURST", "host burst", None),
-    ("DMEM_HOST_HEADROOM", "pinned pool headroom", "host_headroom"),
-    ("DMEM_HOST_RESERVE", "host reserve", None),
-    ("DMEM_HOST_PIN", "host pinning", None),
-    ("DMEM_HOST_CAPACITY", "host backend capacity", "device_capacity"),
-    ("DMEM_SPILL_DIR", "spill directory", "spill_dir"),
-    ("DMEM_SPILL_AHEAD", "spill-ahead", None),
-    ("DMEM_OOM_WAIT", "allocation wait", None),
-    ("DMEM_EVICTION_POLICY", "eviction policy", "eviction_policy"),
-    ("DMEM_LOG", "log level", "log_level"),
-    ("DMEM_STATS", "statistics", "print_stats"),
-    ("DMEM_TRACE", "trace file", None),
-    ("DMEM_FAULT_INJECT", "fault injection (testing)", None),
-]
+# The info() keys that show an option's value in effect where it is not the
+# option's field name.
+_INFO_KEYS = {"host_backend_capacity": "device_capacity"}
+_INFO = {"backend", "device", "device_limit", "host_limit", "spill_dir", "eviction_policy",
+         "log_level", "print_stats", "host_headroom", "device_capacity"}
+# Variables that are no option of a runtime: (variable, what it sets).
+_OTHERS = [("DMEM_TRACE", "trace file"), ("DMEM_FAULT_INJECT", "fault injection (testing)")]
+
+
+def _variables():
+    """(variable, what it sets, the info() key that shows the value in effect
+    or None), one per variable of the C library's table of options
+    (DMEM_CONFIG_OPTIONS), then the others."""
+    out = []
+    for o in _dmem._config_options():
+        if not o["env"]:
+            continue
+        key = _INFO_KEYS.get(o["field"], o["field"])
+        out.append((o["env"], o["doc"], key if key in _INFO else None))
+    return out + [(var, what, None) for var, what in _OTHERS]
 
 
 def _mib(n):
@@ -87,7 +87,7 @@ def report(file=None, environ=None):
             print("device limit asked: %s, clamped to the capacity"
                   % _mib(info["device_limit_asked"]), file=out)
         print("settings in effect (and where each came from):", file=out)
-        for var, what, key in _VARIABLES:
+        for var, what, key in _variables():
             if key is None and not env.get(var):
                 continue
             value = _value(key, info) if key else env[var]

@@ -20,39 +20,9 @@ static dmem_status_t check_config(const dmem_config_t *cfg) {
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
                        "dmem_config_t.struct_size is %zu, expected %zu: use dmem_config_init",
                        cfg->struct_size, sizeof *cfg);
-  if (cfg->backend != DMEM_BACKEND_AUTO && cfg->backend != DMEM_BACKEND_CUDA &&
-      cfg->backend != DMEM_BACKEND_HOST)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "unknown backend %d", (int)cfg->backend);
-  if (cfg->device < 0)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "device %d is negative", cfg->device);
-  if (!(cfg->device_limit_fraction >= 0 && cfg->device_limit_fraction <= 1))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "device_limit_fraction %g not in [0, 1]",
-                       cfg->device_limit_fraction);
-  if ((int)cfg->log_level < DMEM_LOG_OFF || (int)cfg->log_level > DMEM_LOG_DEBUG)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "log level %d not in 0..4", (int)cfg->log_level);
-  if (cfg->oom_wait_ms > DMEM__OOM_WAIT_MAX_MS)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "oom_wait_ms %u is more than %d (an hour)",
-                       cfg->oom_wait_ms, DMEM__OOM_WAIT_MAX_MS);
-  if (!(cfg->spill_ahead == DMEM_SPILL_AHEAD_DEFAULT ||
-        (cfg->spill_ahead >= 0 && cfg->spill_ahead <= 1)))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill_ahead %g not in [0, 1]",
-                       cfg->spill_ahead);
-  if (!(cfg->spill_ahead_low >= 0 && cfg->spill_ahead_low < 1) ||
-      (cfg->spill_ahead > 0 && cfg->spill_ahead_low >= cfg->spill_ahead))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "spill_ahead_low %g not in [0, spill_ahead %g)", cfg->spill_ahead_low,
-                       cfg->spill_ahead);
-  if (!(cfg->host_burst >= 0 && cfg->host_burst <= 1))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_burst %g not in [0, 1]", cfg->host_burst);
-  if (cfg->stats_interval_s > DMEM_STATS_INTERVAL_MAX)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "stats_interval_s %u is more than %u (a day)",
-                       cfg->stats_interval_s, DMEM_STATS_INTERVAL_MAX);
-  if ((int)cfg->host_pin < DMEM_HOST_PIN_AUTO || (int)cfg->host_pin > DMEM_HOST_PIN_REGISTER)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_pin %d not in 0..2", (int)cfg->host_pin);
-  if ((int)cfg->eviction_policy < DMEM_EVICTION_DEFAULT ||
-      (int)cfg->eviction_policy > DMEM_EVICTION_REUSE)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "eviction_policy %d not in 0..2",
-                       (int)cfg->eviction_policy);
+  /* each field's range: DMEM_CONFIG_OPTIONS (include/dmem/config.h) */
+  dmem_status_t st = dmem__config_check(cfg);
+  if (st != DMEM_OK) return st;
   if (cfg->backend == DMEM_BACKEND_HOST && cfg->host_backend_capacity == 0)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "host_backend_capacity is 0");
   return DMEM_OK;
@@ -283,16 +253,16 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   dmem__charge_init(rt);
   /* The pinned pool holds the host tier (up to its cap, host_burst past host_limit,
    * while the push-down to disk catches up) plus staging for copies in
-   * flight and moves to disk and the controller: a quarter of the limit
-   * more, at least 64 MiB and at most 1 GiB (a few eviction batches' worth;
+   * flight and moves to disk and the controller: cfg.host_staging, or a
+   * quarter of the limit more, at most 1 GiB (a few eviction batches' worth;
    * past that the staging waits for finished copies rather than pin host
-   * memory that host_limit was set to bound). */
+   * memory that host_limit was set to bound); at least 64 MiB either way. */
   size_t pin_limit = 0;
   if (rt->host_limit) {
     size_t cap = dmem__host_tier_cap(rt->host_limit, cfg.host_burst);
-    size_t extra = rt->host_limit / 4;
+    size_t extra = cfg.host_staging ? cfg.host_staging : rt->host_limit / 4;
+    if (!cfg.host_staging && extra > ((size_t)1 << 30)) extra = (size_t)1 << 30;
     if (extra < ((size_t)64 << 20)) extra = (size_t)64 << 20;
-    if (extra > ((size_t)1 << 30)) extra = (size_t)1 << 30;
     rt->host_staging = extra;
     pin_limit = cap > SIZE_MAX - extra ? SIZE_MAX : cap + extra;
   }

@@ -1,6 +1,9 @@
 /*
- * runtime/core/config.c - defaults, DMEM_* environment variables and the size
- * parser they share with the Python bridge (dmem_size_parse).
+ * runtime/core/config.c - what the table of options (DMEM_CONFIG_OPTIONS,
+ * include/dmem/config.h) generates in C: the defaults, the DMEM_*
+ * environment variables and the range checks of dmem_runtime_create, one
+ * parser, message and check per kind of option; and the size parser shared
+ * with the Python bridge (dmem_size_parse).
  */
 #include "core/runtime.h"
 #include <ctype.h>
@@ -76,22 +79,6 @@ dmem_status_t dmem_size_parse(const char *text, size_t *bytes_out, double *fract
   return DMEM_OK;
 }
 
-static int parse_backend(const char *s, dmem_backend_t *out) {
-  if (strcasecmp(s, "auto") == 0) *out = DMEM_BACKEND_AUTO;
-  else if (strcasecmp(s, "cuda") == 0) *out = DMEM_BACKEND_CUDA;
-  else if (strcasecmp(s, "host") == 0) *out = DMEM_BACKEND_HOST;
-  else return -1;
-  return 0;
-}
-
-static int parse_pin(const char *s, dmem_host_pin_t *out) {
-  if (strcasecmp(s, "auto") == 0) *out = DMEM_HOST_PIN_AUTO;
-  else if (strcasecmp(s, "malloc_host") == 0) *out = DMEM_HOST_PIN_MALLOC_HOST;
-  else if (strcasecmp(s, "register") == 0) *out = DMEM_HOST_PIN_REGISTER;
-  else return -1;
-  return 0;
-}
-
 static int parse_int(const char *s, long lo, long hi, long *out) {
   char *end = NULL;
   errno = 0;
@@ -103,36 +90,137 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
-static int parse_log(const char *s, dmem_log_level_t *out) {
-  static const char *const names[] = {"off", "error", "warn", "info", "debug"};
-  for (int i = 0; i < 5; i++)
-    if (strcasecmp(s, names[i]) == 0) {
-      *out = (dmem_log_level_t)i;
-      return 0;
+/* ---- the kinds of DMEM_CONFIG_OPTIONS (include/dmem/config.h) ------------------
+ *
+ * Each kind has a parser of the environment's text (0, or -1 when it is
+ * malformed), the words of its error ("expected ..."), a store into the
+ * field(s) and a check of the fields' values for dmem_runtime_create. */
+
+/* A parsed value, of whichever member the kind uses. */
+typedef struct opt_value {
+  size_t size;
+  double f, f2;
+  long i;
+  const char *s;
+} opt_value_t;
+
+/* The position of `s` among the '|'-separated names of `choices` (empty
+ * names match nothing), case-insensitive; -1 when it is none of them. */
+static long choice_index(const char *choices, const char *s) {
+  long i = 0;
+  size_t n = strlen(s);
+  for (const char *p = choices;; i++) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len > 0 && len == n && strncasecmp(p, s, n) == 0) return i;
+    if (!bar) return -1;
+    p = bar + 1;
+  }
+}
+
+/* How many values `choices` has (named or not). */
+static long choice_count(const char *choices) {
+  long n = 1;
+  for (const char *p = choices; *p; p++) n += *p == '|';
+  return n;
+}
+
+/* "a, b or c" from "a|b|c" (empty names left out) into buf. */
+static void choice_words(const char *choices, char *buf, size_t cap) {
+  size_t named = 0, k = 0;
+  for (const char *p = choices; *p;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len) named++;
+    p = bar ? bar + 1 : p + len;
+  }
+  buf[0] = '\0';
+  for (const char *p = choices; *p && named;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len) {
+      k++;
+      size_t used = strlen(buf);
+      snprintf(buf + used, cap - used, "%s%.*s", k == 1 ? "" : k == named ? " or " : ", ",
+               (int)len, p);
     }
+    p = bar ? bar + 1 : p + len;
+  }
+}
+
+static int kind_parse_size(const char *s, double lo, double hi, const char *choices,
+                           opt_value_t *v) {
+  (void)hi, (void)choices;
+  if (parse_size(s, &v->size, NULL) != DMEM_OK || (double)v->size < lo) return -1;
+  return 0;
+}
+
+static int kind_parse_size_or_percent(const char *s, double lo, double hi, const char *choices,
+                                 opt_value_t *v) {
+  (void)lo, (void)hi, (void)choices;
+  return parse_size(s, &v->size, &v->f) == DMEM_OK ? 0 : -1;
+}
+
+/* "N%" with lo*100 <= N <= hi*100 (decimals allowed) as a fraction. */
+static int kind_parse_fraction(const char *s, double lo, double hi, const char *choices,
+                          opt_value_t *v) {
+  (void)choices;
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(s, &end);
+  if (end == s || errno != 0 || *end != '%' || end[1] != '\0' || !(x >= lo * 100 && x <= hi * 100))
+    return -1;
+  v->f = x / 100;
+  return 0;
+}
+
+static int kind_parse_integer(const char *s, double lo, double hi, const char *choices,
+                         opt_value_t *v) {
+  (void)choices;
+  return parse_int(s, (long)lo, (long)hi, &v->i);
+}
+
+static int kind_parse_choice(const char *s, double lo, double hi, const char *choices,
+                        opt_value_t *v) {
+  (void)lo, (void)hi;
+  v->i = choice_index(choices, s);
+  return v->i < 0 ? -1 : 0;
+}
+
+static int kind_parse_log(const char *s, double lo, double hi, const char *choices, opt_value_t *v) {
+  v->i = choice_index(choices, s);
+  if (v->i >= 0) return 0;
   if (strcasecmp(s, "warning") == 0) {
-    *out = DMEM_LOG_WARN;
+    v->i = DMEM_LOG_WARN;
     return 0;
   }
-  long v;
-  if (parse_int(s, 0, 4, &v) == 0) {
-    *out = (dmem_log_level_t)v;
-    return 0;
-  }
-  return -1;
+  return parse_int(s, (long)lo, (long)hi, &v->i);
+}
+
+static int kind_parse_path(const char *s, double lo, double hi, const char *choices, opt_value_t *v) {
+  (void)lo, (void)hi, (void)choices;
+  v->s = s;
+  return 0;
+}
+
+static int kind_parse_stats(const char *s, double lo, double hi, const char *choices,
+                       opt_value_t *v) {
+  (void)choices;
+  return parse_int(s, (long)lo, (long)hi, &v->i);
 }
 
 /* "off" | "0" -> 0; "on" -> 0.95; "N%" -> N/100 (low 0: the default);
  * "N%,M%" -> both. */
-static int parse_ahead(const char *s, double *high, double *low) {
+static int kind_parse_ahead(const char *s, double lo, double hi, const char *choices,
+                       opt_value_t *v) {
+  (void)lo, (void)hi, (void)choices;
   if (strcasecmp(s, "off") == 0 || strcmp(s, "0") == 0) {
-    *high = 0;
-    *low = 0;
+    v->f = v->f2 = 0;
     return 0;
   }
   if (strcasecmp(s, "on") == 0) {
-    *high = 0.95;
-    *low = 0;
+    v->f = 0.95;
+    v->f2 = 0;
     return 0;
   }
   char buf[64];
@@ -144,40 +232,132 @@ static int parse_ahead(const char *s, double *high, double *low) {
   double h = 0, l = 0;
   if (parse_size(buf, &bytes, &h) != DMEM_OK || h <= 0) return -1;
   if (comma && (parse_size(comma + 1, &bytes, &l) != DMEM_OK || l <= 0 || l >= h)) return -1;
-  *high = h;
-  *low = l;
+  v->f = h;
+  v->f2 = l;
   return 0;
 }
 
-static int parse_eviction(const char *s, dmem_eviction_policy_t *p) {
-  if (strcasecmp(s, "reuse") == 0) *p = DMEM_EVICTION_REUSE;
-  else if (strcasecmp(s, "lru") == 0) *p = DMEM_EVICTION_LRU;
-  else return -1;
-  return 0;
+/* What a well-formed value of each kind is, for the detail of
+ * DMEM_ERR_CONFIG. */
+static void kind_expect_size(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)hi, (void)c;
+  snprintf(b, n, "bytes%s (" SIZE_UNITS ")", lo > 0 ? " > 0" : "");
+}
+static void kind_expect_size_or_percent(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)lo, (void)hi, (void)c;
+  snprintf(b, n, "bytes (" SIZE_UNITS ") or N%% with 0 < N <= 100");
+}
+static void kind_expect_fraction(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)c;
+  snprintf(b, n, "N%% (%g <= N <= %g)", lo * 100, hi * 100);
+}
+static void kind_expect_integer(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)c;
+  snprintf(b, n, "an integer, %.0f..%.0f", lo, hi);
+}
+static void kind_expect_choice(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)lo, (void)hi;
+  choice_words(c, b, n);
+}
+static void kind_expect_log(char *b, size_t n, double lo, double hi, const char *c) {
+  char words[128];
+  choice_words(c, words, sizeof words);
+  snprintf(b, n, "%s or %.0f..%.0f", words, lo, hi);
+}
+static void kind_expect_path(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)lo, (void)hi, (void)c;
+  snprintf(b, n, "a path");
+}
+static void kind_expect_stats(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)lo, (void)c;
+  snprintf(b, n, "0, 1 (at the end) or N seconds (2..%.0f)", hi);
+}
+static void kind_expect_ahead(char *b, size_t n, double lo, double hi, const char *c) {
+  (void)lo, (void)hi, (void)c;
+  snprintf(b, n, "off, on, N%% or N%%,M%% (0 < M < N <= 100)");
 }
 
-/* "N%" with 0 <= N <= 100 (decimals allowed) as a fraction; 0 or -1. */
-static int parse_percent(const char *s, double *f) {
-  char *end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || errno != 0 || *end != '%' || end[1] != '\0' || !(v >= 0 && v <= 100))
-    return -1;
-  *f = v / 100;
-  return 0;
+/* Store a parsed value into the field(s). */
+#define STORE_size(cfg, field, also, v) ((cfg)->field = (v).size)
+#define STORE_size_or_percent(cfg, field, also, v) \
+  ((cfg)->field = (v).size, (cfg)->also = (v).f)
+#define STORE_fraction(cfg, field, also, v) ((cfg)->field = (v).f)
+#define STORE_integer(cfg, field, also, v) ((cfg)->field = (v).i)
+#define STORE_choice(cfg, field, also, v) ((cfg)->field = (v).i)
+#define STORE_log(cfg, field, also, v) ((cfg)->field = (v).i)
+#define STORE_path(cfg, field, also, v) ((cfg)->field = (v).s)
+#define STORE_stats(cfg, field, also, v) \
+  ((cfg)->field = (v).i != 0, (cfg)->also = (v).i >= 2 ? (unsigned)(v).i : 0)
+#define STORE_ahead(cfg, field, also, v) ((cfg)->field = (v).f, (cfg)->also = (v).f2)
+
+/* The checks of dmem_runtime_create: DMEM_OK, or DMEM_ERR_INVALID_ARGUMENT
+ * with the detail naming the field. */
+static dmem_status_t bad_field(const char *field, double value, double lo, double hi) {
+  return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s %.15g not in [%.15g, %.15g]", field, value, lo,
+                     hi);
+}
+static dmem_status_t check_range(const char *f, double v, double lo, double hi) {
+  return v >= lo && v <= hi ? DMEM_OK : bad_field(f, v, lo, hi);
+}
+/* any size is valid here (host_backend_capacity's lo is checked with the backend) */
+#define CHECK_size(cfg, field, also, lo, hi, c) DMEM_OK
+#define CHECK_size_or_percent(cfg, field, also, lo, hi, c) \
+  check_range(#also, (cfg)->also, 0, 1)
+#define CHECK_fraction(cfg, field, also, lo, hi, c) check_range(#field, (cfg)->field, lo, hi)
+#define CHECK_integer(cfg, field, also, lo, hi, c) \
+  check_range(#field, (double)(cfg)->field, lo, hi)
+#define CHECK_choice(cfg, field, also, lo, hi, c) \
+  check_range(#field, (double)(int)(cfg)->field, 0, (double)(choice_count(c) - 1))
+#define CHECK_log(cfg, field, also, lo, hi, c) \
+  check_range(#field, (double)(int)(cfg)->field, lo, hi)
+#define CHECK_path(cfg, field, also, lo, hi, c) DMEM_OK
+#define CHECK_stats(cfg, field, also, lo, hi, c) \
+  check_range(#also, (double)(cfg)->also, 0, hi)
+#define CHECK_ahead(cfg, field, also, lo, hi, c) check_ahead((cfg)->field, (cfg)->also)
+
+static dmem_status_t check_ahead(double high, double low) {
+  if (!(high == DMEM_SPILL_AHEAD_DEFAULT || (high >= 0 && high <= 1)))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill_ahead %g not in [0, 1]", high);
+  if (!(low >= 0 && low < 1) || (high > 0 && low >= high))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "spill_ahead_low %g not in [0, spill_ahead %g)",
+                       low, high);
+  return DMEM_OK;
+}
+
+dmem_status_t dmem__config_check(const dmem_config_t *cfg) {
+  dmem_status_t st = DMEM_OK;
+#define CHECK_ROW(field, also, kind, def, env, kw, lo, hi, choices, doc) \
+  if (st == DMEM_OK) st = CHECK_##kind(cfg, field, also, lo, hi, choices);
+  DMEM_CONFIG_OPTIONS(CHECK_ROW)
+#undef CHECK_ROW
+  return st;
 }
 
 static void set_defaults(dmem_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->struct_size = sizeof *cfg;
-  cfg->backend = DMEM_BACKEND_AUTO;
-  cfg->device = 0;
-  cfg->log_level = DMEM_LOG_WARN;
-  cfg->host_backend_capacity = (size_t)1 << 30;
-  cfg->oom_wait_ms = DMEM__OOM_WAIT_DEFAULT_MS;
-  cfg->spill_ahead = DMEM_SPILL_AHEAD_DEFAULT;
-  cfg->host_burst = DMEM_HOST_BURST_DEFAULT;
-  cfg->host_headroom = DMEM_HOST_HEADROOM_DEFAULT;
+#define DEFAULT_ROW(field, also, kind, def, env, kw, lo, hi, choices, doc) cfg->field = def;
+  DMEM_CONFIG_OPTIONS(DEFAULT_ROW)
+#undef DEFAULT_ROW
+}
+
+static const char *getenv_set(const char *name) {
+  const char *v = name ? getenv(name) : NULL;
+  return v && *v ? v : NULL;
+}
+
+/* A malformed variable: an error when `given` holds its field(s) at the
+ * default (or there is no `given`: dmem_config_init), else a warning. The
+ * first error's status is kept in *first. */
+static void env_malformed(dmem_status_t *first, const dmem_config_t *given, bool at_default,
+                          const char *name, const char *v, const char *expect) {
+  if (given && !at_default) {
+    if ((int)given->log_level >= DMEM_LOG_WARN)
+      dmem__log(DMEM_LOG_WARN,
+                "%s=\"%s\" is malformed: ignored, the configuration gives the value", name, v);
+  } else if (*first == DMEM_OK) {
+    *first = dmem__error(DMEM_ERR_CONFIG, "%s=\"%s\": expected %s", name, v, expect);
+  }
 }
 
 /* Apply the environment to cfg (cfg != NULL), or check it against `given`,
@@ -190,151 +370,29 @@ static dmem_status_t apply_env(dmem_config_t *cfg, const dmem_config_t *given) {
   dmem_status_t first = DMEM_OK;
   dmem_config_t d; /* the defaults */
   set_defaults(&d);
-  /* ENV_FAIL(field_is_default, name, message...): a malformed variable */
-#define ENV_FAIL(at_default, ...)                                                       \
-  do {                                                                                  \
-    if (given && !(at_default)) {                                                       \
-      if ((int)given->log_level >= DMEM_LOG_WARN)                                       \
-        dmem__log(DMEM_LOG_WARN, "%s=\"%s\" is malformed: ignored, the configuration "  \
-                                 "gives the value",                                     \
-                  name, v);                                                             \
-    } else if (first == DMEM_OK) {                                                      \
-      first = dmem__error(DMEM_ERR_CONFIG, __VA_ARGS__);                                \
-    }                                                                                   \
-  } while (0)
-  const char *name;
-#define ENV(n) (v = getenv(name = (n))) && *v
-  if (ENV("DMEM_BACKEND")) {
-    dmem_backend_t b;
-    if (parse_backend(v, &b) != 0)
-      ENV_FAIL(!given || given->backend == d.backend,
-               "DMEM_BACKEND=\"%s\": expected auto, cuda or host", v);
-    else if (cfg) cfg->backend = b;
+#define ENV_ROW(field, also, kind, def, env, kw, lo, hi, choices, doc)                     \
+  if ((v = getenv_set(env)) != NULL) {                                                     \
+    opt_value_t val = {0};                                                                 \
+    if (kind_parse_##kind(v, lo, hi, choices, &val) != 0) {                                     \
+      char expect[256];                                                                    \
+      kind_expect_##kind(expect, sizeof expect, lo, hi, choices);                               \
+      env_malformed(&first, given,                                                         \
+                    !given || (given->field == d.field && given->also == d.also), env, v, \
+                    expect);                                                               \
+    } else if (cfg) {                                                                      \
+      STORE_##kind(cfg, field, also, val);                                                 \
+    }                                                                                      \
   }
-  if (ENV("DMEM_DEVICE")) {
-    long dev;
-    if (parse_int(v, 0, 1023, &dev) != 0)
-      ENV_FAIL(!given || given->device == d.device,
-               "DMEM_DEVICE=\"%s\": expected a device ordinal", v);
-    else if (cfg) cfg->device = (int)dev;
-  }
-  if (ENV("DMEM_DEVICE_LIMIT")) {
-    size_t bytes;
-    double frac;
-    if (parse_size(v, &bytes, &frac) != DMEM_OK)
-      ENV_FAIL(!given || (given->device_limit == d.device_limit &&
-                          given->device_limit_fraction == d.device_limit_fraction),
-               "DMEM_DEVICE_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ") or N%% "
-               "with 0 < N <= 100",
-               v);
-    else if (cfg) {
-      cfg->device_limit = bytes;
-      cfg->device_limit_fraction = frac;
-    }
-  }
-  if (ENV("DMEM_HOST_LIMIT")) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK)
-      ENV_FAIL(!given || given->host_limit == d.host_limit,
-               "DMEM_HOST_LIMIT=\"%s\": expected bytes (" SIZE_UNITS ")", v);
-    else if (cfg) cfg->host_limit = bytes;
-  }
-  if (ENV("DMEM_HOST_RESERVE")) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK)
-      ENV_FAIL(!given || given->host_reserve == d.host_reserve,
-               "DMEM_HOST_RESERVE=\"%s\": expected bytes (" SIZE_UNITS ")", v);
-    else if (cfg) cfg->host_reserve = bytes;
-  }
-  if (ENV("DMEM_HOST_HEADROOM")) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK)
-      ENV_FAIL(!given || given->host_headroom == d.host_headroom,
-               "DMEM_HOST_HEADROOM=\"%s\": expected bytes (" SIZE_UNITS ")", v);
-    else if (cfg) cfg->host_headroom = bytes;
-  }
-  if (ENV("DMEM_HOST_BURST")) {
-    double f;
-    if (parse_percent(v, &f) != 0)
-      ENV_FAIL(!given || given->host_burst == d.host_burst,
-               "DMEM_HOST_BURST=\"%s\": expected N%% (0 <= N <= 100)", v);
-    else if (cfg) cfg->host_burst = f;
-  }
-  if (ENV("DMEM_HOST_PIN")) {
-    dmem_host_pin_t pin;
-    if (parse_pin(v, &pin) != 0)
-      ENV_FAIL(!given || given->host_pin == d.host_pin,
-               "DMEM_HOST_PIN=\"%s\": expected auto, malloc_host or register", v);
-    else if (cfg) cfg->host_pin = pin;
-  }
-  if (ENV("DMEM_HOST_CAPACITY")) {
-    size_t bytes;
-    if (parse_size(v, &bytes, NULL) != DMEM_OK || bytes == 0)
-      ENV_FAIL(!given || given->host_backend_capacity == d.host_backend_capacity,
-               "DMEM_HOST_CAPACITY=\"%s\": expected bytes > 0 (" SIZE_UNITS ")", v);
-    else if (cfg) cfg->host_backend_capacity = bytes;
-  }
-  if (ENV("DMEM_SPILL_DIR")) {
-    if (cfg) cfg->spill_dir = v;
-  }
-  if (ENV("DMEM_LOG")) {
-    dmem_log_level_t l;
-    if (parse_log(v, &l) != 0)
-      ENV_FAIL(!given || given->log_level == d.log_level,
-               "DMEM_LOG=\"%s\": expected off, error, warn, info, debug or 0..4", v);
-    else if (cfg) cfg->log_level = l;
-  }
-  if (ENV("DMEM_OOM_WAIT")) {
-    long ms;
-    if (parse_int(v, 0, DMEM__OOM_WAIT_MAX_MS, &ms) != 0)
-      ENV_FAIL(!given || given->oom_wait_ms == d.oom_wait_ms,
-               "DMEM_OOM_WAIT=\"%s\": expected milliseconds, 0..%d", v,
-               DMEM__OOM_WAIT_MAX_MS);
-    else if (cfg) cfg->oom_wait_ms = (unsigned)ms;
-  }
-  if (ENV("DMEM_STATS")) {
-    long s;
-    if (parse_int(v, 0, DMEM_STATS_INTERVAL_MAX, &s) != 0)
-      ENV_FAIL(!given || (given->print_stats == d.print_stats &&
-                          given->stats_interval_s == d.stats_interval_s),
-               "DMEM_STATS=\"%s\": expected 0, 1 (at the end) or N seconds (2..%u)", v,
-               DMEM_STATS_INTERVAL_MAX);
-    else if (cfg) {
-      cfg->print_stats = s != 0;
-      cfg->stats_interval_s = s >= 2 ? (unsigned)s : 0;
-    }
-  }
-  if (ENV("DMEM_SPILL_AHEAD")) {
-    double high = 0, low = 0;
-    if (parse_ahead(v, &high, &low) != 0)
-      ENV_FAIL(!given || (given->spill_ahead == d.spill_ahead &&
-                          given->spill_ahead_low == d.spill_ahead_low),
-               "DMEM_SPILL_AHEAD=\"%s\": expected off, on, N%% or N%%,M%% "
-               "(0 < M < N <= 100)",
-               v);
-    else if (cfg) {
-      cfg->spill_ahead = high;
-      cfg->spill_ahead_low = low;
-    }
-  }
-  if (ENV("DMEM_EVICTION_POLICY")) {
-    dmem_eviction_policy_t pol;
-    if (parse_eviction(v, &pol) != 0)
-      ENV_FAIL(!given || given->eviction_policy == d.eviction_policy,
-               "DMEM_EVICTION_POLICY=\"%s\": expected reuse or lru", v);
-    else if (cfg) cfg->eviction_policy = pol;
-  }
-  if (ENV("DMEM_FAULT_INJECT")) {
+  DMEM_CONFIG_OPTIONS(ENV_ROW)
+#undef ENV_ROW
+  if ((v = getenv_set("DMEM_FAULT_INJECT")) != NULL) {
     dmem__fault_plan_t plan;
-    if (dmem__fault_parse(v, &plan) != DMEM_OK)
-      ENV_FAIL(true, /* no field: always an error */
-               "DMEM_FAULT_INJECT=\"%s\": expected <call>:<n>[:fatal][:persistent] "
-               "with n >= 1 and <call> any, device_alloc, host_alloc, memcpy_async, "
-               "... (docs/reliability.md, Fault injection)",
-               v);
+    if (dmem__fault_parse(v, &plan) != DMEM_OK) /* no field: always an error */
+      env_malformed(&first, given, true, "DMEM_FAULT_INJECT", v,
+                    "<call>:<n>[:fatal][:persistent] with n >= 1 and <call> any, "
+                    "device_alloc, host_alloc, memcpy_async, ... (docs/reliability.md, Fault "
+                    "injection)");
   }
-#undef ENV
-#undef ENV_FAIL
   return first;
 }
 

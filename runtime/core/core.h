@@ -449,9 +449,10 @@ void dmem__emit(dmem_runtime_t *rt, dmem_event_kind_t kind, dmem_handle_t h, siz
 
 /* ---- configuration (core/config.c) -------------------------------------------- */
 
-/* dmem_config_t.oom_wait_ms: default and largest value (an hour). */
-#define DMEM__OOM_WAIT_DEFAULT_MS 5000
-#define DMEM__OOM_WAIT_MAX_MS 3600000
+/* Check each field of cfg against its row of DMEM_CONFIG_OPTIONS (its
+ * range, its choices): DMEM_OK, or DMEM_ERR_INVALID_ARGUMENT with the detail
+ * naming the first field out of range. */
+dmem_status_t dmem__config_check(const dmem_config_t *cfg);
 /* Check the DMEM_* environment against cfg, the config of a runtime being
  * created: DMEM_ERR_CONFIG (detail recorded) for the first malformed
  * variable whose field cfg holds at its default; a malformed variable whose

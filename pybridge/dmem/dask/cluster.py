@@ -18,7 +18,7 @@ import os
 import distributed
 from distributed import Nanny
 
-from .data import DmemWorkerData
+from .data import RUNTIME_OPTIONS, DmemWorkerData, check_runtime_options
 from .plugin import DmemWorkerPlugin
 
 __all__ = ["LocalCluster", "cuda_masks", "default_host_limit", "derived_host_options",
@@ -185,10 +185,14 @@ def derived_host_options(memory_limit, nthreads, host_memory_limit, host_burst):
 
 
 def worker_options(backend, device_memory_limit=None, host_memory_limit=None, spill_dir=None,
-                   host_target=None, ipc=None, host_burst=None, host_headroom=None):
+                   host_target=None, ipc=None, host_burst=None, host_headroom=None,
+                   **runtime_options):
     """The Worker/Nanny keyword arguments that make a dmem worker (the
     workers' DmemWorkerData applies DASK_HOST_HEADROOM when host_headroom
-    is None and DMEM_HOST_HEADROOM is not set)."""
+    is None and DMEM_HOST_HEADROOM is not set). runtime_options: keywords of
+    dmem.Runtime in RUNTIME_OPTIONS, passed to each worker's runtime (None
+    values left out)."""
+    check_runtime_options(runtime_options, "worker_options()")
     data = {"backend": backend}
     if device_memory_limit is not None:
         data["device_memory_limit"] = device_memory_limit
@@ -202,6 +206,7 @@ def worker_options(backend, device_memory_limit=None, host_memory_limit=None, sp
         data["host_burst"] = host_burst
     if host_headroom is not None:
         data["host_headroom"] = host_headroom
+    data.update((k, v) for k, v in runtime_options.items() if v is not None)
     return {"data": (DmemWorkerData, data), "plugins": {DmemWorkerPlugin(ipc=ipc)}}
 
 
@@ -242,9 +247,11 @@ class LocalCluster(distributed.LocalCluster):
         Send device arrays between the workers by CUDA IPC
         (dmem.dask.ipc; None: the workers' ``DMEM_DASK_IPC``, default on).
     **kwargs:
-        distributed.LocalCluster's (``threads_per_worker``, ``memory_limit``,
-        ``dashboard_address``, ...). ``processes`` must stay True and
-        ``worker_class`` is Nanny.
+        The other keywords of dmem.Runtime (dmem.dask.RUNTIME_OPTIONS:
+        ``eviction_policy``, ``host_reserve``, ``log_level``, ...), given to
+        each worker's runtime as they are; and distributed.LocalCluster's
+        (``threads_per_worker``, ``memory_limit``, ``dashboard_address``,
+        ...). ``processes`` must stay True and ``worker_class`` is Nanny.
     """
 
     def __init__(self, n_workers=None, device_memory_limit=None, host_memory_limit=None,
@@ -278,8 +285,9 @@ class LocalCluster(distributed.LocalCluster):
             kwargs.get("memory_limit", "auto"), kwargs.get("threads_per_worker") or 1,
             host_memory_limit, host_burst)
         self.host_memory_limit = host_memory_limit
+        runtime_options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
         options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,
-                                 host_target, ipc, host_burst, host_headroom)
+                                 host_target, ipc, host_burst, host_headroom, **runtime_options)
         plugins = set(kwargs.pop("plugins", ())) | options["plugins"]
         super().__init__(n_workers=0, processes=True, worker_class=Nanny, data=options["data"],
                          plugins=plugins, **kwargs)

@@ -25,7 +25,7 @@ import dmem
 from . import _arrays
 from .ipc import Transfer
 
-__all__ = ["DmemWorkerData", "DmemValue"]
+__all__ = ["DmemWorkerData", "DmemValue", "RUNTIME_OPTIONS"]
 
 logger = logging.getLogger("dmem.dask")
 
@@ -158,6 +158,25 @@ def parse_size(value, what="size"):
     return int(value)
 
 
+# The keywords of dmem.Runtime that dmem.dask names itself (device_memory_limit
+# for device_limit, ...) or derives (host_burst, host_headroom).
+_OWN_OPTIONS = {"backend", "device", "device_limit", "host_limit", "spill_dir", "host_capacity",
+                "host_burst", "host_headroom"}
+# The other keywords of dmem.Runtime, passed through as they are to each
+# worker's runtime by DmemWorkerData, LocalCluster and the worker CLI: the
+# rows of the C library's table of options (DMEM_CONFIG_OPTIONS) that have a
+# Python keyword, so that a new option reaches Dask with no code here.
+RUNTIME_OPTIONS = tuple(o["keyword"] for o in dmem._dmem._config_options()
+                        if o["keyword"] and o["keyword"] not in _OWN_OPTIONS)
+
+
+def check_runtime_options(options, where):
+    """TypeError for a key of options that is not in RUNTIME_OPTIONS."""
+    for k in options:
+        if k not in RUNTIME_OPTIONS:
+            raise TypeError(f"{where} got an unexpected keyword argument {k!r}")
+
+
 # The pinned pool's headroom (dmem.Runtime's host_headroom) of dmem.dask
 # workers when neither host_headroom nor DMEM_HOST_HEADROOM gives one: none,
 # the pool grows only by what spills need (docs/dask.md, "Host memory").
@@ -165,11 +184,13 @@ DASK_HOST_HEADROOM = 0
 
 
 def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir,
-                 host_burst=None, host_headroom=None):
+                 host_burst=None, host_headroom=None, options=None):
     """(runtime, owned): the process's default runtime, configured with these
     limits when it does not exist yet; a private runtime when it already does
-    and limits were asked for. host_headroom None: DMEM_HOST_HEADROOM, else
-    DASK_HOST_HEADROOM (which alone does not make a private runtime)."""
+    and limits or options (RUNTIME_OPTIONS, None values left out) were asked
+    for. host_headroom None: DMEM_HOST_HEADROOM, else DASK_HOST_HEADROOM
+    (which alone does not make a private runtime)."""
+    options = {k: v for k, v in (options or {}).items() if v is not None}
     device_memory_limit = parse_size(device_memory_limit, "device_memory_limit")
     host_memory_limit = parse_size(host_memory_limit, "host_memory_limit")
     host_headroom = parse_size(host_headroom, "host_headroom")
@@ -195,13 +216,14 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["host_headroom"] = host_headroom
     if backend == "host" and isinstance(device_memory_limit, int):
         kw["host_capacity"] = device_memory_limit
+    kw.update(options)
     try:
         dmem.configure(**kw)
     except dmem.BusyError:
         # the default runtime exists already (another mapping of this
         # process, or an allocator hook used first)
         if device_memory_limit is not None or host_memory_limit is not None or \
-                host_burst is not None or headroom_given:
+                host_burst is not None or headroom_given or options:
             return dmem.Runtime(**kw), True
     return dmem.default_runtime(device), False
 
@@ -245,6 +267,10 @@ class DmemWorkerData(MutableMapping):
         the worker's memory manager asks (``evict``).
     worker_local_directory:
         Given by distributed's worker.
+    **runtime_options:
+        Any other keyword of dmem.Runtime (RUNTIME_OPTIONS: ``eviction_policy``,
+        ``host_reserve``, ``log_level``, ...), given to the worker's runtime
+        as it is; None: the ``DMEM_*`` environment / dmem's default.
 
     Pass it to a worker as ``data=(DmemWorkerData, {...})``, or use
     dmem.dask.LocalCluster / ``python -m dmem.dask.worker``.
@@ -252,8 +278,10 @@ class DmemWorkerData(MutableMapping):
 
     def __init__(self, device_memory_limit=None, host_memory_limit=None, spill_dir=None, *,
                  runtime=None, backend=None, device=None, host_target=None, host_burst=None,
-                 host_headroom=None, worker_local_directory=None):
+                 host_headroom=None, worker_local_directory=None, **runtime_options):
         from distributed.spill import SpillBuffer
+
+        check_runtime_options(runtime_options, "DmemWorkerData()")
 
         global _current
         local = worker_local_directory or spill_dir
@@ -271,7 +299,8 @@ class DmemWorkerData(MutableMapping):
         else:
             self.runtime, self._owned = _runtime_for(
                 backend, device, device_memory_limit, host_memory_limit,
-                spill_dir if spill_dir is not None else local, host_burst, host_headroom)
+                spill_dir if spill_dir is not None else local, host_burst, host_headroom,
+                runtime_options)
         if host_target is None:
             host_target = sys.maxsize
         elif not isinstance(host_target, int) or isinstance(host_target, bool) or host_target < 0:

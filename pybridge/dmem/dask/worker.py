@@ -52,7 +52,37 @@ def _parser():
                         "CUDA IPC (default: the DMEM_DASK_IPC environment variable, else IPC)")
     p.add_argument("--dashboard-address", default=None,
                    help="worker dashboard address (default: none)")
+    _add_runtime_options(p)
     return p
+
+
+def _log_level(text):
+    return int(text) if text.isdigit() else text
+
+
+def _add_runtime_options(p):
+    """--eviction-policy, --host-reserve, ...: one per keyword of dmem.Runtime
+    that dmem.dask passes through (RUNTIME_OPTIONS, from the C library's table
+    of options), given to each worker's runtime as it is."""
+    import dmem
+
+    from .data import RUNTIME_OPTIONS
+
+    rows = {o["keyword"]: o for o in dmem._dmem._config_options() if o["keyword"]}
+    for kw in RUNTIME_OPTIONS:
+        o = rows[kw]
+        extra = {}
+        if o["kind"] == "fraction":
+            extra["type"] = float
+        elif o["kind"] == "integer":
+            extra["type"] = int
+        elif o["kind"] == "log":
+            extra["type"] = _log_level
+        elif o["kind"] == "choice":
+            extra["choices"] = [c for c in o["choices"].split("|") if c]
+        p.add_argument("--" + kw.replace("_", "-"), dest="rt_" + kw, default=None,
+                       help=f"the workers' runtimes' {o['doc']} (dmem.Runtime's {kw}; "
+                            f"default: {o['env']} or dmem's default)", **extra)
 
 
 def _plan(args):
@@ -92,9 +122,10 @@ async def _run(args):
     backend, plan = _plan(args)
     host_limit, host_burst = derived_host_options(args.memory_limit, args.nthreads,
                                                   args.host_memory_limit, args.host_burst)
+    runtime_options = {k[3:]: v for k, v in vars(args).items() if k.startswith("rt_")}
     opts = worker_options(backend, args.device_memory_limit, host_limit,
                           args.spill_dir, ipc=args.ipc, host_burst=host_burst,
-                          host_headroom=args.host_headroom)
+                          host_headroom=args.host_headroom, **runtime_options)
     extra = {}
     if args.local_directory is not None:
         extra["local_directory"] = args.local_directory
