@@ -22,7 +22,7 @@ from collections.abc import MutableMapping
 
 import dmem
 
-from . import _arrays
+from .. import arrays as _arrays
 from .ipc import Transfer
 
 __all__ = ["DmemWorkerData", "DmemValue"]
@@ -97,7 +97,7 @@ class _Entry:
 
 def _free_entry(entry):
     for leaf in entry.leaves:
-        _arrays._free_quietly(leaf.buf)  # an exposed buffer goes when its arrays do
+        _arrays.discard(leaf)  # an exposed buffer goes when its arrays do
 
 
 def _release(lock, entry):
