@@ -6,7 +6,7 @@
  * below it (tests/layers/layers.txt is the table, the `layers` test checks
  * the built objects), and no two files call each other round:
  *
- *   API      runtime/ (top)       dmem_alloc/free/lock/unlock, entry points,
+ *   API      runtime/ (top)       dmem_buffer_alloc/free/lock/unlock, entry points,
  *                                 registry, streams, stats, explicit moves
  *   spill    spill/               tiers, spill and retrieve, victim policy,
  *                                 making room, pending stream releases
@@ -167,7 +167,7 @@ struct dmem_runtime {
   bool ahead_started;
   _Atomic int ahead_stop; /* written under ahead_mu; read by the thread */
   _Atomic int ahead_kick; /* set (exchange) by allocations past ahead_high */
-  /* Buffers allocated without a stream (dmem_alloc) get pool blocks in this
+  /* Buffers allocated without a stream (dmem_buffer_alloc) get pool blocks in this
    * stream's order; it carries nothing but the waits the pool enqueues. */
   void *order_stream;
 
@@ -270,7 +270,7 @@ struct dmem_runtime {
    * (relaxed: accounting). */
   _Atomic size_t host_pushing;
   /* Disk-tier moves (relaxed counters): buffers written (pushed down from
-   * the host tier, moved there by dmem_spill, or spilled straight to
+   * the host tier, moved there by dmem_buffer_spill, or spilled straight to
    * disk), of which push-downs; buffers read back for a retrieve; failed
    * writes. */
   _Atomic uint64_t disk_writes, disk_bytes_written, ns_disk_writing, disk_pushdowns;
@@ -449,7 +449,7 @@ static inline bool dmem__reserve(_Atomic size_t *used_p, size_t limit, size_t si
 /* ---- API layer internals -------------------------------------------------------- */
 
 /* The most handles one call takes (dmem_lock_and_launch, dmem_launch_async,
- * dmem_prefetch): an array of more could not be in memory, and the entry
+ * dmem_buffer_prefetch): an array of more could not be in memory, and the entry
  * points' lock sets (16 bytes a handle) would overflow. */
 #define DMEM__HANDLES_MAX (SIZE_MAX / 16)
 _Static_assert(sizeof(dmem__reg_entry_t) <= 16, "DMEM__HANDLES_MAX assumes 16-byte entries");

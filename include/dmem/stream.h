@@ -69,7 +69,7 @@ DMEM_API dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_
  *         DMEM_ERR_DEVICE_FATAL. dmem cannot check that the n bytes are
  *         memory the caller owns: copying past a buffer's end is undefined.
  */
-DMEM_API dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n,
+DMEM_API dmem_status_t dmem_stream_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n,
                                  dmem_stream_t s);
 
 #ifdef __cplusplus

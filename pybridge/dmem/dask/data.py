@@ -471,7 +471,7 @@ class DmemWorkerData(MutableMapping):
 
     def prefetch(self, keys):
         """Start bringing the spilled arrays of these keys back to the device
-        (dmem_prefetch: stream-ordered copies, nothing locked), so that the
+        (dmem_buffer_prefetch: stream-ordered copies, nothing locked), so that the
         tasks about to read them do not wait for the copies. Keys that are
         gone or hold host values are skipped. Returns the number of buffers
         asked for. Never raises: when the device has no room even after
