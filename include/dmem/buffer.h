@@ -66,7 +66,7 @@ typedef struct dmem_buffer_info {
  *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
  */
 DMEM_API dmem_status_t dmem_buffer_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
-                                  dmem_handle_t *h_out);
+                                         dmem_handle_t *h_out);
 
 /**
  * Free a buffer. The handle is stale at once for every call except
@@ -130,7 +130,7 @@ DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
  *                                    (see dmem/runtime.h).
  */
 DMEM_API dmem_status_t dmem_buffer_lock(dmem_runtime_t *rt, dmem_handle_t h,
-                                 dmem_stream_t stream, void **dev_ptr_out);
+                                        dmem_stream_t stream, void **dev_ptr_out);
 
 /**
  * Release one lock. At the last unlock the buffer becomes spillable again, and
@@ -243,7 +243,24 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
  *         DMEM_ERR_STALE_HANDLE.
  */
 DMEM_API dmem_status_t dmem_buffer_set_priority(dmem_runtime_t *rt, dmem_handle_t h,
-                                         int priority);
+                                                int priority);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_buffer_alloc)
+dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
+                         dmem_handle_t *h_out);
+DMEM_DEPRECATED_API(dmem_buffer_free)
+dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h);
+DMEM_DEPRECATED_API(dmem_buffer_lock)
+dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream,
+                        void **dev_ptr_out);
+DMEM_DEPRECATED_API(dmem_buffer_unlock)
+dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
+DMEM_DEPRECATED_API(dmem_buffer_set_priority)
+dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority);
 
 #ifdef __cplusplus
 }

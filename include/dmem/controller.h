@@ -148,6 +148,13 @@ typedef struct dmem_controller {
  */
 DMEM_API dmem_status_t dmem_controller_set(dmem_runtime_t *rt, const dmem_controller_t *c);
 
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_controller_set)
+dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c);
+
 #ifdef __cplusplus
 }
 #endif

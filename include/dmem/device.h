@@ -176,7 +176,7 @@ DMEM_API dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_
  *         DMEM_ERR_DEVICE            the driver refused.
  */
 DMEM_API dmem_status_t dmem_device_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
-                                       size_t *offset_out);
+                                              size_t *offset_out);
 
 /**
  * Give empty pool slabs and cached (freed) dedicated blocks back to the
@@ -257,6 +257,14 @@ DMEM_API dmem_status_t dmem_runtime_default_configure(const dmem_config_t *cfg);
  */
 DMEM_API void *dmem_torch_alloc(size_t size, int device, void *stream);
 DMEM_API void dmem_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_device_ipc_handle)
+dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
+                              size_t *offset_out);
 
 #ifdef __cplusplus
 }

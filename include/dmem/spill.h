@@ -71,7 +71,8 @@ DMEM_API dmem_status_t dmem_buffer_spill(dmem_runtime_t *rt, dmem_handle_t h, dm
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL; DMEM_ERR_FORKED (see
  *         dmem/runtime.h). On failure the bytes stay where they were.
  */
-DMEM_API dmem_status_t dmem_buffer_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
+DMEM_API dmem_status_t dmem_buffer_unspill(dmem_runtime_t *rt, dmem_handle_t h,
+                                           dmem_stream_t stream);
 
 /**
  * Start bringing buffers back to the device that the caller will lock soon,
@@ -113,8 +114,8 @@ DMEM_API dmem_status_t dmem_buffer_unspill(dmem_runtime_t *rt, dmem_handle_t h, 
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. A buffer that failed stays
  *         where it was, data intact.
  */
-DMEM_API dmem_status_t dmem_buffer_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
-                                     dmem_stream_t stream);
+DMEM_API dmem_status_t dmem_buffer_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs,
+                                            size_t n, dmem_stream_t stream);
 
 /**
  * Spill unlocked buffers by policy (or by the controller's victim selection)
@@ -135,6 +136,20 @@ DMEM_API dmem_status_t dmem_buffer_prefetch(dmem_runtime_t *rt, const dmem_handl
  *         DMEM_ERR_FORKED (see dmem/runtime.h).
  */
 DMEM_API dmem_status_t dmem_runtime_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_buffer_spill)
+dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier);
+DMEM_DEPRECATED_API(dmem_buffer_unspill)
+dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
+DMEM_DEPRECATED_API(dmem_buffer_prefetch)
+dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                            dmem_stream_t stream);
+DMEM_DEPRECATED_API(dmem_runtime_evict)
+dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
 
 #ifdef __cplusplus
 }
