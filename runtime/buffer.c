@@ -9,8 +9,10 @@
 #include "internal.h"
 #include <string.h>
 
-dmem_status_t dmem_buffer_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_handle_t *h_out) {
-  if (!rt || !h_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: NULL argument");
+dmem_status_t dmem_buffer_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
+                                dmem_handle_t *h_out) {
+  if (!rt || !h_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: NULL argument");
   if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: size 0");
   if (flags & ~(unsigned)DMEM_ALLOC_PINNED)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: unknown flags 0x%x", flags);
@@ -207,7 +209,8 @@ dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void
 
 dmem_status_t dmem_buffer_lock(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream,
                         void **dev_ptr_out) {
-  if (!rt || !dev_ptr_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_lock: NULL argument");
+  if (!rt || !dev_ptr_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_lock: NULL argument");
   return dmem__lock(rt, h, stream, dev_ptr_out, NULL);
 }
 

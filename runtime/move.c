@@ -1,7 +1,7 @@
 /*
  * runtime/move.c - the explicit moves: dmem_buffer_spill, dmem_buffer_unspill,
- * dmem_buffer_prefetch and dmem_runtime_evict. The engine behind them is the spill layer (spill/spill.c,
- * spill/retrieve.c, spill/policy.c).
+ * dmem_buffer_prefetch and dmem_runtime_evict. The engine behind them is the
+ * spill layer (spill/spill.c, spill/retrieve.c, spill/policy.c).
  */
 #include "internal.h"
 
