@@ -21,7 +21,7 @@
  *
  * Allocators (columns):
  *   dmem         dmem_device_malloc + dmem_device_free (raw pool memory)
- *   dmem buf     dmem_alloc + dmem_free (spillable buffers; 1 thread only)
+ *   dmem buf     dmem_buffer_alloc + dmem_buffer_free (spillable buffers; 1 thread only)
  *   cudaMalloc   cudaMalloc + cudaFree (no stream: left out of the
  *                default-stream tables)
  *   MallocAsync  cudaMallocAsync + cudaFreeAsync on the device's default
@@ -169,7 +169,7 @@ static void *dmem_buf_alloc(void *self, size_t n, dmem_stream_t s) {
   (void)self;
   (void)s;
   dmem_handle_t h = DMEM_HANDLE_NULL;
-  TRY(dmem_alloc(g_rt, n, DMEM_ALLOC_DEFAULT, &h));
+  TRY(dmem_buffer_alloc(g_rt, n, DMEM_ALLOC_DEFAULT, &h));
   return (void *)(uintptr_t)h;
 }
 
@@ -177,7 +177,7 @@ static void dmem_buf_free(void *self, void *p, size_t n, dmem_stream_t s) {
   (void)self;
   (void)n;
   (void)s;
-  TRY(dmem_free(g_rt, (dmem_handle_t)(uintptr_t)p));
+  TRY(dmem_buffer_free(g_rt, (dmem_handle_t)(uintptr_t)p));
 }
 
 #ifdef DMEM_HAVE_CUDA

@@ -3,14 +3,14 @@
  * sequential dd-like pwrite/pread of the same directory with the same
  * sizes, measured in the same run:
  *
- *   dmem write   dmem_spill(h, DMEM_TIER_DISK) of host-tier buffers, one
+ *   dmem write   dmem_buffer_spill(h, DMEM_TIER_DISK) of host-tier buffers, one
  *                after the other from one thread: the host -> disk move the
  *                push-down makes (extent reservation, chunked pwrite, the
  *                bookkeeping)
  *   raw write    one file in the same directory, the same mode (O_DIRECT
  *                when dmem's file got it, else buffered), one pwrite per
  *                buffer (pieces of at most 1 GiB) from an aligned buffer
- *   dmem read    dmem_unspill(h, stream) of the disk-tier buffers, then one
+ *   dmem read    dmem_buffer_unspill(h, stream) of the disk-tier buffers, then one
  *                dmem_stream_synchronize: disk -> pinned staging -> device,
  *                the host -> device copies ordered on the stream
  *   raw read     one pread per buffer into an aligned buffer
@@ -174,31 +174,31 @@ static dmem_result_t dmem_run(size_t size, size_t n, size_t total) {
   for (size_t i = 0; i < size; i++) pattern[i] = (char)(i * 131u);
   for (size_t i = 0; i < n; i++) {
     void *p;
-    TRY(dmem_alloc(rt, size, 0, &h[i]));
-    TRY(dmem_lock(rt, h[i], s, &p));
-    TRY(dmem_copy(rt, p, pattern, size, s));
+    TRY(dmem_buffer_alloc(rt, size, 0, &h[i]));
+    TRY(dmem_buffer_lock(rt, h[i], s, &p));
+    TRY(dmem_stream_copy(rt, p, pattern, size, s));
     TRY(dmem_stream_synchronize(rt, s));
-    TRY(dmem_unlock(rt, h[i]));
+    TRY(dmem_buffer_unlock(rt, h[i]));
   }
   /* into the host tier (not timed: this also grows the pinned pool that
    * the reads below take their staging from). Those device -> host copies
    * run asynchronously on the runtime's one spill stream; a last small
    * buffer spilled after them and moved to disk waits for its own copy,
    * and so for theirs: the timed writes start with the bytes on the host. */
-  for (size_t i = 0; i < n; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   dmem_handle_t last;
-  TRY(dmem_alloc(rt, 4096, 0, &last));
-  TRY(dmem_spill(rt, last, DMEM_TIER_HOST));
-  TRY(dmem_spill(rt, last, DMEM_TIER_DISK));
-  TRY(dmem_free(rt, last));
+  TRY(dmem_buffer_alloc(rt, 4096, 0, &last));
+  TRY(dmem_buffer_spill(rt, last, DMEM_TIER_HOST));
+  TRY(dmem_buffer_spill(rt, last, DMEM_TIER_DISK));
+  TRY(dmem_buffer_free(rt, last));
   dmem_result_t r;
   settle();
   uint64_t t0 = now_ns();
-  for (size_t i = 0; i < n; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
   uint64_t t1 = now_ns();
   settle();
   uint64_t t2 = now_ns();
-  for (size_t i = 0; i < n; i++) TRY(dmem_unspill(rt, h[i], s));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_unspill(rt, h[i], s));
   TRY(dmem_stream_synchronize(rt, s));
   uint64_t t3 = now_ns();
   r.write_s = (double)(t1 - t0) * 1e-9;
@@ -222,17 +222,17 @@ static dmem_result_t dmem_run(size_t size, size_t n, size_t total) {
   char *back = malloc(size);
   if (!back) die_errno("malloc");
   for (size_t i = 0; i < n; i += n > 4 ? n / 4 : 1) {
-    TRY(dmem_lock(rt, h[i], s, &p));
-    TRY(dmem_copy(rt, back, p, size, s));
+    TRY(dmem_buffer_lock(rt, h[i], s, &p));
+    TRY(dmem_stream_copy(rt, back, p, size, s));
     TRY(dmem_stream_synchronize(rt, s));
-    TRY(dmem_unlock(rt, h[i]));
+    TRY(dmem_buffer_unlock(rt, h[i]));
     if (memcmp(back, pattern, size) != 0) {
       fprintf(stderr, "bench_disk: buffer %zu of %zu bytes came back wrong\n", i, size);
       exit(1);
     }
   }
   free(back);
-  for (size_t i = 0; i < n; i++) TRY(dmem_free(rt, h[i]));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_free(rt, h[i]));
   TRY(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
   free(h);

@@ -91,8 +91,8 @@ static double m_lock_pair(ctx_t *c, long iters, size_t n) {
   void *p = NULL;
   uint64_t t0 = now_ns();
   for (long i = 0; i < iters; i++) {
-    dmem_status_t a = dmem_lock(c->rt, c->h[0], NULL, &p);
-    dmem_status_t b = dmem_unlock(c->rt, c->h[0]);
+    dmem_status_t a = dmem_buffer_lock(c->rt, c->h[0], NULL, &p);
+    dmem_status_t b = dmem_buffer_unlock(c->rt, c->h[0]);
     if (a != DMEM_OK || b != DMEM_OK) die("dmem_lock/dmem_unlock", a != DMEM_OK ? a : b);
   }
   return (double)(now_ns() - t0) / (double)iters;
@@ -221,8 +221,8 @@ static void *mt_main(void *p) {
     dmem_handle_t h = a->h;
     void *ptr = NULL;
     for (long i = 0; i < a->iters; i++) {
-      dmem_status_t x = dmem_lock(a->c->rt, h, NULL, &ptr);
-      dmem_status_t y = dmem_unlock(a->c->rt, h);
+      dmem_status_t x = dmem_buffer_lock(a->c->rt, h, NULL, &ptr);
+      dmem_status_t y = dmem_buffer_unlock(a->c->rt, h);
       if (x != DMEM_OK || y != DMEM_OK) die("dmem_lock/dmem_unlock (thread)", x ? x : y);
     }
   }
@@ -300,8 +300,8 @@ int main(int argc, char **argv) {
   }
   if (st != DMEM_OK) die("dmem_runtime_create", st);
   TRY(dmem_stream_create(c.rt, &c.stream));
-  for (int i = 0; i < 16; i++) TRY(dmem_alloc(c.rt, 4096, 0, &c.h[i]));
-  for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_alloc(c.rt, 4096, 0, &c.spaced[i]));
+  for (int i = 0; i < 16; i++) TRY(dmem_buffer_alloc(c.rt, 4096, 0, &c.h[i]));
+  for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_buffer_alloc(c.rt, 4096, 0, &c.spaced[i]));
 
 #ifdef __OPTIMIZE__
   const char *opt = "optimised";
@@ -359,8 +359,8 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  for (int i = 0; i < 16; i++) TRY(dmem_free(c.rt, c.h[i]));
-  for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_free(c.rt, c.spaced[i]));
+  for (int i = 0; i < 16; i++) TRY(dmem_buffer_free(c.rt, c.h[i]));
+  for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_buffer_free(c.rt, c.spaced[i]));
   TRY(dmem_stream_destroy(c.rt, c.stream));
   dmem_runtime_destroy(c.rt);
 

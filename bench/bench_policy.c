@@ -2,15 +2,15 @@
  * bench/bench_policy.c - bytes moved by each eviction policy, replayed from
  * access traces, against Belady's MIN computed offline on the same trace.
  *
- * Each trace is a sequence of allocations, accesses (dmem_lock then
- * dmem_unlock) and frees of equal-sized buffers, replayed on a fresh runtime
+ * Each trace is a sequence of allocations, accesses (dmem_buffer_lock then
+ * dmem_buffer_unlock) and frees of equal-sized buffers, replayed on a fresh runtime
  * (host backend) whose device limit holds `cap` of them, fewer than the
  * trace's working set:
  *
  *   scan     a loop over 1.5x (scan15) and 2x (scan20) the limit's buffers,
  *            several passes
  *   cupyloop examples/cupy_loop.py's order: a loop over 2x the limit's
- *            buffers, each use preceded by dmem_prefetch of the next 4. MIN
+ *            buffers, each use preceded by dmem_buffer_prefetch of the next 4. MIN
  *            is computed on the uses alone: it does not hold the 4
  *            prefetched buffers resident ahead of their use, which no policy
  *            that honours the prefetches can avoid (a quarter of the places
@@ -125,7 +125,7 @@ static trace_t scan_trace(const char *name, uint32_t nbuf, size_t cap, int passe
   return t;
 }
 
-/* examples/cupy_loop.py's order: before each use, dmem_prefetch of the
+/* examples/cupy_loop.py's order: before each use, dmem_buffer_prefetch of the
  * next `depth` buffers (consecutive EV_PREFETCH events are one call; the
  * models ignore them: a hint, not a use). */
 static trace_t prefetch_loop_trace(const char *name, uint32_t nbuf, size_t cap, int passes,
@@ -292,8 +292,8 @@ static double evict_cost(size_t n, size_t size, dmem_eviction_policy_t pol, int 
   size_t i = 0;
   for (; i < n; i++) {
     void *p;
-    if (dmem_alloc(rt, size, 0, &h[i]) != DMEM_OK || dmem_lock(rt, h[i], NULL, &p) != DMEM_OK ||
-        dmem_unlock(rt, h[i]) != DMEM_OK)
+    if (dmem_buffer_alloc(rt, size, 0, &h[i]) != DMEM_OK || dmem_buffer_lock(rt, h[i], NULL, &p) != DMEM_OK ||
+        dmem_buffer_unlock(rt, h[i]) != DMEM_OK)
       break;
   }
   if (i == n) {
@@ -301,7 +301,7 @@ static double evict_cost(size_t n, size_t size, dmem_eviction_policy_t pol, int 
     int k = 0;
     for (; k < warm + evictions; k++) {
       if (k == warm) t0 = now_s();
-      if (dmem_alloc(rt, size, 0, &h[n + (size_t)k]) != DMEM_OK) break;
+      if (dmem_buffer_alloc(rt, size, 0, &h[n + (size_t)k]) != DMEM_OK) break;
     }
     if (k == warm + evictions) t = (now_s() - t0) / evictions;
   }
@@ -358,12 +358,12 @@ static int replay(const trace_t *t, dmem_eviction_policy_t pol, uint64_t *moved_
   for (size_t i = 0; i < t->n && st == DMEM_OK; i++) {
     uint32_t id = t->ev[i].id;
     switch (t->ev[i].kind) {
-      case EV_ALLOC: st = dmem_alloc(rt, SIZE, 0, &h[id]); break;
-      case EV_FREE: st = dmem_free(rt, h[id]); break;
+      case EV_ALLOC: st = dmem_buffer_alloc(rt, SIZE, 0, &h[id]); break;
+      case EV_FREE: st = dmem_buffer_free(rt, h[id]); break;
       case EV_ACCESS: {
         void *p;
-        st = dmem_lock(rt, h[id], NULL, &p);
-        if (st == DMEM_OK) st = dmem_unlock(rt, h[id]);
+        st = dmem_buffer_lock(rt, h[id], NULL, &p);
+        if (st == DMEM_OK) st = dmem_buffer_unlock(rt, h[id]);
         break;
       }
       case EV_PREFETCH: { /* the run of prefetches: one call */
@@ -371,7 +371,7 @@ static int replay(const trace_t *t, dmem_eviction_policy_t pol, uint64_t *moved_
         size_t n = 0;
         for (; i < t->n && t->ev[i].kind == EV_PREFETCH && n < 64; i++) batch[n++] = h[t->ev[i].id];
         i--;
-        st = dmem_prefetch(rt, batch, n, NULL);
+        st = dmem_buffer_prefetch(rt, batch, n, NULL);
         if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_OK; /* a hint: the lock makes room */
         break;
       }

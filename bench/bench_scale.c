@@ -3,12 +3,12 @@
  * buffers (issue 25, item 1). At 10^3, 10^4, 10^5 and 10^6 live buffers of
  * 256 bytes each it measures:
  *
- *   alloc+free         one dmem_alloc + dmem_free pair (256 B), ns
- *   lock+unlock        dmem_lock + dmem_unlock of resident buffers, ns: 64
+ *   alloc+free         one dmem_buffer_alloc + dmem_buffer_free pair (256 B), ns
+ *   lock+unlock        dmem_buffer_lock + dmem_buffer_unlock of resident buffers, ns: 64
  *                      buffers spread evenly over the live ones, in turn (the
  *                      same 64 cache lines at every count: the row measures
  *                      dmem's work, not the memory hierarchy's)
- *   eviction           one dmem_alloc that must spill one victim to make room
+ *   eviction           one dmem_buffer_alloc that must spill one victim to make room
  *                      (a runtime whose limit the live buffers fill), us;
  *                      the victim is freed afterwards so the count stays
  *   dmem_stats         one call, us
@@ -107,8 +107,8 @@ static double m_alloc_free(dmem_runtime_t *rt, long iters) {
   uint64_t t0 = now_ns();
   for (long i = 0; i < iters; i++) {
     dmem_handle_t h;
-    TRY(dmem_alloc(rt, BUF, 0, &h));
-    TRY(dmem_free(rt, h));
+    TRY(dmem_buffer_alloc(rt, BUF, 0, &h));
+    TRY(dmem_buffer_free(rt, h));
   }
   return (double)(now_ns() - t0) / (double)iters;
 }
@@ -118,8 +118,8 @@ static double m_lock_unlock(dmem_runtime_t *rt, const dmem_handle_t *spread, lon
   uint64_t t0 = now_ns();
   for (long i = 0; i < iters; i++) {
     dmem_handle_t h = spread[i & (SPREAD - 1)];
-    dmem_status_t a = dmem_lock(rt, h, NULL, &p);
-    dmem_status_t b = dmem_unlock(rt, h);
+    dmem_status_t a = dmem_buffer_lock(rt, h, NULL, &p);
+    dmem_status_t b = dmem_buffer_unlock(rt, h);
     if (a != DMEM_OK || b != DMEM_OK) die("dmem_lock/dmem_unlock", a != DMEM_OK ? a : b);
   }
   return (double)(now_ns() - t0) / (double)iters;
@@ -168,7 +168,7 @@ static void measure_roomy(int ci) {
   dmem_handle_t *hs = malloc(n * sizeof *hs);
   dmem_handle_t *scratch = malloc(10000 * sizeof *scratch);
   if (!hs || !scratch) die("malloc", DMEM_ERR_HOST_OUT_OF_MEMORY);
-  for (size_t i = 0; i < n; i++) TRY(dmem_alloc(rt, BUF, 0, &hs[i]));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_alloc(rt, BUF, 0, &hs[i]));
   dmem_stats_t s;
   TRY(dmem_stats(rt, &s));
   size_t rss1 = rss_bytes();
@@ -205,7 +205,7 @@ static void measure_roomy(int ci) {
   g_cost[R_REL4][ci] = median(e, REL_REPS);
 
   TRY(dmem_stream_destroy(rt, st));
-  for (size_t i = 0; i < n; i++) TRY(dmem_free(rt, hs[i]));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_free(rt, hs[i]));
   dmem_runtime_destroy(rt);
   free(scratch);
   free(hs);
@@ -220,7 +220,7 @@ static void measure_evict(int ci) {
   dmem_runtime_t *rt = make_runtime(n * BUF);
   dmem_handle_t *hs = malloc(n * sizeof *hs);
   if (!hs) die("malloc", DMEM_ERR_HOST_OUT_OF_MEMORY);
-  for (size_t i = 0; i < n; i++) TRY(dmem_alloc(rt, BUF, 0, &hs[i]));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_alloc(rt, BUF, 0, &hs[i]));
   dmem_stats_t s0, s1;
   TRY(dmem_stats(rt, &s0));
   int max_iters = g_quick ? 50 : 200;
@@ -231,7 +231,7 @@ static void measure_evict(int ci) {
   while (k < max_iters && (k < 5 || spent < 1000000000u)) {
     dmem_handle_t h;
     uint64_t t0 = now_ns();
-    TRY(dmem_alloc(rt, BUF, 0, &h));
+    TRY(dmem_buffer_alloc(rt, BUF, 0, &h));
     uint64_t dt = now_ns() - t0;
     spent += dt;
     v[k++] = (double)dt * 1e-3;
@@ -243,7 +243,7 @@ static void measure_evict(int ci) {
       fprintf(stderr, "bench_scale: eviction at %zu buffers spilled another victim than the "
               "least recently used\n", n);
     }
-    TRY(dmem_free(rt, hs[next_victim]));
+    TRY(dmem_buffer_free(rt, hs[next_victim]));
     hs[next_victim++] = h;
   }
   TRY(dmem_stats(rt, &s1));
@@ -251,7 +251,7 @@ static void measure_evict(int ci) {
   if (spills != (size_t)k)
     printf("note: %zu buffers: %d allocations spilled %zu victims\n", n, k, spills);
   g_cost[R_EVICT][ci] = median(v, k);
-  for (size_t i = 0; i < n; i++) TRY(dmem_free(rt, hs[i]));
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_free(rt, hs[i]));
   dmem_runtime_destroy(rt);
   free(hs);
 }

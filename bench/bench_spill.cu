@@ -2,22 +2,22 @@
  * bench/bench_spill.cu - dmem on the CUDA backend against raw CUDA, each
  * baseline measured in the same run:
  *
- *   spill / unspill bandwidth   single buffers from 64 KiB to 1 GiB: dmem_spill
+ *   spill / unspill bandwidth   single buffers from 64 KiB to 1 GiB: dmem_buffer_spill
  *                               to the host tier of each (stream-ordered), one
- *                               device synchronise; dmem_unspill of each on one
+ *                               device synchronise; dmem_buffer_unspill of each on one
  *                               stream, one synchronise. A batch of 64 KiB
- *                               buffers: one dmem_evict, one dmem_prefetch. vs
+ *                               buffers: one dmem_runtime_evict, one dmem_buffer_prefetch. vs
  *                               cudaMemcpyAsync D->H / H->D between cudaMalloc
  *                               and cudaMallocHost memory of the same sizes
  *                               (all copies enqueued, one synchronise)
- *   spill + unspill at once     dmem_spill of resident buffers interleaved with
- *                               dmem_prefetch of spilled ones, vs raw D->H and
+ *   spill + unspill at once     dmem_buffer_spill of resident buffers interleaved with
+ *                               dmem_buffer_prefetch of spilled ones, vs raw D->H and
  *                               H->D on two streams at once; then a verdict
  *                               against the issue's targets (>= 0.95 from 8 MiB,
  *                               >= 0.80 at 1 MiB, >= 0.70 batched 64 KiB, >= 0.85
  *                               both directions; scripts/gpu_targets.py holds
  *                               the same table and judges the RESULT lines)
- *   allocation                  dmem_alloc + dmem_free vs cudaMalloc + cudaFree
+ *   allocation                  dmem_buffer_alloc + dmem_buffer_free vs cudaMalloc + cudaFree
  *                               vs cudaMallocAsync + cudaFreeAsync (default
  *                               pool, release threshold UINT64_MAX), ns per pair
  *   lock + unlock               of a resident buffer vs two CAS on one word
@@ -156,7 +156,7 @@ static std::vector<dmem_handle_t> make_buffers(dmem_runtime_t *rt, dmem_stream_t
                                                size_t count) {
   std::vector<dmem_handle_t> h(count);
   for (size_t i = 0; i < count; i++) {
-    TRY(dmem_alloc(rt, size, 0, &h[i]));
+    TRY(dmem_buffer_alloc(rt, size, 0, &h[i]));
     TRY(dmem_launch_async(rt, s, &h[i], 1, touch_launch, &size));
   }
   TRY(dmem_sync_and_unlock(rt, s));
@@ -204,8 +204,8 @@ static void print_row(const bw_row &r) {
   fflush(stdout);
 }
 
-/* Single buffers: dmem_spill of each (stream-ordered: returns once the copy
- * is enqueued), then one device synchronise; dmem_unspill of each on one
+/* Single buffers: dmem_buffer_spill of each (stream-ordered: returns once the copy
+ * is enqueued), then one device synchronise; dmem_buffer_unspill of each on one
  * stream, then one synchronise. */
 static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
   const double total = (double)size * (double)count;
@@ -213,10 +213,10 @@ static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t 
   std::vector<double> sp, un;
   for (int r = -1; r < g_reps; r++) { /* r == -1: warm-up (grows the pinned pool) */
     double t0 = now_s();
-    for (size_t i = 0; i < count; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+    for (size_t i = 0; i < count; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
     CU(cudaDeviceSynchronize()); /* dmem's copy streams are on this device */
     double t1 = now_s();
-    for (size_t i = 0; i < count; i++) TRY(dmem_unspill(rt, h[i], s));
+    for (size_t i = 0; i < count; i++) TRY(dmem_buffer_unspill(rt, h[i], s));
     TRY(dmem_stream_synchronize(rt, s));
     double t2 = now_s();
     TRY(dmem_runtime_poll(rt));
@@ -225,7 +225,7 @@ static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t 
       un.push_back(total / (t2 - t1) * 1e-9);
     }
   }
-  for (size_t i = 0; i < count; i++) TRY(dmem_free(rt, h[i]));
+  for (size_t i = 0; i < count; i++) TRY(dmem_buffer_free(rt, h[i]));
   bw_row row{};
   char sz[16];
   fmt_size(sz, sizeof sz, size);
@@ -239,8 +239,8 @@ static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t 
   print_row(row);
 }
 
-/* A batch of small buffers: one dmem_evict spills them all (one eviction
- * pass), one dmem_prefetch brings them all back (one event for the
+/* A batch of small buffers: one dmem_runtime_evict spills them all (one eviction
+ * pass), one dmem_buffer_prefetch brings them all back (one event for the
  * caller's stream). */
 static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t count) {
   const double total = (double)size * (double)count;
@@ -249,10 +249,10 @@ static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t c
   for (int r = -1; r < g_reps; r++) {
     size_t freed = 0;
     double t0 = now_s();
-    TRY(dmem_evict(rt, (size_t)total, &freed));
+    TRY(dmem_runtime_evict(rt, (size_t)total, &freed));
     CU(cudaDeviceSynchronize());
     double t1 = now_s();
-    TRY(dmem_prefetch(rt, h.data(), count, s));
+    TRY(dmem_buffer_prefetch(rt, h.data(), count, s));
     TRY(dmem_stream_synchronize(rt, s));
     double t2 = now_s();
     TRY(dmem_runtime_poll(rt));
@@ -266,7 +266,7 @@ static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t c
       un.push_back(total / (t2 - t1) * 1e-9);
     }
   }
-  for (size_t i = 0; i < count; i++) TRY(dmem_free(rt, h[i]));
+  for (size_t i = 0; i < count; i++) TRY(dmem_buffer_free(rt, h[i]));
   bw_row row{};
   char sz[16];
   fmt_size(sz, sizeof sz, size);
@@ -280,7 +280,7 @@ static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t c
   print_row(row);
 }
 
-/* Spill and unspill at once: `count` resident buffers spilled (dmem_spill
+/* Spill and unspill at once: `count` resident buffers spilled (dmem_buffer_spill
  * each) while `count` spilled ones are prefetched on s, issued
  * interleaved from one thread; against raw D->H and H->D copies on two
  * streams at once. GB/s of both directions together. */
@@ -289,15 +289,15 @@ static void both_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t co
   std::vector<dmem_handle_t> a = make_buffers(rt, s, size, count);
   std::vector<dmem_handle_t> b = make_buffers(rt, s, size, count);
   /* before each repetition: a resident, b spilled (copies complete) */
-  for (size_t i = 0; i < count; i++) TRY(dmem_spill(rt, b[i], DMEM_TIER_HOST));
+  for (size_t i = 0; i < count; i++) TRY(dmem_buffer_spill(rt, b[i], DMEM_TIER_HOST));
   CU(cudaDeviceSynchronize());
   TRY(dmem_runtime_poll(rt));
   std::vector<double> both;
   for (int r = -1; r < g_reps; r++) {
     double t0 = now_s();
     for (size_t i = 0; i < count; i++) {
-      TRY(dmem_spill(rt, a[i], DMEM_TIER_HOST));
-      TRY(dmem_prefetch(rt, &b[i], 1, s));
+      TRY(dmem_buffer_spill(rt, a[i], DMEM_TIER_HOST));
+      TRY(dmem_buffer_prefetch(rt, &b[i], 1, s));
     }
     CU(cudaDeviceSynchronize());
     double t1 = now_s();
@@ -306,8 +306,8 @@ static void both_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t co
     std::swap(a, b); /* now a is resident again and b spilled */
   }
   for (size_t i = 0; i < count; i++) {
-    TRY(dmem_free(rt, a[i]));
-    TRY(dmem_free(rt, b[i]));
+    TRY(dmem_buffer_free(rt, a[i]));
+    TRY(dmem_buffer_free(rt, b[i]));
   }
   /* raw: D->H on one stream, H->D on another, issued interleaved */
   cudaStream_t s1, s2;
@@ -383,8 +383,8 @@ static double ns_dmem_alloc(dmem_runtime_t *rt, size_t size, long iters) {
   double t0 = now_s();
   for (long i = 0; i < iters; i++) {
     dmem_handle_t h;
-    TRY(dmem_alloc(rt, size, 0, &h));
-    TRY(dmem_free(rt, h));
+    TRY(dmem_buffer_alloc(rt, size, 0, &h));
+    TRY(dmem_buffer_free(rt, h));
   }
   return (now_s() - t0) / (double)iters * 1e9;
 }
@@ -617,7 +617,7 @@ int main(int argc, char **argv) {
          "release threshold UINT64_MAX, one synchronise at the end\n");
 
   dmem_handle_t h;
-  TRY(dmem_alloc(rt, 4096, 0, &h));
+  TRY(dmem_buffer_alloc(rt, 4096, 0, &h));
   {
     long iters = g_quick ? 200000 : 2000000;
     std::vector<double> d, b;
@@ -626,8 +626,8 @@ int main(int argc, char **argv) {
       void *p;
       double t0 = now_s();
       for (long i = 0; i < iters; i++) {
-        TRY(dmem_lock(rt, h, s, &p));
-        TRY(dmem_unlock(rt, h));
+        TRY(dmem_buffer_lock(rt, h, s, &p));
+        TRY(dmem_buffer_unlock(rt, h));
       }
       double t1 = now_s();
       for (long i = 0; i < iters; i++) {
@@ -668,7 +668,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_spill: buffer left locked (%u)\n", info.lock_count);
     return 1;
   }
-  TRY(dmem_free(rt, h));
+  TRY(dmem_buffer_free(rt, h));
   TRY(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
   printf("\nbench_spill: done in %.1f s\n", now_s() - t_start);

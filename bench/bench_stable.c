@@ -10,8 +10,8 @@
  *                  ordinary unspill and spill take: dmem__device_alloc on the
  *                  unspill stream, dmem__device_release)
  *   spill, unspill bandwidth   K buffers of S bytes to the host tier and
- *                  back (dmem_spill of each, the spill stream drained;
- *                  dmem_unspill of each, the default stream synchronised),
+ *                  back (dmem_buffer_spill of each, the spill stream drained;
+ *                  dmem_buffer_unspill of each, the default stream synchronised),
  *                  GB/s, stable buffers against ordinary ones
  *   graph loop     N buffers at 2x the device limit; step k runs
  *                  y_k += a * x_k over the pair (buffer k, buffer k+1),
@@ -23,7 +23,7 @@
  *                  ordinary buffers calls the operation directly. The
  *                  operation is cublasSaxpy where cuBLAS is built in, else
  *                  a device-to-device cudaMemcpyAsync; on the host backend
- *                  a dmem_copy (the "graph" replays its captured pointers).
+ *                  a dmem_stream_copy (the "graph" replays its captured pointers).
  *                  Also with a limit that holds every buffer (no spills:
  *                  the launch cost alone). us per step, ratio graph /
  *                  direct.
@@ -144,10 +144,10 @@ static void bench_map(void) {
 static void spill_round(dmem_runtime_t *rt, const dmem_handle_t *h, int k, double *spill_s,
                         double *unspill_s) {
   uint64_t t0 = now_ns();
-  for (int i = 0; i < k; i++) TRY(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  for (int i = 0; i < k; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   TRY(rt->be->stream_synchronize(rt->be, rt->spill_stream)); /* the copies are done */
   uint64_t t1 = now_ns();
-  for (int i = 0; i < k; i++) TRY(dmem_unspill(rt, h[i], NULL));
+  for (int i = 0; i < k; i++) TRY(dmem_buffer_unspill(rt, h[i], NULL));
   TRY(dmem_stream_synchronize(rt, NULL)); /* ordered after every unspill copy */
   uint64_t t2 = now_ns();
   *spill_s = (double)(t1 - t0) / 1e9;
@@ -163,7 +163,7 @@ static void bench_bandwidth(void) {
     dmem_runtime_t *rt = make_runtime((size_t)(k + 2) * size);
     dmem_handle_t h[16];
     for (int i = 0; i < k; i++)
-      TRY(dmem_alloc(rt, size, stable ? DMEM_BUFFER_STABLE_ADDRESS : 0, &h[i]));
+      TRY(dmem_buffer_alloc(rt, size, stable ? DMEM_BUFFER_STABLE_ADDRESS : 0, &h[i]));
     double s0, u0;
     spill_round(rt, h, k, &s0, &u0); /* warm: pinned pool, device pool */
     for (int r = 0; r < reps; r++) {
@@ -172,7 +172,7 @@ static void bench_bandwidth(void) {
       sp[stable][r] = gb / s;
       un[stable][r] = gb / u;
     }
-    for (int i = 0; i < k; i++) TRY(dmem_free(rt, h[i]));
+    for (int i = 0; i < k; i++) TRY(dmem_buffer_free(rt, h[i]));
     dmem_runtime_destroy(rt);
   }
   double so = median(sp[0], reps), ss = median(sp[1], reps);
@@ -207,7 +207,7 @@ typedef struct gloop {
   long moved;
 } gloop_t;
 
-static const char *g_op_name = "dmem_copy (host backend)";
+static const char *g_op_name = "dmem_stream_copy (host backend)";
 
 /* The step's operation on (x, y), on stream s: y += a*x (cuBLAS), or y = x. */
 static dmem_status_t op(gloop_t *g, void *x, void *y, dmem_stream_t s) {
@@ -228,7 +228,7 @@ static dmem_status_t op(gloop_t *g, void *x, void *y, dmem_stream_t s) {
 #endif
   }
 #endif
-  return dmem_copy(g->rt, y, x, g->bytes, s);
+  return dmem_stream_copy(g->rt, y, x, g->bytes, s);
 }
 
 static dmem_status_t direct_fn(void *user, dmem_stream_t s, void *const *p, size_t n) {
@@ -288,17 +288,17 @@ static double graph_loop(bool stable, size_t bytes, int n, size_t limit, int rou
 #endif
   dmem_handle_t h[GN_MAX];
   for (int i = 0; i < n; i++)
-    TRY(dmem_alloc(g.rt, bytes, stable ? DMEM_BUFFER_STABLE_ADDRESS : 0, &h[i]));
+    TRY(dmem_buffer_alloc(g.rt, bytes, stable ? DMEM_BUFFER_STABLE_ADDRESS : 0, &h[i]));
   dmem_stream_t s;
   TRY(dmem_stream_create(g.rt, &s));
   for (int i = 0; i < n; i++) { /* zeros: saxpy stays finite */
     void *p;
-    TRY(dmem_lock(g.rt, h[i], s, &p));
+    TRY(dmem_buffer_lock(g.rt, h[i], s, &p));
     void *zero = calloc(1, bytes);
-    TRY(dmem_copy(g.rt, p, zero, bytes, s));
+    TRY(dmem_stream_copy(g.rt, p, zero, bytes, s));
     TRY(dmem_stream_synchronize(g.rt, s));
     free(zero);
-    TRY(dmem_unlock(g.rt, h[i]));
+    TRY(dmem_buffer_unlock(g.rt, h[i]));
   }
   if (stable) /* capture once, every step's graph */
     for (g.step = 0; g.step < n; g.step++) {
@@ -332,7 +332,7 @@ static double graph_loop(bool stable, size_t bytes, int n, size_t limit, int rou
 #endif
 #endif
   TRY(dmem_stream_destroy(g.rt, s));
-  for (int i = 0; i < n; i++) TRY(dmem_free(g.rt, h[i]));
+  for (int i = 0; i < n; i++) TRY(dmem_buffer_free(g.rt, h[i]));
   dmem_runtime_destroy(g.rt);
   return us;
 }

@@ -22,7 +22,7 @@
  * Each run first computes C[0][0] once on every stream, untimed, so that
  * cuBLAS's lazily loaded kernels are not charged to the first timed run.
  * Before each product is launched, the tiles of the next one are handed to
- * dmem_prefetch on the stream that will run it (--no-prefetch: not), so
+ * dmem_buffer_prefetch on the stream that will run it (--no-prefetch: not), so
  * that their host->device copies overlap the current product.
  * --compare runs the same products three times in one process: first
  * cuBLAS alone on plain cudaMalloc memory (every tile allocated, no dmem:
@@ -289,14 +289,14 @@ typedef struct dmem_check_ctx {
 static const float *dmem_tile_get(void *ctx, size_t k) {
   dmem_check_ctx_t *c = (dmem_check_ctx_t *)ctx;
   void *dev;
-  TRY(dmem_lock(c->rt, c->C[k], c->stream, &dev));
+  TRY(dmem_buffer_lock(c->rt, c->C[k], c->stream, &dev));
   TRY(dmem_stream_synchronize(c->rt, c->stream));
   return (const float *)dev;
 }
 
 static void dmem_tile_put(void *ctx, size_t k) {
   dmem_check_ctx_t *c = (dmem_check_ctx_t *)ctx;
-  TRY(dmem_unlock(c->rt, c->C[k]));
+  TRY(dmem_buffer_unlock(c->rt, c->C[k]));
 }
 
 static void cuda_check(const char *what, cudaError_t e) {
@@ -537,13 +537,13 @@ static double run(const opts_t *o, size_t limit, size_t host_reserve, int *ok_ou
   double t0 = now_s();
   for (int t = 0; t < 2 * T; t++) {
     dmem_handle_t *h = t < T ? &A[t] : &B[t - T];
-    TRY(dmem_alloc(rt, tile_bytes, 0, h));
+    TRY(dmem_buffer_alloc(rt, tile_bytes, 0, h));
     make_tile(host, t < T ? 1u : 2u, t % T, n);
     void *dev;
-    TRY(dmem_lock(rt, *h, streams[0], &dev));
-    TRY(dmem_copy(rt, dev, host, tile_bytes, streams[0]));
+    TRY(dmem_buffer_lock(rt, *h, streams[0], &dev));
+    TRY(dmem_stream_copy(rt, dev, host, tile_bytes, streams[0]));
     TRY(dmem_stream_synchronize(rt, streams[0]));
-    TRY(dmem_unlock(rt, *h));
+    TRY(dmem_buffer_unlock(rt, *h));
   }
   double t_fill = now_s() - t0;
 
@@ -551,7 +551,7 @@ static double run(const opts_t *o, size_t limit, size_t host_reserve, int *ok_ou
    * loading cuBLAS's kernels (lazily, at their first launch) and its
    * workspace are not charged to whichever run comes first. C[0][0] is
    * computed again, to the same values, in the timed loop. */
-  TRY(dmem_alloc(rt, tile_bytes, 0, &C[0]));
+  TRY(dmem_buffer_alloc(rt, tile_bytes, 0, &C[0]));
   for (long s = 0; s < nstreams; s++) {
     dmem_handle_t hs[3] = {A[0], B[0], C[0]};
     TRY(dmem_launch_async(rt, streams[s], hs, 3, gemm_launch, &gemms[s]));
@@ -565,16 +565,16 @@ static double run(const opts_t *o, size_t limit, size_t host_reserve, int *ok_ou
     for (int j = 0; j < T; j++) {
       size_t k = (size_t)i * (size_t)T + (size_t)j;
       long s = (long)(k % (size_t)nstreams);
-      if (k > 0) TRY(dmem_alloc(rt, tile_bytes, 0, &C[k]));
+      if (k > 0) TRY(dmem_buffer_alloc(rt, tile_bytes, 0, &C[k]));
       dmem_handle_t hs[3] = {A[i], B[j], C[k]};
       TRY(dmem_launch_async(rt, streams[s], hs, 3, gemm_launch, &gemms[s]));
       TRY(dmem_stream_release(rt, streams[s]));
       if (o->prefetch && k + 1 < (size_t)T * (size_t)T) {
         int i2 = (int)((k + 1) / (size_t)T), j2 = (int)((k + 1) % (size_t)T);
         dmem_handle_t next[2] = {A[i2], B[j2]};
-        dmem_status_t ps = dmem_prefetch(rt, next, 2, streams[(k + 1) % (size_t)nstreams]);
+        dmem_status_t ps = dmem_buffer_prefetch(rt, next, 2, streams[(k + 1) % (size_t)nstreams]);
         /* a hint: no room now is not an error (the lock will make room) */
-        if (ps != DMEM_OK && ps != DMEM_ERR_OUT_OF_MEMORY) die("dmem_prefetch", ps);
+        if (ps != DMEM_OK && ps != DMEM_ERR_OUT_OF_MEMORY) die("dmem_buffer_prefetch", ps);
       }
     }
   }
@@ -600,10 +600,10 @@ static double run(const opts_t *o, size_t limit, size_t host_reserve, int *ok_ou
     fprintf(stderr, "cublas_gemm: the tiles exceed the limit but nothing was spilled\n");
     ok = 0;
   }
-  for (size_t k = 0; k < (size_t)T * (size_t)T; k++) TRY(dmem_free(rt, C[k]));
+  for (size_t k = 0; k < (size_t)T * (size_t)T; k++) TRY(dmem_buffer_free(rt, C[k]));
   for (int t = 0; t < T; t++) {
-    TRY(dmem_free(rt, A[t]));
-    TRY(dmem_free(rt, B[t]));
+    TRY(dmem_buffer_free(rt, A[t]));
+    TRY(dmem_buffer_free(rt, B[t]));
   }
   for (long q = 0; q < nstreams; q++) {
     cublasDestroy(gemms[q].handle);

@@ -17,7 +17,7 @@
  *     (dmem_stream_enqueue_host) transforms the simulated device memory in
  *     place;
  *   - CUDA: a host function cannot touch device memory, so the launch
- *     function copies the buffer to host scratch (dmem_copy), enqueues the
+ *     function copies the buffer to host scratch (dmem_stream_copy), enqueues the
  *     transform on the same stream, and copies the result back. The scratch is
  *     pageable memory (dmem offers no pinned host allocation, and the demo
  *     stays pure C), and cudaMemcpyAsync from pageable memory reads its
@@ -119,11 +119,11 @@ static dmem_status_t launch_fn(void *user, dmem_stream_t s, void *const *dev_ptr
       continue;
     }
     j->words = d->scratch[a->stream_index];
-    dmem_status_t st = dmem_copy(d->rt, j->words, dev_ptrs[k], d->buf_size, s);
+    dmem_status_t st = dmem_stream_copy(d->rt, j->words, dev_ptrs[k], d->buf_size, s);
     if (st == DMEM_OK) st = dmem_stream_enqueue_host(d->rt, s, transform_host_fn, j);
     /* the copy back reads pageable scratch: wait for the transform first */
     if (st == DMEM_OK) st = dmem_stream_synchronize(d->rt, s);
-    if (st == DMEM_OK) st = dmem_copy(d->rt, dev_ptrs[k], j->words, d->buf_size, s);
+    if (st == DMEM_OK) st = dmem_stream_copy(d->rt, dev_ptrs[k], j->words, d->buf_size, s);
     if (st != DMEM_OK) return st;
   }
   return DMEM_OK;
@@ -162,10 +162,10 @@ static int parse_size_arg(const char *s, size_t *out) {
 /* Copy buffer b's bytes to host memory `dst` through lock / copy / unlock. */
 static int read_buffer(demo_t *d, size_t b, void *dst) {
   void *p = NULL;
-  TRY(dmem_lock(d->rt, d->h[b], d->s[0], &p));
-  TRY(dmem_copy(d->rt, dst, p, d->buf_size, d->s[0]));
+  TRY(dmem_buffer_lock(d->rt, d->h[b], d->s[0], &p));
+  TRY(dmem_stream_copy(d->rt, dst, p, d->buf_size, d->s[0]));
   TRY(dmem_stream_synchronize(d->rt, d->s[0]));
-  TRY(dmem_unlock(d->rt, d->h[b]));
+  TRY(dmem_buffer_unlock(d->rt, d->h[b]));
   return 0;
 }
 
@@ -173,14 +173,14 @@ static int read_buffer(demo_t *d, size_t b, void *dst) {
 
 static int fill_all(demo_t *d) {
   for (size_t b = 0; b < d->nbuf; b++) {
-    TRY(dmem_alloc(d->rt, d->buf_size, DMEM_ALLOC_DEFAULT, &d->h[b]));
+    TRY(dmem_buffer_alloc(d->rt, d->buf_size, DMEM_ALLOC_DEFAULT, &d->h[b]));
     uint64_t *stage = d->scratch[0];
     for (size_t i = 0; i < d->nwords; i++) stage[i] = initial_word(b, i);
     void *p = NULL;
-    TRY(dmem_lock(d->rt, d->h[b], d->s[0], &p));
-    TRY(dmem_copy(d->rt, p, stage, d->buf_size, d->s[0]));
+    TRY(dmem_buffer_lock(d->rt, d->h[b], d->s[0], &p));
+    TRY(dmem_stream_copy(d->rt, p, stage, d->buf_size, d->s[0]));
     TRY(dmem_stream_synchronize(d->rt, d->s[0]));
-    TRY(dmem_unlock(d->rt, d->h[b]));
+    TRY(dmem_buffer_unlock(d->rt, d->h[b]));
   }
   return 0;
 }
@@ -386,9 +386,9 @@ int main(int argc, char **argv) {
   }
   for (size_t b = 0; b < d.nbuf; b++) {
     if (d.h[b] == DMEM_HANDLE_NULL) continue;
-    st = dmem_free(d.rt, d.h[b]);
+    st = dmem_buffer_free(d.rt, d.h[b]);
     if (st != DMEM_OK) {
-      report("dmem_free", st, __LINE__);
+      report("dmem_buffer_free", st, __LINE__);
       rc = 1;
     }
   }

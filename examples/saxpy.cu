@@ -56,22 +56,22 @@ static dmem_status_t saxpy(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t x,
 static dmem_status_t put(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, const void *src,
                          size_t n) {
   void *dev;
-  dmem_status_t st = dmem_lock(rt, h, s, &dev);
+  dmem_status_t st = dmem_buffer_lock(rt, h, s, &dev);
   if (st != DMEM_OK) return st;
-  st = dmem_copy(rt, dev, src, n, s);
+  st = dmem_stream_copy(rt, dev, src, n, s);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, s);
-  dmem_status_t st2 = dmem_unlock(rt, h);
+  dmem_status_t st2 = dmem_buffer_unlock(rt, h);
   return st != DMEM_OK ? st : st2;
 }
 
 static dmem_status_t get(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, void *dst,
                          size_t n) {
   void *dev;
-  dmem_status_t st = dmem_lock(rt, h, s, &dev);
+  dmem_status_t st = dmem_buffer_lock(rt, h, s, &dev);
   if (st != DMEM_OK) return st;
-  st = dmem_copy(rt, dst, dev, n, s);
+  st = dmem_stream_copy(rt, dst, dev, n, s);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, s);
-  dmem_status_t st2 = dmem_unlock(rt, h);
+  dmem_status_t st2 = dmem_buffer_unlock(rt, h);
   return st != DMEM_OK ? st : st2;
 }
 
@@ -101,9 +101,9 @@ int main(int argc, char **argv) {
   TRY(dmem_stream_create(rt, &s));
 
   dmem_handle_t x, y, z;
-  TRY(dmem_alloc(rt, bytes, DMEM_ALLOC_DEFAULT, &x));
-  TRY(dmem_alloc(rt, bytes, DMEM_ALLOC_DEFAULT, &y));
-  TRY(dmem_alloc(rt, bytes, DMEM_ALLOC_DEFAULT, &z));
+  TRY(dmem_buffer_alloc(rt, bytes, DMEM_ALLOC_DEFAULT, &x));
+  TRY(dmem_buffer_alloc(rt, bytes, DMEM_ALLOC_DEFAULT, &y));
+  TRY(dmem_buffer_alloc(rt, bytes, DMEM_ALLOC_DEFAULT, &z));
   for (size_t i = 0; i < n; i++) host[i] = 1.0f;
   TRY(put(rt, s, x, host, bytes));
   for (size_t i = 0; i < n; i++) host[i] = 2.0f;
@@ -122,9 +122,9 @@ int main(int argc, char **argv) {
   float y0 = host[0];
   dmem_stats_t stats;
   TRY(dmem_stats(rt, &stats));
-  TRY(dmem_free(rt, x));
-  TRY(dmem_free(rt, y));
-  TRY(dmem_free(rt, z));
+  TRY(dmem_buffer_free(rt, x));
+  TRY(dmem_buffer_free(rt, y));
+  TRY(dmem_buffer_free(rt, z));
   TRY(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
   free(host);

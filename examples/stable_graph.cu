@@ -100,8 +100,8 @@ int main(int argc, char **argv) {
   if (st != DMEM_OK) DIE("dmem_runtime_create", st);
   dmem_handle_t h[3];
   for (int i = 0; i < 3; i++)
-    if ((st = dmem_alloc(rt, bytes, DMEM_BUFFER_STABLE_ADDRESS, &h[i])) != DMEM_OK)
-      DIE("dmem_alloc", st);
+    if ((st = dmem_buffer_alloc(rt, bytes, DMEM_BUFFER_STABLE_ADDRESS, &h[i])) != DMEM_OK)
+      DIE("dmem_buffer_alloc", st);
   std::vector<float> x(n), y(n), z(n);
   for (size_t i = 0; i < n; i++) {
     x[i] = (float)(i % 1000);
@@ -110,10 +110,10 @@ int main(int argc, char **argv) {
   const float *src[2] = {x.data(), y.data()};
   for (int i = 0; i < 2; i++) { /* x and y in, through a lock */
     void *p;
-    if ((st = dmem_lock(rt, h[i], NULL, &p)) != DMEM_OK) DIE("dmem_lock", st);
-    if ((st = dmem_copy(rt, p, src[i], bytes, NULL)) != DMEM_OK) DIE("dmem_copy", st);
+    if ((st = dmem_buffer_lock(rt, h[i], NULL, &p)) != DMEM_OK) DIE("dmem_buffer_lock", st);
+    if ((st = dmem_stream_copy(rt, p, src[i], bytes, NULL)) != DMEM_OK) DIE("dmem_stream_copy", st);
     if ((st = dmem_stream_synchronize(rt, NULL)) != DMEM_OK) DIE("synchronize", st);
-    dmem_unlock(rt, h[i]);
+    dmem_buffer_unlock(rt, h[i]);
   }
   dmem_stream_t s;
   if ((st = dmem_stream_create(rt, &s)) != DMEM_OK) DIE("dmem_stream_create", st);
@@ -122,14 +122,14 @@ int main(int argc, char **argv) {
   size_t wrong = 0;
   for (int r = 0; r < rounds; r++) {
     for (int i = 0; i < 3; i++)
-      if ((st = dmem_spill(rt, h[i], DMEM_TIER_HOST)) != DMEM_OK) DIE("dmem_spill", st);
+      if ((st = dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST)) != DMEM_OK) DIE("dmem_buffer_spill", st);
     if ((st = graph_replay(rt, s, h, &g)) != DMEM_OK) DIE("replay", st);
     if ((st = dmem_sync_and_unlock(rt, s)) != DMEM_OK) DIE("dmem_sync_and_unlock", st);
     void *p; /* z out */
-    if ((st = dmem_lock(rt, h[2], NULL, &p)) != DMEM_OK) DIE("dmem_lock", st);
-    if ((st = dmem_copy(rt, z.data(), p, bytes, NULL)) != DMEM_OK) DIE("dmem_copy", st);
+    if ((st = dmem_buffer_lock(rt, h[2], NULL, &p)) != DMEM_OK) DIE("dmem_buffer_lock", st);
+    if ((st = dmem_stream_copy(rt, z.data(), p, bytes, NULL)) != DMEM_OK) DIE("dmem_stream_copy", st);
     if ((st = dmem_stream_synchronize(rt, NULL)) != DMEM_OK) DIE("synchronize", st);
-    dmem_unlock(rt, h[2]);
+    dmem_buffer_unlock(rt, h[2]);
     for (size_t i = 0; i < n; i++) wrong += z[i] != (float)(i % 1000) + (float)r + 0.5f;
   }
   dmem_stats_t stats;
@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
          rounds, (unsigned long long)stats.spill_count, wrong);
   cudaGraphExecDestroy(g.exec);
   dmem_stream_destroy(rt, s);
-  for (int i = 0; i < 3; i++) dmem_free(rt, h[i]);
+  for (int i = 0; i < 3; i++) dmem_buffer_free(rt, h[i]);
   dmem_runtime_destroy(rt);
   return wrong == 0 ? 0 : 1;
 }

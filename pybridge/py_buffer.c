@@ -35,7 +35,7 @@ static void pyd_buffer_dealloc(pyd_buffer_t *self) {
      * A stale handle (freed through a wrapper) is fine. */
     pyd_ctx_t ctx;
     pyd_enter(&ctx, rt, 0);
-    dmem_free(rt->rt, self->h);
+    dmem_buffer_free(rt->rt, self->h);
     pyd_leave(&ctx);
   }
   PyObject_GC_Del(self);
@@ -88,7 +88,7 @@ static PyObject *pyd_buffer_free(pyd_buffer_t *self, PyObject *unused) {
   self->freed = 1;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
-  dmem_status_t st = dmem_free(self->rt->rt, self->h);
+  dmem_status_t st = dmem_buffer_free(self->rt->rt, self->h);
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) return NULL;
   Py_RETURN_NONE;
@@ -99,13 +99,13 @@ static PyObject *pyd_buffer_free(pyd_buffer_t *self, PyObject *unused) {
 static dmem_status_t pyd_buffer_copy(dmem_runtime_t *rt, dmem_handle_t h, size_t offset,
                                      void *host, size_t n, int to_device) {
   void *dev = NULL;
-  dmem_status_t st = dmem_lock(rt, h, NULL, &dev);
+  dmem_status_t st = dmem_buffer_lock(rt, h, NULL, &dev);
   if (st != DMEM_OK) return st;
   char *d = (char *)dev + offset;
-  st = to_device ? dmem_copy(rt, d, host, n, NULL) : dmem_copy(rt, host, d, n, NULL);
+  st = to_device ? dmem_stream_copy(rt, d, host, n, NULL) : dmem_stream_copy(rt, host, d, n, NULL);
   dmem_status_t st2 = dmem_stream_synchronize(rt, NULL);
   if (st == DMEM_OK) st = st2;
-  st2 = dmem_unlock(rt, h);
+  st2 = dmem_buffer_unlock(rt, h);
   if (st == DMEM_OK) st = st2;
   return st;
 }
@@ -252,7 +252,7 @@ static PyObject *pyd_buffer_spill(pyd_buffer_t *self, PyObject *args, PyObject *
   if (pyd_buffer_check(self) < 0) return NULL;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
-  dmem_status_t st = dmem_spill(self->rt->rt, self->h, tier);
+  dmem_status_t st = dmem_buffer_spill(self->rt->rt, self->h, tier);
   pyd_leave(&ctx);
   if (st == DMEM_ERR_BUSY && !ctx.exc && pyd_view_exposure(self->rt, self->h, NULL) > 0)
     return pyd_view_raise_exposed(self->rt, self->h, "spill");
@@ -270,7 +270,7 @@ static PyObject *pyd_buffer_unspill(pyd_buffer_t *self, PyObject *args, PyObject
   if (pyd_stream_arg(self->rt, stream_o, &s, &keep) < 0) return NULL;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
-  dmem_status_t st = dmem_unspill(self->rt->rt, self->h, s);
+  dmem_status_t st = dmem_buffer_unspill(self->rt->rt, self->h, s);
   pyd_leave(&ctx);
   Py_XDECREF(keep);
   if (pyd_finish(&ctx, st) < 0) return NULL;
@@ -287,7 +287,7 @@ static PyObject *pyd_buffer_prefetch(pyd_buffer_t *self, PyObject *args, PyObjec
   if (pyd_stream_arg(self->rt, stream_o, &s, &keep) < 0) return NULL;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self->rt, 1);
-  dmem_status_t st = dmem_prefetch(self->rt->rt, &self->h, 1, s);
+  dmem_status_t st = dmem_buffer_prefetch(self->rt->rt, &self->h, 1, s);
   pyd_leave(&ctx);
   Py_XDECREF(keep);
   if (pyd_finish(&ctx, st) < 0) return NULL;
@@ -359,7 +359,7 @@ static int pyd_buffer_set_priority(pyd_buffer_t *self, PyObject *v, void *c) {
   int p;
   if (pyd_priority_arg(v, &p) < 0) return -1;
   if (pyd_buffer_check(self) < 0) return -1;
-  dmem_status_t st = dmem_set_priority(self->rt->rt, self->h, p);
+  dmem_status_t st = dmem_buffer_set_priority(self->rt->rt, self->h, p);
   if (st != DMEM_OK) {
     pyd_raise(st, NULL);
     return -1;
@@ -422,7 +422,7 @@ static PyMethodDef pyd_buffer_methods[] = {
      "unspill(stream=None): bring the bytes back to the device, ordered on stream."},
     {"prefetch", (PyCFunction)(void (*)(void))pyd_buffer_prefetch, METH_VARARGS | METH_KEYWORDS,
      "prefetch(stream=None): start bringing the bytes back without locking; work on stream\n"
-     "after this call sees them (dmem_prefetch of this buffer)."},
+     "after this call sees them (dmem_buffer_prefetch of this buffer)."},
     {"lock", (PyCFunction)(void (*)(void))pyd_buffer_lock, METH_VARARGS | METH_KEYWORDS,
      "lock(stream=None) -> View, for `with buf.lock(stream) as view:`.\n"
      "The buffer is locked (resident) inside the block; view.ptr, __cuda_array_interface__\n"

@@ -1,6 +1,6 @@
 /*
  * pybridge/py_controller.c - a Python object as the runtime's controller
- * (dmem_set_controller): C trampolines that take the GIL and call its
+ * (dmem_controller_set): C trampolines that take the GIL and call its
  * methods.
  *
  *   on_alloc(buf), on_free(handle), on_spill(buf, tier),
@@ -371,7 +371,7 @@ PyObject *pyd_runtime_set_controller(pyd_runtime_t *self, PyObject *obj) {
   }
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_set_controller(self->rt, b ? &c : NULL);
+  dmem_status_t st = dmem_controller_set(self->rt, b ? &c : NULL);
   pyd_leave(&ctx);
   if (st != DMEM_OK) {
     if (b) {

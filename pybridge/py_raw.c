@@ -128,7 +128,7 @@ static dmem_status_t pyd_devmem_unlock(pyd_devmem_t *m, dmem_stream_t s) {
   pyd_ctx_t ctx;
   pyd_enter(&ctx, rt, 0);
   dmem_status_t st = dmem_stream_synchronize(rt->rt, s);
-  dmem_status_t st2 = dmem_unlock(rt->rt, m->h);
+  dmem_status_t st2 = dmem_buffer_unlock(rt->rt, m->h);
   if (m->stream_keep) dmem_stream_forget(rt->rt, m->stream);
   pyd_leave(&ctx);
   Py_XDECREF(ctx.exc); /* nobody to raise it to */
@@ -350,7 +350,7 @@ PyObject *pyd_runtime_ipc_handle(pyd_runtime_t *self, PyObject *ptr_o) {
   size_t offset = 0;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_ipc_handle(self->rt, p, handle, &offset);
+  dmem_status_t st = dmem_device_ipc_handle(self->rt, p, handle, &offset);
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) return NULL;
   return Py_BuildValue("(y#n)", (const char *)handle, (Py_ssize_t)sizeof handle,
@@ -399,7 +399,7 @@ PyObject *pyd_runtime_adopt(pyd_runtime_t *self, PyObject *args, PyObject *kwds)
     /* a controller callback raised, or no memory for the Buffer: nobody
      * owns the handle, so free it now (reclaimed at m's unlock) */
     pyd_enter(&ctx, self, 0);
-    dmem_free(self->rt, h);
+    dmem_buffer_free(self->rt, h);
     pyd_leave(&ctx);
     Py_XDECREF(ctx.exc);
   }

@@ -233,10 +233,10 @@ static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, P
   dmem_handle_t h = DMEM_HANDLE_NULL;
   dmem_status_t st;
   pyd_enter(&ctx, self, 1);
-  st = dmem_alloc(self->rt, size, flags, &h);
+  st = dmem_buffer_alloc(self->rt, size, flags, &h);
   if (st == DMEM_OK && priority != 0) {
-    st = dmem_set_priority(self->rt, h, priority);
-    if (st != DMEM_OK) dmem_free(self->rt, h);
+    st = dmem_buffer_set_priority(self->rt, h, priority);
+    if (st != DMEM_OK) dmem_buffer_free(self->rt, h);
   }
   pyd_leave(&ctx);
   PyObject *buf = NULL;
@@ -246,7 +246,7 @@ static PyObject *pyd_runtime_alloc(pyd_runtime_t *self, PyObject *const *args, P
       /* Keep the handle from leaking. */
       pyd_ctx_t c2;
       pyd_enter(&c2, self, 0);
-      dmem_free(self->rt, h);
+      dmem_buffer_free(self->rt, h);
       pyd_leave(&c2);
       Py_XDECREF(ctx.exc);
       return NULL;
@@ -279,7 +279,7 @@ static PyObject *pyd_runtime_evict(pyd_runtime_t *self, PyObject *arg) {
   size_t freed = 0;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_evict(self->rt, nbytes, &freed);
+  dmem_status_t st = dmem_runtime_evict(self->rt, nbytes, &freed);
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) return NULL;
   return PyLong_FromSize_t(freed);
@@ -410,7 +410,7 @@ static PyObject *pyd_runtime_prefetch(pyd_runtime_t *self, PyObject *args, PyObj
   }
   pyd_ctx_t ctx;
   pyd_enter(&ctx, self, 1);
-  dmem_status_t st = dmem_prefetch(self->rt, hs, (size_t)n, s);
+  dmem_status_t st = dmem_buffer_prefetch(self->rt, hs, (size_t)n, s);
   pyd_leave(&ctx);
   Py_XDECREF(keep);
   PyMem_Free(hs);
@@ -714,7 +714,7 @@ static PyMethodDef pyd_runtime_methods[] = {
     {"prefetch", (PyCFunction)(void (*)(void))pyd_runtime_prefetch,
      METH_VARARGS | METH_KEYWORDS,
      "prefetch(buffers, stream=None): start bringing the buffers back to the device without\n"
-     "locking them; work on stream after this call sees their bytes (dmem_prefetch)."},
+     "locking them; work on stream after this call sees their bytes (dmem_buffer_prefetch)."},
     {"host_trim", (PyCFunction)(void (*)(void))pyd_runtime_host_trim, METH_FASTCALL,
      "host_trim(keep=0) -> int: give free pinned host pool chunks back until at most keep\n"
      "bytes stay; returns the bytes given back (dmem_host_trim)."},

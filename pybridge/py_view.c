@@ -26,7 +26,7 @@
  *    an unconsumed capsule dies, or when the consumer's tensor does).
  * __exit__ ends only the block's own claim (synchronising the stream under
  * CUDA, as always). The view's one dmem lock is given back (stream
- * synchronised under CUDA, then dmem_unlock) when the block has ended and the
+ * synchronised under CUDA, then dmem_buffer_unlock) when the block has ended and the
  * last export has died. While any export lives the view is linked in its
  * runtime's `exposed` list: Buffer.exposed, rt.stats()["exposed"] and the
  * BusyError of spill() and Runtime.close() read it.
@@ -95,18 +95,18 @@ static PyObject *pyd_view_enter(pyd_view_t *self, PyObject *unused) {
   void *ptr = NULL;
   pyd_ctx_t ctx;
   pyd_enter(&ctx, rt, 1);
-  dmem_status_t st = dmem_lock(rt->rt, self->h, self->stream, &ptr);
+  dmem_status_t st = dmem_buffer_lock(rt->rt, self->h, self->stream, &ptr);
   if (st == DMEM_OK && host) {
     /* The retrieve (if any) was queued on the stream: let the CPU see it. */
     st = dmem_stream_synchronize(rt->rt, self->stream);
-    if (st != DMEM_OK) dmem_unlock(rt->rt, self->h);
+    if (st != DMEM_OK) dmem_buffer_unlock(rt->rt, self->h);
   }
   pyd_leave(&ctx);
   if (pyd_finish(&ctx, st) < 0) {
     if (st == DMEM_OK) { /* a callback raised but the lock was taken: undo it */
       pyd_ctx_t c2;
       pyd_enter(&c2, rt, 0);
-      dmem_unlock(rt->rt, self->h);
+      dmem_buffer_unlock(rt->rt, self->h);
       pyd_leave(&c2);
     }
     return NULL;
@@ -132,7 +132,7 @@ static dmem_status_t pyd_view_unlock(pyd_view_t *self, pyd_ctx_t *ctx, int accep
   pyd_enter(ctx, rt, accept);
   dmem_status_t st = DMEM_OK;
   if (cuda) st = dmem_stream_synchronize(rt->rt, self->stream);
-  dmem_status_t st2 = dmem_unlock(rt->rt, self->h);
+  dmem_status_t st2 = dmem_buffer_unlock(rt->rt, self->h);
   pyd_leave(ctx);
   return st != DMEM_OK ? st : st2;
 }

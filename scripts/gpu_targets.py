@@ -77,8 +77,8 @@ def _single(name, key, op, threshold, what, results):
 
 # bench_spill: issue 9 (the spill engine) and docs/benchmarks.md: dmem / raw
 # pinned cudaMemcpyAsync of the same bytes, >= 0.95 from 8 MiB, >= 0.80 at
-# 1-4 MiB, >= 0.70 for the batch of 64 KiB buffers (one dmem_evict, one
-# dmem_prefetch), >= 0.85 both directions at once; launches "well under
+# 1-4 MiB, >= 0.70 for the batch of 64 KiB buffers (one dmem_runtime_evict, one
+# dmem_buffer_prefetch), >= 0.85 both directions at once; launches "well under
 # 10 %" over bare launches (1000 launches, then one sync_and_unlock).
 def spill_row_target(size, batch):
     """The bench_spill target for a row of buffers of `size` bytes (None:

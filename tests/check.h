@@ -190,10 +190,10 @@ static inline size_t check_verify(const void *p, size_t n, uint64_t seed) {
 static inline void check_put(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
   void *p, *tmp = malloc(n);
   check_fill(tmp, n, seed);
-  if (!tmp || dmem_lock(rt, h, NULL, &p) != DMEM_OK) abort();
-  dmem_copy(rt, p, tmp, n, NULL);
+  if (!tmp || dmem_buffer_lock(rt, h, NULL, &p) != DMEM_OK) abort();
+  dmem_stream_copy(rt, p, tmp, n, NULL);
   dmem_stream_synchronize(rt, NULL);
-  dmem_unlock(rt, h);
+  dmem_buffer_unlock(rt, h);
   free(tmp);
 }
 
@@ -201,15 +201,15 @@ static inline void check_put(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint
  * fails, with the status printed). */
 static inline size_t check_bad_bytes(dmem_runtime_t *rt, dmem_handle_t h, size_t n, uint64_t seed) {
   void *p, *tmp = calloc(1, n);
-  dmem_status_t st = dmem_lock(rt, h, NULL, &p);
+  dmem_status_t st = dmem_buffer_lock(rt, h, NULL, &p);
   if (st != DMEM_OK) {
     fprintf(stderr, "lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
     free(tmp);
     return n;
   }
-  dmem_copy(rt, tmp, p, n, NULL);
+  dmem_stream_copy(rt, tmp, p, n, NULL);
   dmem_stream_synchronize(rt, NULL);
-  dmem_unlock(rt, h);
+  dmem_buffer_unlock(rt, h);
   size_t bad = check_verify(tmp, n, seed);
   free(tmp);
   return bad;

@@ -189,22 +189,22 @@ static void fixture_init(fx_t *f) {
   f->rt = fixture_runtime(f->spill_dir);
   f->other = fixture_runtime(f->spill_dir);
   for (int i = 0; i < NBUF; i++) {
-    SETUP_OK(dmem_alloc(f->rt, BUF, i == B_PINNED ? DMEM_ALLOC_PINNED : 0, &f->b[i]));
+    SETUP_OK(dmem_buffer_alloc(f->rt, BUF, i == B_PINNED ? DMEM_ALLOC_PINNED : 0, &f->b[i]));
     check_put(f->rt, f->b[i], BUF, (uint64_t)i + 1);
   }
-  SETUP_OK(dmem_spill(f->rt, f->b[B_HOST], DMEM_TIER_HOST));
-  SETUP_OK(dmem_spill(f->rt, f->b[B_DISK], DMEM_TIER_DISK));
-  SETUP_OK(dmem_lock(f->rt, f->b[B_LOCKED], NULL, &f->locked_ptr));
+  SETUP_OK(dmem_buffer_spill(f->rt, f->b[B_HOST], DMEM_TIER_HOST));
+  SETUP_OK(dmem_buffer_spill(f->rt, f->b[B_DISK], DMEM_TIER_DISK));
+  SETUP_OK(dmem_buffer_lock(f->rt, f->b[B_LOCKED], NULL, &f->locked_ptr));
   SETUP_OK(dmem_device_malloc(f->rt, 4 * KiB, NULL, &f->raw));
   SETUP_OK(dmem_device_malloc(f->rt, 4 * KiB, NULL, &f->freed_raw));
   SETUP_OK(dmem_device_free(f->rt, f->freed_raw, NULL));
   SETUP_OK(dmem_device_malloc_dedicated(f->rt, 4 * KiB, NULL, &f->dedicated_raw));
   SETUP_OK(dmem_stream_create(f->rt, &f->s));
-  SETUP_OK(dmem_alloc(f->other, BUF, 0, &f->other_h));
+  SETUP_OK(dmem_buffer_alloc(f->other, BUF, 0, &f->other_h));
   SETUP_OK(dmem_device_malloc(f->other, 4 * KiB, NULL, &f->other_raw));
   dmem_handle_t freed;
-  SETUP_OK(dmem_alloc(f->rt, BUF, 0, &freed));
-  SETUP_OK(dmem_free(f->rt, freed));
+  SETUP_OK(dmem_buffer_alloc(f->rt, BUF, 0, &freed));
+  SETUP_OK(dmem_buffer_free(f->rt, freed));
   f->bad_h[H_ZERO] = DMEM_HANDLE_NULL;
   f->bad_h[H_FREED] = freed;
   f->bad_h[H_FORGED] = f->b[B_RES] ^ ((uint64_t)0x5A5A << 32); /* live slot, wrong generation */
@@ -226,12 +226,12 @@ static void fixture_init(fx_t *f) {
 static void fixture_fini(fx_t *f) {
   for (int i = 0; i < NBUF; i++)
     CHECK_UEQ(check_bad_bytes(f->rt, f->b[i], BUF, (uint64_t)i + 1), 0);
-  CHECK_OK(dmem_unlock(f->rt, f->b[B_LOCKED]));
-  for (int i = 0; i < NBUF; i++) CHECK_OK(dmem_free(f->rt, f->b[i]));
+  CHECK_OK(dmem_buffer_unlock(f->rt, f->b[B_LOCKED]));
+  for (int i = 0; i < NBUF; i++) CHECK_OK(dmem_buffer_free(f->rt, f->b[i]));
   CHECK_OK(dmem_device_free(f->rt, f->raw, NULL));
   CHECK_OK(dmem_device_free(f->rt, f->dedicated_raw, NULL));
   CHECK_OK(dmem_stream_destroy(f->rt, f->s));
-  CHECK_OK(dmem_free(f->other, f->other_h));
+  CHECK_OK(dmem_buffer_free(f->other, f->other_h));
   CHECK_OK(dmem_device_free(f->other, f->other_raw, NULL));
   dmem_stats_t s;
   CHECK_OK(dmem_stats(f->rt, &s));
@@ -453,41 +453,41 @@ ROW(dmem_runtime_set_log_level, "level -1", INVAL,
     dmem_runtime_set_log_level(f->rt, (dmem_log_level_t)-1))
 
 /* ---- buffer.h ---- */
-ROW(dmem_alloc, "rt NULL", INVAL, dmem_alloc(NULL, BUF, 0, &f->h_out))
-ROW(dmem_alloc, "h_out NULL", INVAL, dmem_alloc(f->rt, BUF, 0, NULL))
-ROW(dmem_alloc, "size 0", INVAL, dmem_alloc(f->rt, 0, 0, &f->h_out))
-ROW(dmem_alloc, "size SIZE_MAX", DMEM_ERR_OUT_OF_MEMORY, dmem_alloc(f->rt, SIZE_MAX, 0, &f->h_out))
-ROW(dmem_alloc, "size SIZE_MAX, pinned", DMEM_ERR_OUT_OF_MEMORY,
-    dmem_alloc(f->rt, SIZE_MAX, DMEM_ALLOC_PINNED, &f->h_out))
-ROW(dmem_alloc, "size one past the limit", DMEM_ERR_OUT_OF_MEMORY,
-    dmem_alloc(f->rt, LIMIT + 1, 0, &f->h_out))
-ROW(dmem_alloc, "unknown flag 1<<2", INVAL, dmem_alloc(f->rt, BUF, 1u << 2, &f->h_out))
-ROW(dmem_alloc, "pinned and stable", INVAL,
-    dmem_alloc(f->rt, BUF, DMEM_ALLOC_PINNED | DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
-ROW(dmem_alloc, "size SIZE_MAX, stable", DMEM_ERR_OUT_OF_MEMORY,
-    dmem_alloc(f->rt, SIZE_MAX, DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
-ROW(dmem_alloc, "size one past the limit, stable", DMEM_ERR_OUT_OF_MEMORY,
-    dmem_alloc(f->rt, LIMIT + 1, DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
-ROW(dmem_alloc, "unknown flag 1<<31", INVAL, dmem_alloc(f->rt, BUF, 1u << 31, &f->h_out))
-ROW(dmem_alloc, "all flags", INVAL, dmem_alloc(f->rt, BUF, ~0u, &f->h_out))
-ROW(dmem_free, "rt NULL", INVAL, dmem_free(NULL, RES))
-ROW_H(dmem_free, "bad handle", STALE, dmem_free(f->rt, f->bad))
+ROW(dmem_buffer_alloc, "rt NULL", INVAL, dmem_buffer_alloc(NULL, BUF, 0, &f->h_out))
+ROW(dmem_buffer_alloc, "h_out NULL", INVAL, dmem_buffer_alloc(f->rt, BUF, 0, NULL))
+ROW(dmem_buffer_alloc, "size 0", INVAL, dmem_buffer_alloc(f->rt, 0, 0, &f->h_out))
+ROW(dmem_buffer_alloc, "size SIZE_MAX", DMEM_ERR_OUT_OF_MEMORY, dmem_buffer_alloc(f->rt, SIZE_MAX, 0, &f->h_out))
+ROW(dmem_buffer_alloc, "size SIZE_MAX, pinned", DMEM_ERR_OUT_OF_MEMORY,
+    dmem_buffer_alloc(f->rt, SIZE_MAX, DMEM_ALLOC_PINNED, &f->h_out))
+ROW(dmem_buffer_alloc, "size one past the limit", DMEM_ERR_OUT_OF_MEMORY,
+    dmem_buffer_alloc(f->rt, LIMIT + 1, 0, &f->h_out))
+ROW(dmem_buffer_alloc, "unknown flag 1<<2", INVAL, dmem_buffer_alloc(f->rt, BUF, 1u << 2, &f->h_out))
+ROW(dmem_buffer_alloc, "pinned and stable", INVAL,
+    dmem_buffer_alloc(f->rt, BUF, DMEM_ALLOC_PINNED | DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
+ROW(dmem_buffer_alloc, "size SIZE_MAX, stable", DMEM_ERR_OUT_OF_MEMORY,
+    dmem_buffer_alloc(f->rt, SIZE_MAX, DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
+ROW(dmem_buffer_alloc, "size one past the limit, stable", DMEM_ERR_OUT_OF_MEMORY,
+    dmem_buffer_alloc(f->rt, LIMIT + 1, DMEM_BUFFER_STABLE_ADDRESS, &f->h_out))
+ROW(dmem_buffer_alloc, "unknown flag 1<<31", INVAL, dmem_buffer_alloc(f->rt, BUF, 1u << 31, &f->h_out))
+ROW(dmem_buffer_alloc, "all flags", INVAL, dmem_buffer_alloc(f->rt, BUF, ~0u, &f->h_out))
+ROW(dmem_buffer_free, "rt NULL", INVAL, dmem_buffer_free(NULL, RES))
+ROW_H(dmem_buffer_free, "bad handle", STALE, dmem_buffer_free(f->rt, f->bad))
 ROW(dmem_buffer_info, "rt NULL", INVAL, dmem_buffer_info(NULL, RES, &f->info_out))
 ROW(dmem_buffer_info, "info_out NULL", INVAL, dmem_buffer_info(f->rt, RES, NULL))
 ROW_H(dmem_buffer_info, "bad handle", STALE, dmem_buffer_info(f->rt, f->bad, &f->info_out))
-ROW(dmem_lock, "rt NULL", INVAL, dmem_lock(NULL, RES, NULL, &f->ptr_out))
-ROW(dmem_lock, "dev_ptr_out NULL", INVAL, dmem_lock(f->rt, RES, NULL, NULL))
-ROW(dmem_lock, "dev_ptr_out NULL, spilled buffer", INVAL, dmem_lock(f->rt, HOST, NULL, NULL))
-ROW_H(dmem_lock, "bad handle", STALE, dmem_lock(f->rt, f->bad, NULL, &f->ptr_out))
-ROW(dmem_unlock, "rt NULL", INVAL, dmem_unlock(NULL, LOCKED))
-ROW_H(dmem_unlock, "bad handle", STALE, dmem_unlock(f->rt, f->bad))
-ROW(dmem_unlock, "without a lock (resident)", DMEM_ERR_NOT_LOCKED, dmem_unlock(f->rt, RES))
-ROW(dmem_unlock, "without a lock (host tier)", DMEM_ERR_NOT_LOCKED, dmem_unlock(f->rt, HOST))
-ROW(dmem_unlock, "without a lock (disk tier)", DMEM_ERR_NOT_LOCKED, dmem_unlock(f->rt, DISK))
-ROW(dmem_unlock, "without a lock (pinned)", DMEM_ERR_NOT_LOCKED, dmem_unlock(f->rt, PINNED))
-ROW(dmem_set_priority, "rt NULL", INVAL, dmem_set_priority(NULL, RES, 1))
-ROW_H(dmem_set_priority, "bad handle", STALE, dmem_set_priority(f->rt, f->bad, 7))
-ROW_H(dmem_set_priority, "bad handle, INT_MIN", STALE, dmem_set_priority(f->rt, f->bad, INT_MIN))
+ROW(dmem_buffer_lock, "rt NULL", INVAL, dmem_buffer_lock(NULL, RES, NULL, &f->ptr_out))
+ROW(dmem_buffer_lock, "dev_ptr_out NULL", INVAL, dmem_buffer_lock(f->rt, RES, NULL, NULL))
+ROW(dmem_buffer_lock, "dev_ptr_out NULL, spilled buffer", INVAL, dmem_buffer_lock(f->rt, HOST, NULL, NULL))
+ROW_H(dmem_buffer_lock, "bad handle", STALE, dmem_buffer_lock(f->rt, f->bad, NULL, &f->ptr_out))
+ROW(dmem_buffer_unlock, "rt NULL", INVAL, dmem_buffer_unlock(NULL, LOCKED))
+ROW_H(dmem_buffer_unlock, "bad handle", STALE, dmem_buffer_unlock(f->rt, f->bad))
+ROW(dmem_buffer_unlock, "without a lock (resident)", DMEM_ERR_NOT_LOCKED, dmem_buffer_unlock(f->rt, RES))
+ROW(dmem_buffer_unlock, "without a lock (host tier)", DMEM_ERR_NOT_LOCKED, dmem_buffer_unlock(f->rt, HOST))
+ROW(dmem_buffer_unlock, "without a lock (disk tier)", DMEM_ERR_NOT_LOCKED, dmem_buffer_unlock(f->rt, DISK))
+ROW(dmem_buffer_unlock, "without a lock (pinned)", DMEM_ERR_NOT_LOCKED, dmem_buffer_unlock(f->rt, PINNED))
+ROW(dmem_buffer_set_priority, "rt NULL", INVAL, dmem_buffer_set_priority(NULL, RES, 1))
+ROW_H(dmem_buffer_set_priority, "bad handle", STALE, dmem_buffer_set_priority(f->rt, f->bad, 7))
+ROW_H(dmem_buffer_set_priority, "bad handle, INT_MIN", STALE, dmem_buffer_set_priority(f->rt, f->bad, INT_MIN))
 ROW(dmem_buffer_read, "rt NULL", INVAL, dmem_buffer_read(NULL, RES, 0, f->read_out, 8))
 ROW(dmem_buffer_read, "dst NULL, n 8", INVAL, dmem_buffer_read(f->rt, RES, 0, NULL, 8))
 ROW(dmem_buffer_read, "dst NULL, n 8, disk tier", INVAL, dmem_buffer_read(f->rt, DISK, 0, NULL, 8))
@@ -582,49 +582,49 @@ ROW_BODY(dmem_stream_destroy, "buffers still registered", DMEM_ERR_BUSY, 0) {
 ROW(dmem_stream_synchronize, "rt NULL", INVAL, dmem_stream_synchronize(NULL, f->s))
 ROW(dmem_stream_enqueue_host, "rt NULL", INVAL, dmem_stream_enqueue_host(NULL, f->s, count_host_fn, f))
 ROW(dmem_stream_enqueue_host, "fn NULL", INVAL, dmem_stream_enqueue_host(f->rt, f->s, NULL, f))
-ROW(dmem_copy, "rt NULL", INVAL, dmem_copy(NULL, f->ipc_out, f->ipc_out + 8, 8, NULL))
-ROW(dmem_copy, "dst NULL", INVAL, dmem_copy(f->rt, NULL, f->ipc_out, 8, NULL))
-ROW(dmem_copy, "src NULL", INVAL, dmem_copy(f->rt, f->ipc_out, NULL, 8, NULL))
-ROW(dmem_copy, "n SIZE_MAX", INVAL, dmem_copy(f->rt, f->ipc_out, f->ipc_out + 8, SIZE_MAX, NULL))
-ROW(dmem_copy, "n 0, NULL addresses (no-op)", DMEM_OK, dmem_copy(f->rt, NULL, NULL, 0, NULL))
+ROW(dmem_stream_copy, "rt NULL", INVAL, dmem_stream_copy(NULL, f->ipc_out, f->ipc_out + 8, 8, NULL))
+ROW(dmem_stream_copy, "dst NULL", INVAL, dmem_stream_copy(f->rt, NULL, f->ipc_out, 8, NULL))
+ROW(dmem_stream_copy, "src NULL", INVAL, dmem_stream_copy(f->rt, f->ipc_out, NULL, 8, NULL))
+ROW(dmem_stream_copy, "n SIZE_MAX", INVAL, dmem_stream_copy(f->rt, f->ipc_out, f->ipc_out + 8, SIZE_MAX, NULL))
+ROW(dmem_stream_copy, "n 0, NULL addresses (no-op)", DMEM_OK, dmem_stream_copy(f->rt, NULL, NULL, 0, NULL))
 
 /* ---- spill.h ---- */
-ROW(dmem_spill, "rt NULL", INVAL, dmem_spill(NULL, RES, DMEM_TIER_HOST))
-ROW_H(dmem_spill, "bad handle", STALE, dmem_spill(f->rt, f->bad, DMEM_TIER_HOST))
-ROW(dmem_spill, "tier DMEM_TIER_DEVICE", INVAL, dmem_spill(f->rt, RES, DMEM_TIER_DEVICE))
-ROW(dmem_spill, "tier 4", INVAL, dmem_spill(f->rt, RES, (dmem_tier_t)4))
-ROW(dmem_spill, "tier -1", INVAL, dmem_spill(f->rt, RES, (dmem_tier_t)-1))
-ROW(dmem_spill, "tier INT_MAX, spilled buffer", INVAL, dmem_spill(f->rt, HOST, (dmem_tier_t)INT_MAX))
-ROW(dmem_spill, "controller tier without a controller", INVAL,
-    dmem_spill(f->rt, RES, DMEM_TIER_CONTROLLER))
-ROW(dmem_spill, "locked buffer", DMEM_ERR_BUSY, dmem_spill(f->rt, LOCKED, DMEM_TIER_HOST))
-ROW(dmem_spill, "pinned buffer", DMEM_ERR_BUSY, dmem_spill(f->rt, PINNED, DMEM_TIER_HOST))
-ROW(dmem_spill, "from disk back to host", INVAL, dmem_spill(f->rt, DISK, DMEM_TIER_HOST))
-ROW(dmem_spill, "to the tier it is in (no-op)", DMEM_OK, dmem_spill(f->rt, HOST, DMEM_TIER_HOST))
-ROW(dmem_spill, "to the disk it is on (no-op)", DMEM_OK, dmem_spill(f->rt, DISK, DMEM_TIER_DISK))
-ROW(dmem_unspill, "rt NULL", INVAL, dmem_unspill(NULL, HOST, NULL))
-ROW_H(dmem_unspill, "bad handle", STALE, dmem_unspill(f->rt, f->bad, NULL))
-ROW(dmem_unspill, "resident (no-op)", DMEM_OK, dmem_unspill(f->rt, RES, NULL))
-ROW(dmem_unspill, "locked (no-op)", DMEM_OK, dmem_unspill(f->rt, LOCKED, NULL))
-ROW(dmem_prefetch, "rt NULL", INVAL, dmem_prefetch(NULL, &HOST, 1, NULL))
-ROW(dmem_prefetch, "hs NULL, n 1", INVAL, dmem_prefetch(f->rt, NULL, 1, NULL))
-ROW_BODY(dmem_prefetch, "n SIZE_MAX", INVAL, 0) {
+ROW(dmem_buffer_spill, "rt NULL", INVAL, dmem_buffer_spill(NULL, RES, DMEM_TIER_HOST))
+ROW_H(dmem_buffer_spill, "bad handle", STALE, dmem_buffer_spill(f->rt, f->bad, DMEM_TIER_HOST))
+ROW(dmem_buffer_spill, "tier DMEM_TIER_DEVICE", INVAL, dmem_buffer_spill(f->rt, RES, DMEM_TIER_DEVICE))
+ROW(dmem_buffer_spill, "tier 4", INVAL, dmem_buffer_spill(f->rt, RES, (dmem_tier_t)4))
+ROW(dmem_buffer_spill, "tier -1", INVAL, dmem_buffer_spill(f->rt, RES, (dmem_tier_t)-1))
+ROW(dmem_buffer_spill, "tier INT_MAX, spilled buffer", INVAL, dmem_buffer_spill(f->rt, HOST, (dmem_tier_t)INT_MAX))
+ROW(dmem_buffer_spill, "controller tier without a controller", INVAL,
+    dmem_buffer_spill(f->rt, RES, DMEM_TIER_CONTROLLER))
+ROW(dmem_buffer_spill, "locked buffer", DMEM_ERR_BUSY, dmem_buffer_spill(f->rt, LOCKED, DMEM_TIER_HOST))
+ROW(dmem_buffer_spill, "pinned buffer", DMEM_ERR_BUSY, dmem_buffer_spill(f->rt, PINNED, DMEM_TIER_HOST))
+ROW(dmem_buffer_spill, "from disk back to host", INVAL, dmem_buffer_spill(f->rt, DISK, DMEM_TIER_HOST))
+ROW(dmem_buffer_spill, "to the tier it is in (no-op)", DMEM_OK, dmem_buffer_spill(f->rt, HOST, DMEM_TIER_HOST))
+ROW(dmem_buffer_spill, "to the disk it is on (no-op)", DMEM_OK, dmem_buffer_spill(f->rt, DISK, DMEM_TIER_DISK))
+ROW(dmem_buffer_unspill, "rt NULL", INVAL, dmem_buffer_unspill(NULL, HOST, NULL))
+ROW_H(dmem_buffer_unspill, "bad handle", STALE, dmem_buffer_unspill(f->rt, f->bad, NULL))
+ROW(dmem_buffer_unspill, "resident (no-op)", DMEM_OK, dmem_buffer_unspill(f->rt, RES, NULL))
+ROW(dmem_buffer_unspill, "locked (no-op)", DMEM_OK, dmem_buffer_unspill(f->rt, LOCKED, NULL))
+ROW(dmem_buffer_prefetch, "rt NULL", INVAL, dmem_buffer_prefetch(NULL, &HOST, 1, NULL))
+ROW(dmem_buffer_prefetch, "hs NULL, n 1", INVAL, dmem_buffer_prefetch(f->rt, NULL, 1, NULL))
+ROW_BODY(dmem_buffer_prefetch, "n SIZE_MAX", INVAL, 0) {
   dmem_handle_t hs[2] = {HOST, DISK};
-  return dmem_prefetch(f->rt, hs, SIZE_MAX, NULL);
+  return dmem_buffer_prefetch(f->rt, hs, SIZE_MAX, NULL);
 }
-ROW_H(dmem_prefetch, "bad handle", STALE, dmem_prefetch(f->rt, &f->bad, 1, NULL))
-ROW_BODY(dmem_prefetch, "bad handle after spilled ones", STALE, ROW_EACH_BAD_HANDLE) {
+ROW_H(dmem_buffer_prefetch, "bad handle", STALE, dmem_buffer_prefetch(f->rt, &f->bad, 1, NULL))
+ROW_BODY(dmem_buffer_prefetch, "bad handle after spilled ones", STALE, ROW_EACH_BAD_HANDLE) {
   dmem_handle_t hs[3] = {HOST, DISK, f->bad};
-  return dmem_prefetch(f->rt, hs, 3, NULL);
+  return dmem_buffer_prefetch(f->rt, hs, 3, NULL);
 }
-ROW_BODY(dmem_prefetch, "duplicate resident handles (no-op)", DMEM_OK, 0) {
+ROW_BODY(dmem_buffer_prefetch, "duplicate resident handles (no-op)", DMEM_OK, 0) {
   dmem_handle_t hs[3] = {RES, LOCKED, RES};
-  return dmem_prefetch(f->rt, hs, 3, NULL);
+  return dmem_buffer_prefetch(f->rt, hs, 3, NULL);
 }
-ROW(dmem_prefetch, "n 0, hs NULL (no-op)", DMEM_OK, dmem_prefetch(f->rt, NULL, 0, NULL))
-ROW(dmem_evict, "rt NULL", INVAL, dmem_evict(NULL, MiB, &f->size_out))
-ROW_BODY(dmem_evict, "bytes 0 (no-op, *freed_out 0)", DMEM_OK, 0) {
-  dmem_status_t st = dmem_evict(f->rt, 0, &f->size_out);
+ROW(dmem_buffer_prefetch, "n 0, hs NULL (no-op)", DMEM_OK, dmem_buffer_prefetch(f->rt, NULL, 0, NULL))
+ROW(dmem_runtime_evict, "rt NULL", INVAL, dmem_runtime_evict(NULL, MiB, &f->size_out))
+ROW_BODY(dmem_runtime_evict, "bytes 0 (no-op, *freed_out 0)", DMEM_OK, 0) {
+  dmem_status_t st = dmem_runtime_evict(f->rt, 0, &f->size_out);
   if (st != DMEM_OK || f->size_out != 0) return st != DMEM_OK ? st : DMEM_ERR_CALLBACK;
   memset(&f->size_out, SENTINEL, sizeof f->size_out);
   return DMEM_OK;
@@ -634,36 +634,36 @@ ROW_BODY(dmem_evict, "bytes 0 (no-op, *freed_out 0)", DMEM_OK, 0) {
 ROW(dmem_stats, "rt NULL", INVAL, dmem_stats(NULL, &f->stats_out))
 ROW(dmem_stats, "stats_out NULL", INVAL, dmem_stats(f->rt, NULL))
 ROW(dmem_stats_reset_peaks, "rt NULL", INVAL, dmem_stats_reset_peaks(NULL))
-ROW(dmem_set_controller, "rt NULL", INVAL, dmem_set_controller(NULL, NULL))
-ROW_BODY(dmem_set_controller, "struct_size 0", INVAL, 0) {
+ROW(dmem_controller_set, "rt NULL", INVAL, dmem_controller_set(NULL, NULL))
+ROW_BODY(dmem_controller_set, "struct_size 0", INVAL, 0) {
   dmem_controller_t c;
   memset(&c, 0, sizeof c);
   c.user = f;
-  return dmem_set_controller(f->rt, &c);
+  return dmem_controller_set(f->rt, &c);
 }
-ROW_BODY(dmem_set_controller, "struct_size one short", INVAL, 0) {
+ROW_BODY(dmem_controller_set, "struct_size one short", INVAL, 0) {
   dmem_controller_t c;
   memset(&c, 0, sizeof c);
   c.struct_size = sizeof c - 1;
-  return dmem_set_controller(f->rt, &c);
+  return dmem_controller_set(f->rt, &c);
 }
-ROW_BODY(dmem_set_controller, "store without retrieve", INVAL, 0) {
+ROW_BODY(dmem_controller_set, "store without retrieve", INVAL, 0) {
   dmem_controller_t c;
   memset(&c, 0, sizeof c);
   c.struct_size = sizeof c;
   c.user = f;
   c.store = ctl_store;
-  return dmem_set_controller(f->rt, &c);
+  return dmem_controller_set(f->rt, &c);
 }
-ROW_BODY(dmem_set_controller, "retrieve without store", INVAL, 0) {
+ROW_BODY(dmem_controller_set, "retrieve without store", INVAL, 0) {
   dmem_controller_t c;
   memset(&c, 0, sizeof c);
   c.struct_size = sizeof c;
   c.user = f;
   c.retrieve = ctl_retrieve;
-  return dmem_set_controller(f->rt, &c);
+  return dmem_controller_set(f->rt, &c);
 }
-ROW(dmem_set_controller, "none installed, removing (no-op)", DMEM_OK, dmem_set_controller(f->rt, NULL))
+ROW(dmem_controller_set, "none installed, removing (no-op)", DMEM_OK, dmem_controller_set(f->rt, NULL))
 
 /* ---- device.h ---- */
 ROW(dmem_device_malloc, "rt NULL", INVAL, dmem_device_malloc(NULL, 64, NULL, &f->ptr_out))
@@ -712,14 +712,14 @@ ROW(dmem_stream_forget, "rt NULL", INVAL, dmem_stream_forget(NULL, f->s))
 ROW(dmem_stream_forget, "the default stream (no-op)", DMEM_OK, dmem_stream_forget(f->rt, NULL))
 ROW(dmem_device_memory_info, "rt NULL", INVAL, dmem_device_memory_info(NULL, &f->size_out, &f->size_out2))
 ROW(dmem_device_memory_info, "both outputs NULL (allowed)", DMEM_OK, dmem_device_memory_info(f->rt, NULL, NULL))
-ROW(dmem_ipc_handle, "rt NULL", INVAL, dmem_ipc_handle(NULL, f->raw, f->ipc_out, &f->size_out))
-ROW(dmem_ipc_handle, "ptr NULL", INVAL, dmem_ipc_handle(f->rt, NULL, f->ipc_out, &f->size_out))
-ROW(dmem_ipc_handle, "handle_out NULL", INVAL, dmem_ipc_handle(f->rt, f->raw, NULL, &f->size_out))
-ROW(dmem_ipc_handle, "offset_out NULL", INVAL, dmem_ipc_handle(f->rt, f->raw, f->ipc_out, NULL))
-ROW(dmem_ipc_handle, "an address in no slab", INVAL,
-    dmem_ipc_handle(f->rt, &f->size_out2, f->ipc_out, &f->size_out))
-ROW(dmem_ipc_handle, "another runtime's block", INVAL,
-    dmem_ipc_handle(f->rt, f->other_raw, f->ipc_out, &f->size_out))
+ROW(dmem_device_ipc_handle, "rt NULL", INVAL, dmem_device_ipc_handle(NULL, f->raw, f->ipc_out, &f->size_out))
+ROW(dmem_device_ipc_handle, "ptr NULL", INVAL, dmem_device_ipc_handle(f->rt, NULL, f->ipc_out, &f->size_out))
+ROW(dmem_device_ipc_handle, "handle_out NULL", INVAL, dmem_device_ipc_handle(f->rt, f->raw, NULL, &f->size_out))
+ROW(dmem_device_ipc_handle, "offset_out NULL", INVAL, dmem_device_ipc_handle(f->rt, f->raw, f->ipc_out, NULL))
+ROW(dmem_device_ipc_handle, "an address in no slab", INVAL,
+    dmem_device_ipc_handle(f->rt, &f->size_out2, f->ipc_out, &f->size_out))
+ROW(dmem_device_ipc_handle, "another runtime's block", INVAL,
+    dmem_device_ipc_handle(f->rt, f->other_raw, f->ipc_out, &f->size_out))
 ROW(dmem_device_trim, "rt NULL", INVAL, dmem_device_trim(NULL, 0, &f->size_out))
 ROW_BODY(dmem_device_trim, "keep SIZE_MAX (releases nothing)", DMEM_OK, 0) {
   dmem_status_t st = dmem_device_trim(f->rt, SIZE_MAX, &f->size_out);
@@ -963,14 +963,14 @@ TEST_CASE(duplicate_handles_of_spilled_buffers) {
   check_mkdtemp(dir, sizeof dir, "dmem-dup");
   dmem_runtime_t *rt = fixture_runtime(dir);
   dup_check_t c = {.rt = rt};
-  REQUIRE_OK(dmem_alloc(rt, BUF, 0, &c.h));
-  REQUIRE_OK(dmem_alloc(rt, BUF, 0, &c.d));
+  REQUIRE_OK(dmem_buffer_alloc(rt, BUF, 0, &c.h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, BUF, 0, &c.d));
   check_put(rt, c.h, BUF, 11);
   check_put(rt, c.d, BUF, 12);
   dmem_handle_t hs[5] = {c.h, c.h, c.d, c.d, c.h};
   /* dmem_lock_and_launch */
-  REQUIRE_OK(dmem_spill(rt, c.h, DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_spill(rt, c.d, DMEM_TIER_DISK));
+  REQUIRE_OK(dmem_buffer_spill(rt, c.h, DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_spill(rt, c.d, DMEM_TIER_DISK));
   CHECK_OK(dmem_lock_and_launch(rt, hs, 5, dup_launch, &c));
   CHECK_EQ(c.calls, 1);
   expect_unlocked_resident(rt, c.h, BUF, 11);
@@ -979,8 +979,8 @@ TEST_CASE(duplicate_handles_of_spilled_buffers) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   for (int release = 0; release < 2; release++) {
-    REQUIRE_OK(dmem_spill(rt, c.h, DMEM_TIER_DISK));
-    REQUIRE_OK(dmem_spill(rt, c.d, DMEM_TIER_HOST));
+    REQUIRE_OK(dmem_buffer_spill(rt, c.h, DMEM_TIER_DISK));
+    REQUIRE_OK(dmem_buffer_spill(rt, c.d, DMEM_TIER_HOST));
     CHECK_OK(dmem_launch_async(rt, s, hs, 5, dup_launch, &c));
     if (release) {
       CHECK_OK(dmem_stream_release(rt, s));
@@ -993,16 +993,16 @@ TEST_CASE(duplicate_handles_of_spilled_buffers) {
   }
   CHECK_EQ(c.calls, 3);
   CHECK_EQ(c.bad, 0);
-  /* dmem_prefetch */
-  REQUIRE_OK(dmem_spill(rt, c.h, DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_spill(rt, c.d, DMEM_TIER_DISK));
-  CHECK_OK(dmem_prefetch(rt, hs, 5, s));
+  /* dmem_buffer_prefetch */
+  REQUIRE_OK(dmem_buffer_spill(rt, c.h, DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_spill(rt, c.d, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_prefetch(rt, hs, 5, s));
   CHECK_OK(dmem_stream_synchronize(rt, s));
   expect_unlocked_resident(rt, c.h, BUF, 11);
   expect_unlocked_resident(rt, c.d, BUF, 12);
   CHECK_OK(dmem_stream_destroy(rt, s));
-  CHECK_OK(dmem_free(rt, c.h));
-  CHECK_OK(dmem_free(rt, c.d));
+  CHECK_OK(dmem_buffer_free(rt, c.h));
+  CHECK_OK(dmem_buffer_free(rt, c.d));
   dmem_runtime_destroy(rt);
   CHECK_EQ(rmdir(dir), 0);
 }
@@ -1074,19 +1074,19 @@ static const struct {
   dmem_status_t st;
   const char *where;
 } known[] = {
-    {"dmem_lock", DMEM_ERR_HOST_OUT_OF_MEMORY, "retrieve staging (disk/controller load)"},
-    {"dmem_unspill", DMEM_ERR_HOST_OUT_OF_MEMORY, "retrieve staging (disk/controller load)"},
-    {"dmem_evict", DMEM_ERR_HOST_OUT_OF_MEMORY, "the victim list (policy.c)"},
-    {"dmem_evict", DMEM_ERR_CALLBACK, "select_victims failed"},
-    {"dmem_evict", DMEM_ERR_DEVICE_FATAL, "check_live after a fatal error"},
+    {"dmem_buffer_lock", DMEM_ERR_HOST_OUT_OF_MEMORY, "retrieve staging (disk/controller load)"},
+    {"dmem_buffer_unspill", DMEM_ERR_HOST_OUT_OF_MEMORY, "retrieve staging (disk/controller load)"},
+    {"dmem_runtime_evict", DMEM_ERR_HOST_OUT_OF_MEMORY, "the victim list (policy.c)"},
+    {"dmem_runtime_evict", DMEM_ERR_CALLBACK, "select_victims failed"},
+    {"dmem_runtime_evict", DMEM_ERR_DEVICE_FATAL, "check_live after a fatal error"},
     {"dmem_runtime_create", DMEM_ERR_IO, "getcwd for a relative spill_dir"},
-    {"dmem_alloc", DMEM_ERR_OUT_OF_MEMORY, "nothing left to spill"},
+    {"dmem_buffer_alloc", DMEM_ERR_OUT_OF_MEMORY, "nothing left to spill"},
 };
 
 /* Every status the table above expects of a function, and every status in
  * `known`, is named in that function's header comment (DMEM_ERR_FORKED is
  * documented once for all calls in dmem/runtime.h). Before the audit
- * dmem_lock, dmem_unspill and dmem_evict did not list
+ * dmem_buffer_lock, dmem_buffer_unspill and dmem_runtime_evict did not list
  * DMEM_ERR_HOST_OUT_OF_MEMORY. */
 TEST_CASE(every_status_is_documented) {
   int bad = 0;

@@ -10,7 +10,7 @@
 TEST_CASE(alloc_info_free) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h = 0;
-  REQUIRE_OK(dmem_alloc(rt, 1000, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 1000, 0, &h));
   CHECK_NE(h, DMEM_HANDLE_NULL);
   dmem_buffer_info_t info;
   memset(&info, 0xCD, sizeof info);
@@ -25,7 +25,7 @@ TEST_CASE(alloc_info_free) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, 1000);
   CHECK_UEQ(s.buffer_count, 1);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, 0);
   CHECK_UEQ(s.buffer_count, 0);
@@ -37,25 +37,25 @@ TEST_CASE(bad_arguments) {
   dmem_handle_t h = 77;
   void *p = (void *)0x5;
   dmem_buffer_info_t info;
-  CHECK_STATUS(dmem_alloc(NULL, 10, 0, &h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, 10, 0, NULL), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, 0, 0, &h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, 10, 0x80, &h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, SIZE_MAX, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
-  CHECK_STATUS(dmem_alloc(rt, 17 * MiB, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(NULL, 10, 0, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 10, 0, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 0, 0, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 10, 0x80, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_alloc(rt, SIZE_MAX, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 17 * MiB, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_EQ(h, 77); /* never written on failure */
-  REQUIRE_OK(dmem_alloc(rt, 10, 0, &h));
-  CHECK_STATUS(dmem_lock(NULL, h, NULL, &p), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_lock(rt, h, NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  REQUIRE_OK(dmem_buffer_alloc(rt, 10, 0, &h));
+  CHECK_STATUS(dmem_buffer_lock(NULL, h, NULL, &p), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_buffer_info(rt, h, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_buffer_info(NULL, h, &info), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_free(NULL, h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_unlock(NULL, h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_set_priority(NULL, h, 1), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_free(NULL, h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_unlock(NULL, h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_set_priority(NULL, h, 1), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_stats(rt, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_stats(NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_TRUE(p == (void *)0x5);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -66,16 +66,16 @@ TEST_CASE(handles_of_another_runtime_are_stale) {
   enum { N = 64 };
   dmem_runtime_t *ra = check_runtime(16 * MiB), *rb = check_runtime(16 * MiB);
   dmem_handle_t ha[N], hb[N];
-  unsigned char pattern[256], back[256]; /* through dmem_copy: CUDA too */
+  unsigned char pattern[256], back[256]; /* through dmem_stream_copy: CUDA too */
   memset(pattern, 0x5B, sizeof pattern);
   for (int i = 0; i < N; i++) {
-    REQUIRE_OK(dmem_alloc(ra, 256, 0, &ha[i]));
-    REQUIRE_OK(dmem_alloc(rb, 256, 0, &hb[i]));
+    REQUIRE_OK(dmem_buffer_alloc(ra, 256, 0, &ha[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rb, 256, 0, &hb[i]));
     void *p;
-    REQUIRE_OK(dmem_lock(rb, hb[i], NULL, &p));
-    REQUIRE_OK(dmem_copy(rb, p, pattern, 256, NULL));
+    REQUIRE_OK(dmem_buffer_lock(rb, hb[i], NULL, &p));
+    REQUIRE_OK(dmem_stream_copy(rb, p, pattern, 256, NULL));
     REQUIRE_OK(dmem_stream_synchronize(rb, NULL));
-    REQUIRE_OK(dmem_unlock(rb, hb[i]));
+    REQUIRE_OK(dmem_buffer_unlock(rb, hb[i]));
   }
   size_t same = 0;
   for (int i = 0; i < N; i++) {
@@ -84,10 +84,10 @@ TEST_CASE(handles_of_another_runtime_are_stale) {
     void *p = NULL;                                     /* the generation tells */
     dmem_buffer_info_t info;
     CHECK_STATUS(dmem_buffer_info(rb, ha[i], &info), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_lock(rb, ha[i], NULL, &p), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_spill(rb, ha[i], DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_set_priority(rb, ha[i], 5), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_free(rb, ha[i]), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_lock(rb, ha[i], NULL, &p), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_spill(rb, ha[i], DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_set_priority(rb, ha[i], 5), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_free(rb, ha[i]), DMEM_ERR_STALE_HANDLE);
   }
   CHECK_UEQ(same, 0);
   for (int i = 0; i < N; i++) { /* b's buffers untouched */
@@ -96,13 +96,13 @@ TEST_CASE(handles_of_another_runtime_are_stale) {
     CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
     CHECK_EQ(info.priority, 0);
     void *p;
-    REQUIRE_OK(dmem_lock(rb, hb[i], NULL, &p));
-    REQUIRE_OK(dmem_copy(rb, back, p, 256, NULL));
+    REQUIRE_OK(dmem_buffer_lock(rb, hb[i], NULL, &p));
+    REQUIRE_OK(dmem_stream_copy(rb, back, p, 256, NULL));
     REQUIRE_OK(dmem_stream_synchronize(rb, NULL));
     CHECK_TRUE(memcmp(back, pattern, 256) == 0);
-    CHECK_OK(dmem_unlock(rb, hb[i]));
-    CHECK_OK(dmem_free(ra, ha[i]));
-    CHECK_OK(dmem_free(rb, hb[i]));
+    CHECK_OK(dmem_buffer_unlock(rb, hb[i]));
+    CHECK_OK(dmem_buffer_free(ra, ha[i]));
+    CHECK_OK(dmem_buffer_free(rb, hb[i]));
   }
   dmem_runtime_destroy(ra);
   dmem_runtime_destroy(rb);
@@ -111,7 +111,7 @@ TEST_CASE(handles_of_another_runtime_are_stale) {
 TEST_CASE(stale_forged_and_zero_handles) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h, h2;
-  REQUIRE_OK(dmem_alloc(rt, 64, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 64, 0, &h));
   const dmem_handle_t forged[] = {
       DMEM_HANDLE_NULL,
       h ^ ((dmem_handle_t)1 << 32),       /* right slot, wrong generation */
@@ -123,39 +123,39 @@ TEST_CASE(stale_forged_and_zero_handles) {
   for (size_t i = 0; i < sizeof forged / sizeof forged[0]; i++) {
     void *p = NULL;
     dmem_buffer_info_t info;
-    CHECK_STATUS(dmem_lock(rt, forged[i], NULL, &p), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_unlock(rt, forged[i]), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_free(rt, forged[i]), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_lock(rt, forged[i], NULL, &p), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_unlock(rt, forged[i]), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_free(rt, forged[i]), DMEM_ERR_STALE_HANDLE);
     CHECK_STATUS(dmem_buffer_info(rt, forged[i], &info), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_set_priority(rt, forged[i], 3), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_spill(rt, forged[i], DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
-    CHECK_STATUS(dmem_unspill(rt, forged[i], NULL), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_set_priority(rt, forged[i], 3), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_spill(rt, forged[i], DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
+    CHECK_STATUS(dmem_buffer_unspill(rt, forged[i], NULL), DMEM_ERR_STALE_HANDLE);
   }
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_STATUS(dmem_free(rt, h), DMEM_ERR_STALE_HANDLE); /* double free */
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_STATUS(dmem_buffer_free(rt, h), DMEM_ERR_STALE_HANDLE); /* double free */
   /* the slot is reused with a new generation: the old handle never reaches
    * the new buffer */
-  REQUIRE_OK(dmem_alloc(rt, 128, 0, &h2));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 128, 0, &h2));
   CHECK_EQ(h2 & 0xFFFFFFFFu, h & 0xFFFFFFFFu);
   CHECK_NE(h2, h);
   void *p;
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_STALE_HANDLE);
-  CHECK_STATUS(dmem_free(rt, h), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &p), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_free(rt, h), DMEM_ERR_STALE_HANDLE);
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, h2, &info));
   CHECK_UEQ(info.size, 128);
-  CHECK_OK(dmem_free(rt, h2));
+  CHECK_OK(dmem_buffer_free(rt, h2));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(lock_count_and_unlock_without_lock) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &h));
-  CHECK_STATUS(dmem_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &h));
+  CHECK_STATUS(dmem_buffer_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
   void *p1, *p2;
-  CHECK_OK(dmem_lock(rt, h, NULL, &p1));
-  CHECK_OK(dmem_lock(rt, h, NULL, &p2));
+  CHECK_OK(dmem_buffer_lock(rt, h, NULL, &p1));
+  CHECK_OK(dmem_buffer_lock(rt, h, NULL, &p2));
   CHECK_TRUE(p1 == p2 && p1 != NULL);
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, h, &info));
@@ -163,89 +163,89 @@ TEST_CASE(lock_count_and_unlock_without_lock) {
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_locked, 4096);
-  CHECK_OK(dmem_unlock(rt, h));
-  CHECK_OK(dmem_unlock(rt, h));
-  CHECK_STATUS(dmem_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
+  CHECK_OK(dmem_buffer_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
+  CHECK_STATUS(dmem_buffer_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
   CHECK_OK(dmem_buffer_info(rt, h, &info));
   CHECK_EQ(info.lock_count, 0);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_locked, 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(free_while_locked) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 11);
   void *p, *p2;
-  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
-  CHECK_OK(dmem_lock(rt, h, NULL, &p2));
-  CHECK_OK(dmem_free(rt, h));
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
+  CHECK_OK(dmem_buffer_lock(rt, h, NULL, &p2));
+  CHECK_OK(dmem_buffer_free(rt, h));
   /* stale at once for everything but unlock */
   dmem_buffer_info_t info;
   void *q;
   CHECK_STATUS(dmem_buffer_info(rt, h, &info), DMEM_ERR_STALE_HANDLE);
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &q), DMEM_ERR_STALE_HANDLE);
-  CHECK_STATUS(dmem_free(rt, h), DMEM_ERR_STALE_HANDLE);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &q), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_free(rt, h), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_STALE_HANDLE);
   /* memory is not reclaimed yet: the locker may still use it */
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, MiB);
   unsigned char *tmp = malloc(MiB);
-  CHECK_OK(dmem_copy(rt, tmp, p, MiB, NULL));
+  CHECK_OK(dmem_stream_copy(rt, tmp, p, MiB, NULL));
   CHECK_OK(dmem_stream_synchronize(rt, NULL));
   CHECK_UEQ(check_verify(tmp, MiB, 11), 0);
   free(tmp);
   /* even under pressure it is not spilled */
   size_t freed = 1;
-  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
   CHECK_UEQ(freed, 0);
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, MiB);
-  CHECK_OK(dmem_unlock(rt, h)); /* last unlock reclaims */
+  CHECK_OK(dmem_buffer_unlock(rt, h)); /* last unlock reclaims */
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, 0);
   CHECK_UEQ(s.buffer_count, 0);
-  CHECK_STATUS(dmem_unlock(rt, h), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_unlock(rt, h), DMEM_ERR_STALE_HANDLE);
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(pinned_never_spills) {
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   dmem_handle_t pin, other;
-  REQUIRE_OK(dmem_alloc(rt, 3 * MiB, DMEM_ALLOC_PINNED, &pin));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 3 * MiB, DMEM_ALLOC_PINNED, &pin));
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, pin, &info));
   CHECK_EQ(info.pinned, 1);
-  CHECK_STATUS(dmem_spill(rt, pin, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, pin, DMEM_TIER_HOST), DMEM_ERR_BUSY);
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_pinned, 3 * MiB);
   /* only 1 MiB left and nothing spillable: a 2 MiB allocation fails */
-  CHECK_STATUS(dmem_alloc(rt, 2 * MiB, 0, &other), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 2 * MiB, 0, &other), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_OK(dmem_buffer_info(rt, pin, &info));
   CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_free(rt, pin));
+  CHECK_OK(dmem_buffer_free(rt, pin));
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_pinned, 0);
-  CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &other));
-  CHECK_OK(dmem_free(rt, other));
+  CHECK_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &other));
+  CHECK_OK(dmem_buffer_free(rt, other));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(priority_set_and_read) {
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 100, 0, &h));
-  CHECK_OK(dmem_set_priority(rt, h, -7));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 100, 0, &h));
+  CHECK_OK(dmem_buffer_set_priority(rt, h, -7));
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, h, &info));
   CHECK_EQ(info.priority, -7);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -253,15 +253,15 @@ TEST_CASE(many_handles_grow_table) {
   dmem_runtime_t *rt = check_runtime(64 * MiB);
   enum { N = 10000 }; /* more than two table chunks */
   dmem_handle_t *hs = malloc(N * sizeof *hs);
-  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_alloc(rt, 64, 0, &hs[i]));
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 64, 0, &hs[i]));
   for (int i = 0; i < N; i++)
     for (int j = i + 1; j < i + 3 && j < N; j++) CHECK_NE(hs[i], hs[j]);
-  for (int i = 0; i < N; i += 2) CHECK_OK(dmem_free(rt, hs[i]));
+  for (int i = 0; i < N; i += 2) CHECK_OK(dmem_buffer_free(rt, hs[i]));
   for (int i = 1; i < N; i += 2) {
     dmem_buffer_info_t info;
     CHECK_OK(dmem_buffer_info(rt, hs[i], &info));
   }
-  for (int i = 1; i < N; i += 2) CHECK_OK(dmem_free(rt, hs[i]));
+  for (int i = 1; i < N; i += 2) CHECK_OK(dmem_buffer_free(rt, hs[i]));
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.buffer_count, 0);
@@ -273,13 +273,13 @@ TEST_CASE(many_handles_grow_table) {
 TEST_CASE(destroy_with_live_and_locked_buffers) {
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   dmem_handle_t a, b, c;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &c));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &c));
   void *p;
-  CHECK_OK(dmem_lock(rt, a, NULL, &p));
-  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, c, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_lock(rt, a, NULL, &p));
+  CHECK_OK(dmem_buffer_spill(rt, b, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, c, DMEM_TIER_DISK));
   dmem_runtime_destroy(rt); /* ASan checks that nothing leaks */
 }
 
@@ -295,8 +295,8 @@ static void *lock_loop(void *arg) {
   for (int it = 0; it < 20000; it++) {
     dmem_handle_t h = a->hs[it % a->n];
     void *p;
-    if (dmem_lock(a->rt, h, NULL, &p) != DMEM_OK) abort();
-    if (dmem_unlock(a->rt, h) != DMEM_OK) abort();
+    if (dmem_buffer_lock(a->rt, h, NULL, &p) != DMEM_OK) abort();
+    if (dmem_buffer_unlock(a->rt, h) != DMEM_OK) abort();
   }
   return NULL;
 }
@@ -304,7 +304,7 @@ static void *lock_loop(void *arg) {
 TEST_CASE(concurrent_lock_unlock_counts) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t hs[4];
-  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, 256, 0, &hs[i]));
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 256, 0, &hs[i]));
   lock_arg_t a = {rt, hs, 4};
   pthread_t t[8];
   for (int i = 0; i < 8; i++) pthread_create(&t[i], NULL, lock_loop, &a);
@@ -313,8 +313,8 @@ TEST_CASE(concurrent_lock_unlock_counts) {
     dmem_buffer_info_t info;
     CHECK_OK(dmem_buffer_info(rt, hs[i], &info));
     CHECK_EQ(info.lock_count, 0);
-    CHECK_STATUS(dmem_unlock(rt, hs[i]), DMEM_ERR_NOT_LOCKED);
-    CHECK_OK(dmem_free(rt, hs[i]));
+    CHECK_STATUS(dmem_buffer_unlock(rt, hs[i]), DMEM_ERR_NOT_LOCKED);
+    CHECK_OK(dmem_buffer_free(rt, hs[i]));
   }
   dmem_runtime_destroy(rt);
 }
@@ -322,13 +322,13 @@ TEST_CASE(concurrent_lock_unlock_counts) {
 TEST_CASE(data_survives_spill_roundtrip) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 3 * MiB + 17, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 3 * MiB + 17, 0, &h));
   check_put(rt, h, 3 * MiB + 17, 99);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB + 17, 99), 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB + 17, 99), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -401,13 +401,13 @@ TEST_CASE(read_in_place_each_tier) {
   REQUIRE_TRUE(want != NULL);
   check_fill(want, size, 41);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, size, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h));
   check_put(rt, h, size, 41);
   const dmem_state_t states[3] = {DMEM_STATE_RESIDENT, DMEM_STATE_DEFERRED_HOST,
                                   DMEM_STATE_DEFERRED_DISK};
   for (int t = 0; t < 3; t++) {
-    if (t == 1) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-    if (t == 2) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    if (t == 1) REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+    if (t == 2) REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
     dmem_buffer_info_t before, after;
     REQUIRE_OK(dmem_buffer_info(rt, h, &before));
     CHECK_EQ(before.state, states[t]);
@@ -429,7 +429,7 @@ TEST_CASE(read_in_place_each_tier) {
   }
   /* and the bytes are still right when they come back */
   CHECK_UEQ(check_bad_bytes(rt, h, size, 41), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   free(want);
   dmem_runtime_destroy(rt);
 }
@@ -443,29 +443,29 @@ TEST_CASE(read_locked_and_just_unspilled) {
   REQUIRE_TRUE(want != NULL);
   check_fill(want, size, 7);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, size, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h));
   check_put(rt, h, size, 7);
   void *p;
-  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
-  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
   CHECK_UEQ(read_bad_bytes(rt, h, want, 0, size, 0), 0);
   dmem_buffer_info_t info;
   REQUIRE_OK(dmem_buffer_info(rt, h, &info));
   CHECK_EQ(info.lock_count, 2);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
-  CHECK_OK(dmem_unlock(rt, h));
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_OK(dmem_buffer_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   for (int round = 0; round < 20; round++) {
-    REQUIRE_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+    REQUIRE_OK(dmem_buffer_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
     dmem_stream_t s;
     REQUIRE_OK(dmem_stream_create(rt, &s));
-    REQUIRE_OK(dmem_unspill(rt, h, s)); /* returns once the copy is enqueued */
+    REQUIRE_OK(dmem_buffer_unspill(rt, h, s)); /* returns once the copy is enqueued */
     CHECK_UEQ(read_bad_bytes(rt, h, want, 0, size, 0), 0);
     REQUIRE_OK(dmem_buffer_info(rt, h, &info));
     CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
     CHECK_OK(dmem_stream_destroy(rt, s));
   }
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   free(want);
   dmem_runtime_destroy(rt);
 }
@@ -475,8 +475,8 @@ TEST_CASE(read_locked_and_just_unspilled) {
 TEST_CASE(read_does_not_refresh_lru) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t old, young;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &old));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &young));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &old));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &young));
   check_put(rt, old, MiB, 1);   /* unlocked first */
   check_put(rt, young, MiB, 2); /* unlocked last */
   unsigned char *want = malloc(MiB);
@@ -484,15 +484,15 @@ TEST_CASE(read_does_not_refresh_lru) {
   check_fill(want, MiB, 1);
   for (int i = 0; i < 3; i++) CHECK_UEQ(read_bad_bytes(rt, old, want, 0, MiB, 0), 0);
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, 1, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, 1, &freed));
   CHECK_UEQ(freed, MiB);
   dmem_buffer_info_t io, iy;
   REQUIRE_OK(dmem_buffer_info(rt, old, &io));
   REQUIRE_OK(dmem_buffer_info(rt, young, &iy));
   CHECK_EQ(io.state, DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(iy.state, DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_free(rt, old));
-  CHECK_OK(dmem_free(rt, young));
+  CHECK_OK(dmem_buffer_free(rt, old));
+  CHECK_OK(dmem_buffer_free(rt, young));
   free(want);
   dmem_runtime_destroy(rt);
 }
@@ -500,13 +500,13 @@ TEST_CASE(read_does_not_refresh_lru) {
 TEST_CASE(read_bad_ranges_and_stale) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 1000, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 1000, 0, &h));
   check_put(rt, h, 1000, 3);
   unsigned char buf[1100];
   memset(buf, 0x11, sizeof buf);
   for (int t = 0; t < 3; t++) {
-    if (t == 1) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-    if (t == 2) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    if (t == 1) REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+    if (t == 2) REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
     CHECK_STATUS(dmem_buffer_read(rt, h, 0, buf, 1001), DMEM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(dmem_buffer_read(rt, h, 1, buf, 1000), DMEM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(dmem_buffer_read(rt, h, 1001, buf, 0), DMEM_ERR_INVALID_ARGUMENT);
@@ -519,7 +519,7 @@ TEST_CASE(read_bad_ranges_and_stale) {
   }
   for (size_t i = 0; i < sizeof buf; i++)
     if (buf[i] != 0x11) CHECK_FAIL_(1, "byte %zu written by a failed or empty read", i);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_STATUS(dmem_buffer_read(rt, h, 0, buf, 10), DMEM_ERR_STALE_HANDLE);
   CHECK_STATUS(dmem_buffer_read(rt, h, 0, NULL, 0), DMEM_ERR_STALE_HANDLE);
   CHECK_STATUS(dmem_buffer_read(rt, DMEM_HANDLE_NULL, 0, buf, 10), DMEM_ERR_STALE_HANDLE);
@@ -557,11 +557,11 @@ TEST_CASE(read_controller_tier_is_busy) {
   c.user = &copy;
   c.store = one_store;
   c.retrieve = one_retrieve;
-  REQUIRE_OK(dmem_set_controller(rt, &c));
+  REQUIRE_OK(dmem_controller_set(rt, &c));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &h));
   check_put(rt, h, 4096, 5);
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   unsigned char buf[16];
   CHECK_STATUS(dmem_buffer_read(rt, h, 0, buf, sizeof buf), DMEM_ERR_BUSY);
   CHECK_EQ(copy.retrieves, 0);
@@ -569,8 +569,8 @@ TEST_CASE(read_controller_tier_is_busy) {
   REQUIRE_OK(dmem_buffer_info(rt, h, &info));
   CHECK_EQ(info.state, DMEM_STATE_DEFERRED_CONTROLLER);
   CHECK_UEQ(check_bad_bytes(rt, h, 4096, 5), 0);
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_OK(dmem_set_controller(rt, NULL));
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_OK(dmem_controller_set(rt, NULL));
   free(copy.data);
   dmem_runtime_destroy(rt);
 }
@@ -618,14 +618,14 @@ static void *race_mover(void *arg) {
     dmem_status_t st;
     void *p;
     switch (it % 5) {
-      case 0: st = dmem_spill(r->rt, h, DMEM_TIER_HOST); break;
-      case 1: st = dmem_spill(r->rt, h, DMEM_TIER_DISK); break;
-      case 2: st = dmem_unspill(r->rt, h, NULL); break;
+      case 0: st = dmem_buffer_spill(r->rt, h, DMEM_TIER_HOST); break;
+      case 1: st = dmem_buffer_spill(r->rt, h, DMEM_TIER_DISK); break;
+      case 2: st = dmem_buffer_unspill(r->rt, h, NULL); break;
       case 3:
-        st = dmem_lock(r->rt, h, NULL, &p);
-        if (st == DMEM_OK) st = dmem_unlock(r->rt, h);
+        st = dmem_buffer_lock(r->rt, h, NULL, &p);
+        if (st == DMEM_OK) st = dmem_buffer_unlock(r->rt, h);
         break;
-      default: st = dmem_spill(r->rt, h, DMEM_TIER_HOST); break;
+      default: st = dmem_buffer_spill(r->rt, h, DMEM_TIER_HOST); break;
     }
     /* BUSY: being read or moved; INVALID: disk -> host is no move */
     if (st != DMEM_OK && st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT) {
@@ -655,7 +655,7 @@ TEST_CASE(read_races_moves) {
     REQUIRE_TRUE(want[i] != NULL);
     check_fill(want[i], RACE_SIZE, 60 + (uint64_t)i);
     r.want[i] = want[i];
-    REQUIRE_OK(dmem_alloc(rt, RACE_SIZE, 0, &r.h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, RACE_SIZE, 0, &r.h[i]));
     check_put(rt, r.h[i], RACE_SIZE, 60 + (uint64_t)i);
   }
   move_counts_t c0 = move_counts(rt);
@@ -671,7 +671,7 @@ TEST_CASE(read_races_moves) {
   CHECK_GT(move_counts(rt).spills, c0.spills); /* the mover did move them */
   for (int i = 0; i < 2; i++) {
     CHECK_UEQ(check_bad_bytes(rt, r.h[i], RACE_SIZE, 60 + (uint64_t)i), 0);
-    CHECK_OK(dmem_free(rt, r.h[i]));
+    CHECK_OK(dmem_buffer_free(rt, r.h[i]));
     free(want[i]);
   }
   dmem_stats_t s;
@@ -711,13 +711,13 @@ TEST_CASE(read_races_free) {
   check_fill(want, size, 77);
   for (int round = 0; round < 30; round++) {
     free_race_t r = {rt, 0, want, size, 0};
-    REQUIRE_OK(dmem_alloc(rt, size, 0, &r.h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &r.h));
     check_put(rt, r.h, size, 77);
-    if (round % 3 == 1) REQUIRE_OK(dmem_spill(rt, r.h, DMEM_TIER_HOST));
-    if (round % 3 == 2) REQUIRE_OK(dmem_spill(rt, r.h, DMEM_TIER_DISK));
+    if (round % 3 == 1) REQUIRE_OK(dmem_buffer_spill(rt, r.h, DMEM_TIER_HOST));
+    if (round % 3 == 2) REQUIRE_OK(dmem_buffer_spill(rt, r.h, DMEM_TIER_DISK));
     pthread_t t;
     pthread_create(&t, NULL, free_race_reader, &r);
-    CHECK_OK(dmem_free(rt, r.h));
+    CHECK_OK(dmem_buffer_free(rt, r.h));
     pthread_join(t, NULL);
     CHECK_EQ(atomic_load(&r.bad), 0);
   }

@@ -645,8 +645,8 @@ TEST_CASE(huge_capacity_fraction_saturates) {
     CHECK_TRUE(s.spill_ahead_high < s.device_limit);
     CHECK_TRUE((double)s.spill_ahead_low >= (double)s.device_limit * 0.49);
     dmem_handle_t h;
-    CHECK_OK(dmem_alloc(rt, (size_t)1 << 20, 0, &h));
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_alloc(rt, (size_t)1 << 20, 0, &h));
+    CHECK_OK(dmem_buffer_free(rt, h));
     dmem_runtime_destroy(rt);
   }
 }

@@ -1,5 +1,5 @@
 /* The copy engine on the host backend: retrieves on the runtime's
- * host->device stream, dmem_prefetch, spill-ahead, and a lock racing each
+ * host->device stream, dmem_buffer_prefetch, spill-ahead, and a lock racing each
  * kind of move in flight (spill copy, unspill copy, prefetch copy,
  * background eviction). The runtime's copy streams are held back with a
  * gate (a host function that blocks until released) so that the copies are
@@ -95,12 +95,12 @@ TEST_CASE(prefetch_brings_back_without_lock) {
   dmem_runtime_t *rt = host_runtime(16 * MiB, 0, 0);
   dmem_handle_t h[3];
   for (int i = 0; i < 3; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 10 + (uint64_t)i);
   }
-  REQUIRE_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_spill(rt, h[1], DMEM_TIER_DISK));
-  CHECK_OK(dmem_prefetch(rt, h, 3, NULL));
+  REQUIRE_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_spill(rt, h[1], DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_prefetch(rt, h, 3, NULL));
   for (int i = 0; i < 3; i++) {
     dmem_buffer_info_t info;
     CHECK_OK(dmem_buffer_info(rt, h[i], &info));
@@ -116,10 +116,10 @@ TEST_CASE(prefetch_brings_back_without_lock) {
   CHECK_UEQ(s.tier_spill_count[DMEM_TIER_HOST], 1);
   CHECK_UEQ(s.tier_spill_bytes[DMEM_TIER_DISK], MiB);
   for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 10 + (uint64_t)i), 0);
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
-  CHECK_OK(dmem_prefetch(rt, NULL, 0, NULL));
-  CHECK_STATUS(dmem_prefetch(rt, NULL, 1, NULL), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_prefetch(NULL, h, 1, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_prefetch(rt, NULL, 0, NULL));
+  CHECK_STATUS(dmem_buffer_prefetch(rt, NULL, 1, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_prefetch(NULL, h, 1, NULL), DMEM_ERR_INVALID_ARGUMENT);
   dmem_runtime_destroy(rt);
 }
 
@@ -131,19 +131,19 @@ TEST_CASE(prefetched_buffers_are_not_the_next_victims) {
   dmem_runtime_t *rt = host_runtime(3 * MiB, 0, 0);
   dmem_handle_t h[4];
   for (int i = 0; i < 3; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 20 + (uint64_t)i); /* unlocked in order 0, 1, 2 */
   }
-  REQUIRE_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
-  CHECK_OK(dmem_prefetch(rt, h, 1, NULL)); /* h[0] back, its unlock the oldest */
+  REQUIRE_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_prefetch(rt, h, 1, NULL)); /* h[0] back, its unlock the oldest */
   CHECK_OK(dmem_runtime_poll(rt));
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[3])); /* needs one buffer's room */
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[3])); /* needs one buffer's room */
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST); /* the oldest of the others */
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
   for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 20 + (uint64_t)i), 0);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
 
@@ -162,20 +162,20 @@ static void prefetch_loop_retrieves(dmem_eviction_policy_t policy, uint64_t *ret
   if (dmem_runtime_create(&cfg, &rt) != DMEM_OK) abort();
   dmem_handle_t h[32];
   for (int i = 0; i < 32; i++) {
-    REQUIRE_OK(dmem_alloc(rt, sz, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &h[i]));
     check_put(rt, h[i], sz, (uint64_t)i);
   }
   for (int pass = 0; pass < 4; pass++)
     for (int i = 0; i < 32; i++) {
       dmem_handle_t ahead[4];
       for (int k = 0; k < 4; k++) ahead[k] = h[(i + 1 + k) % 32];
-      dmem_status_t st = dmem_prefetch(rt, ahead, 4, NULL);
+      dmem_status_t st = dmem_buffer_prefetch(rt, ahead, 4, NULL);
       if (st != DMEM_OK && st != DMEM_ERR_OUT_OF_MEMORY) abort();
       CHECK_UEQ(check_bad_bytes(rt, h[i], sz, (uint64_t)i), 0); /* a lock and an unlock */
     }
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
-  for (int i = 0; i < 32; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 32; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   *retrieves_out = s.unspill_count;
 }
@@ -196,7 +196,7 @@ TEST_CASE(loop_prefetching_ahead_stays_a_loop) {
   CHECK_LE(reuse * 10, lru * 9);
 }
 
-/* Work on the caller's stream after dmem_prefetch sees the bytes, even
+/* Work on the caller's stream after dmem_buffer_prefetch sees the bytes, even
  * though the copies run on the runtime's host->device stream, held back
  * here until the checker is queued. */
 TEST_CASE(prefetch_orders_callers_stream) {
@@ -205,14 +205,14 @@ TEST_CASE(prefetch_orders_callers_stream) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 20 + (uint64_t)i);
-    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+    REQUIRE_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   }
   REQUIRE_OK(dmem_runtime_poll(rt));
   gate_t g;
   gate_close(rt, &g, rt->unspill_stream);
-  CHECK_OK(dmem_prefetch(rt, h, 4, s));
+  CHECK_OK(dmem_buffer_prefetch(rt, h, 4, s));
   checker_t c[4];
   for (int i = 0; i < 4; i++) {
     c[i] = (checker_t){dev_of(rt, h[i]), MiB, 20 + (uint64_t)i, 1};
@@ -222,7 +222,7 @@ TEST_CASE(prefetch_orders_callers_stream) {
   CHECK_OK(dmem_stream_synchronize(rt, s));
   for (int i = 0; i < 4; i++) CHECK_UEQ(c[i].bad, 0);
   gate_fini(rt, &g, rt->unspill_stream);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -235,15 +235,15 @@ TEST_CASE(prefetch_with_a_stale_handle_moves_nothing) {
   dmem_runtime_t *rt = host_runtime(16 * MiB, 0, 0);
   dmem_handle_t h[3];
   for (int i = 0; i < 3; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
-    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   }
-  REQUIRE_OK(dmem_free(rt, h[1]));
-  CHECK_STATUS(dmem_prefetch(rt, h, 3, NULL), DMEM_ERR_STALE_HANDLE);
+  REQUIRE_OK(dmem_buffer_free(rt, h[1]));
+  CHECK_STATUS(dmem_buffer_prefetch(rt, h, 3, NULL), DMEM_ERR_STALE_HANDLE);
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_HOST);
-  CHECK_OK(dmem_free(rt, h[0]));
-  CHECK_OK(dmem_free(rt, h[2]));
+  CHECK_OK(dmem_buffer_free(rt, h[0]));
+  CHECK_OK(dmem_buffer_free(rt, h[2]));
   dmem_runtime_destroy(rt);
 }
 
@@ -263,10 +263,10 @@ static void lock_races(enum move m) {
   for (int round = 0; round < 4; round++) {
     dmem_handle_t h;
     uint64_t seed = 100 + (uint64_t)round;
-    REQUIRE_OK(dmem_alloc(rt, n, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, n, 0, &h));
     check_put(rt, h, n, seed);
     if (m != MOVE_SPILL) {
-      REQUIRE_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+      REQUIRE_OK(dmem_buffer_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
       REQUIRE_OK(dmem_runtime_poll(rt));
     }
     gate_t g;
@@ -274,25 +274,25 @@ static void lock_races(enum move m) {
     gate_close(rt, &g, copy_stream);
     if (m == MOVE_SPILL) {
       /* stream-ordered: returns with the copy queued behind the gate */
-      CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+      CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
       CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
     } else if (m == MOVE_UNSPILL) {
-      CHECK_OK(dmem_unspill(rt, h, s1));
+      CHECK_OK(dmem_buffer_unspill(rt, h, s1));
     } else {
-      CHECK_OK(dmem_prefetch(rt, &h, 1, s1));
+      CHECK_OK(dmem_buffer_prefetch(rt, &h, 1, s1));
     }
     void *p = NULL;
-    REQUIRE_OK(dmem_lock(rt, h, s2, &p));
+    REQUIRE_OK(dmem_buffer_lock(rt, h, s2, &p));
     checker_t c = {p, n, seed, 1};
     CHECK_OK(dmem_stream_enqueue_host(rt, s2, check_kernel, &c));
     gate_open(&g);
     CHECK_OK(dmem_stream_synchronize(rt, s2));
     CHECK_UEQ(c.bad, 0);
-    CHECK_OK(dmem_unlock(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
     gate_fini(rt, &g, copy_stream);
     CHECK_OK(dmem_stream_synchronize(rt, s1));
     CHECK_UEQ(check_bad_bytes(rt, h, n, seed), 0);
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
   dmem_stats_t st;
   CHECK_OK(dmem_stats(rt, &st));
@@ -326,7 +326,7 @@ TEST_CASE(spill_ahead_spills_to_low_water_mark) {
   CHECK_UEQ(s.spill_ahead_low, 2 * MiB);
   dmem_handle_t h[5];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 200 + (uint64_t)i);
   }
   /* at the mark, not above it: nothing moves */
@@ -337,7 +337,7 @@ TEST_CASE(spill_ahead_spills_to_low_water_mark) {
   CHECK_UEQ(s.device_used, 4 * MiB);
   /* one more: above it, so the thread spills the three least recently
    * used (5 MiB down to 2 MiB) */
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[4]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[4]));
   check_put(rt, h[4], MiB, 204);
   double t0 = now_s();
   do {
@@ -353,7 +353,7 @@ TEST_CASE(spill_ahead_spills_to_low_water_mark) {
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[4]), DMEM_STATE_RESIDENT);
   for (int i = 0; i < 5; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 200 + (uint64_t)i), 0);
-  for (int i = 0; i < 5; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 5; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
 
@@ -367,11 +367,11 @@ TEST_CASE(spill_ahead_off_by_default_on_host_backend) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.spill_ahead_high, 0);
   dmem_handle_t h[7];
-  for (int i = 0; i < 7; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  for (int i = 0; i < 7; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.spill_count, 0);
   CHECK_UEQ(s.device_used, 7 * MiB);
-  for (int i = 0; i < 7; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 7; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   dmem_runtime_t *bad = NULL;
   cfg.backend = DMEM_BACKEND_HOST;
@@ -406,7 +406,7 @@ static void *racer_main(void *p) {
     x = x * 1664525u + 1013904223u;
     int k = (int)(x >> 8) % r->nbuf;
     void *dev;
-    dmem_status_t st = dmem_lock(r->rt, r->h[k], s, &dev);
+    dmem_status_t st = dmem_buffer_lock(r->rt, r->h[k], s, &dev);
     if (st != DMEM_OK) {
       r->errors++;
       continue;
@@ -416,10 +416,10 @@ static void *racer_main(void *p) {
         dmem_stream_synchronize(r->rt, s) != DMEM_OK)
       r->errors++;
     r->bad += c.bad != 0;
-    if (dmem_unlock(r->rt, r->h[k]) != DMEM_OK) r->errors++;
+    if (dmem_buffer_unlock(r->rt, r->h[k]) != DMEM_OK) r->errors++;
     if (i % 8 == 0) {
       dmem_handle_t pf[2] = {r->h[(k + 1) % r->nbuf], r->h[(k + 2) % r->nbuf]};
-      if (dmem_prefetch(r->rt, pf, 2, s) != DMEM_OK) r->errors++;
+      if (dmem_buffer_prefetch(r->rt, pf, 2, s) != DMEM_OK) r->errors++;
     }
   }
   if (dmem_stream_destroy(r->rt, s) != DMEM_OK) r->errors++;
@@ -433,7 +433,7 @@ TEST_CASE(locks_race_background_eviction) {
   dmem_runtime_t *rt = host_runtime(8 * n, 0.5, 0.375);
   dmem_handle_t h[NBUF];
   for (int i = 0; i < NBUF; i++) {
-    REQUIRE_OK(dmem_alloc(rt, n, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, n, 0, &h[i]));
     check_put(rt, h[i], n, 300 + (uint64_t)i);
   }
   racer_t r[THREADS];
@@ -456,7 +456,7 @@ TEST_CASE(locks_race_background_eviction) {
   CHECK_GT(s.ahead_evictions, 0);
   CHECK_GT(s.unspill_count, 0);
   for (int i = 0; i < NBUF; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], n, 300 + (uint64_t)i), 0);
-  for (int i = 0; i < NBUF; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < NBUF; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   /* A buffer the background thread is moving when it is freed is
    * reclaimed when that move ends (buffer.h): wait for it, up to 5 s. */
   for (int ms = 0; ms < 5000; ms++) {

@@ -3,7 +3,7 @@
  * through the runtime (stream-ordered eviction, making room, trimming,
  * statistics), memory info, IPC, the process-wide default runtime and the
  * PyTorch symbols. Backend-neutral (run again as cuda.device.* on a GPU):
- * raw memory is written and read with dmem_copy on its stream. */
+ * raw memory is written and read with dmem_stream_copy on its stream. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
@@ -27,7 +27,7 @@ static void raw_put(dmem_runtime_t *rt, void *p, size_t n, uint64_t seed, dmem_s
   void *tmp = malloc(n);
   if (!tmp) abort();
   check_fill(tmp, n, seed);
-  if (dmem_copy(rt, p, tmp, n, s) != DMEM_OK || dmem_stream_synchronize(rt, s) != DMEM_OK) abort();
+  if (dmem_stream_copy(rt, p, tmp, n, s) != DMEM_OK || dmem_stream_synchronize(rt, s) != DMEM_OK) abort();
   free(tmp);
 }
 
@@ -36,7 +36,7 @@ static size_t raw_bad(dmem_runtime_t *rt, const void *p, size_t n, uint64_t seed
                       dmem_stream_t s) {
   void *tmp = calloc(1, n);
   if (!tmp) abort();
-  if (dmem_copy(rt, tmp, p, n, s) != DMEM_OK || dmem_stream_synchronize(rt, s) != DMEM_OK) abort();
+  if (dmem_stream_copy(rt, tmp, p, n, s) != DMEM_OK || dmem_stream_synchronize(rt, s) != DMEM_OK) abort();
   size_t bad = check_verify(tmp, n, seed);
   free(tmp);
   return bad;
@@ -124,7 +124,7 @@ TEST_CASE(raw_allocations_force_spills) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t h[8];
   for (int i = 0; i < 8; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 100 + (uint64_t)i);
   }
   void *p = NULL;
@@ -144,13 +144,13 @@ TEST_CASE(raw_allocations_force_spills) {
   /* with every buffer locked, a raw allocation that needs room fails */
   void *ptrs[8];
   int locked = 0;
-  for (int i = 0; i < 8; i++) locked += dmem_lock(rt, h[i], NULL, &ptrs[i]) == DMEM_OK;
+  for (int i = 0; i < 8; i++) locked += dmem_buffer_lock(rt, h[i], NULL, &ptrs[i]) == DMEM_OK;
   CHECK_TRUE(locked >= 5); /* 6 MiB of buffers fit beside the raw block */
   void *big = NULL;
   CHECK_STATUS(dmem_device_malloc(rt, 3 * MiB, NULL, &big), DMEM_ERR_OUT_OF_MEMORY);
-  for (int i = 0; i < 8; i++) (void)dmem_unlock(rt, h[i]);
+  for (int i = 0; i < 8; i++) (void)dmem_buffer_unlock(rt, h[i]);
   CHECK_OK(dmem_device_free(rt, p, NULL));
-  for (int i = 0; i < 8; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 8; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   s = stats_of(rt);
   CHECK_UEQ(s.device_used, 0);
   CHECK_UEQ(s.host_used, 0);
@@ -164,17 +164,17 @@ TEST_CASE(memory_info_counts_spillable) {
   CHECK_UEQ(total, 16 * MiB);
   CHECK_UEQ(fr, 16 * MiB);
   dmem_handle_t h[4];
-  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h[i]));
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h[i]));
   void *p = NULL;
   REQUIRE_OK(dmem_device_malloc(rt, 4 * MiB, NULL, &p));
   /* 8 MiB of buffers are spillable, 4 MiB raw are not: 12 MiB obtainable */
   CHECK_OK(dmem_device_memory_info(rt, &fr, &total));
   CHECK_UEQ(fr, 12 * MiB);
   void *dp;
-  REQUIRE_OK(dmem_lock(rt, h[0], NULL, &dp)); /* locked: not obtainable */
+  REQUIRE_OK(dmem_buffer_lock(rt, h[0], NULL, &dp)); /* locked: not obtainable */
   CHECK_OK(dmem_device_memory_info(rt, &fr, NULL));
   CHECK_UEQ(fr, 10 * MiB);
-  CHECK_OK(dmem_unlock(rt, h[0]));
+  CHECK_OK(dmem_buffer_unlock(rt, h[0]));
   /* obtainable really is obtainable (in pieces: one 12 MiB block would need
    * a contiguous range, which slab boundaries may not offer) */
   void *r[12];
@@ -183,7 +183,7 @@ TEST_CASE(memory_info_counts_spillable) {
   CHECK_UEQ(fr, 0);
   for (int i = 0; i < 12; i++) CHECK_OK(dmem_device_free(rt, r[i], NULL));
   CHECK_OK(dmem_device_free(rt, p, NULL));
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_STATUS(dmem_device_memory_info(NULL, &fr, &total), DMEM_ERR_INVALID_ARGUMENT);
   dmem_runtime_destroy(rt);
 }
@@ -195,15 +195,15 @@ TEST_CASE(ipc_handle_on_host_backend_is_no_device) {
   unsigned char handle[DMEM_IPC_HANDLE_SIZE];
   size_t off = 12345;
   if (dmem_runtime_backend(rt) == DMEM_BACKEND_HOST) {
-    CHECK_STATUS(dmem_ipc_handle(rt, p, handle, &off), DMEM_ERR_NO_DEVICE);
+    CHECK_STATUS(dmem_device_ipc_handle(rt, p, handle, &off), DMEM_ERR_NO_DEVICE);
     CHECK_UEQ(off, 12345);
   } else {
-    CHECK_OK(dmem_ipc_handle(rt, p, handle, &off));
+    CHECK_OK(dmem_device_ipc_handle(rt, p, handle, &off));
     CHECK_LT(off, 16 * MiB);
     int x = 0;
-    CHECK_STATUS(dmem_ipc_handle(rt, &x, handle, &off), DMEM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(dmem_device_ipc_handle(rt, &x, handle, &off), DMEM_ERR_INVALID_ARGUMENT);
   }
-  CHECK_STATUS(dmem_ipc_handle(rt, NULL, handle, &off), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_device_ipc_handle(rt, NULL, handle, &off), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_OK(dmem_device_free(rt, p, NULL));
   dmem_runtime_destroy(rt);
 }
@@ -264,19 +264,19 @@ TEST_CASE(spill_unspill_cycle_no_free_no_sync) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h[6];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 50 + (uint64_t)i);
   }
   count_backend(rt);
   /* on-demand: two more buffers evict two */
-  for (int i = 4; i < 6; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  for (int i = 4; i < 6; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
   /* explicit spill, then locks that bring everything back (evicting others) */
-  CHECK_OK(dmem_spill(rt, h[2], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[2], DMEM_TIER_HOST));
   for (int round = 0; round < 3; round++)
     for (int i = 0; i < 6; i++) { /* 6 MiB through 4 MiB: every lock moves */
       void *p;
-      CHECK_OK(dmem_lock(rt, h[i], s, &p));
-      CHECK_OK(dmem_unlock(rt, h[i])); /* nothing enqueued on s uses it */
+      CHECK_OK(dmem_buffer_lock(rt, h[i], s, &p));
+      CHECK_OK(dmem_buffer_unlock(rt, h[i])); /* nothing enqueued on s uses it */
     }
   int frees = atomic_load(&n_device_free), syncs = atomic_load(&n_host_syncs);
   dmem_stats_t st = stats_of(rt);
@@ -289,7 +289,7 @@ TEST_CASE(spill_unspill_cycle_no_free_no_sync) {
   *rt->be = counted_orig;
   /* and the data made it through */
   for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
-  for (int i = 0; i < 6; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 6; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -302,18 +302,18 @@ TEST_CASE(eviction_makes_a_contiguous_range) {
   dmem_handle_t h[4];
   void *dev[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 70 + (uint64_t)i);
-    REQUIRE_OK(dmem_lock(rt, h[i], NULL, &dev[i]));
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    REQUIRE_OK(dmem_buffer_lock(rt, h[i], NULL, &dev[i]));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
   }
   /* free c: a hole beside d. LRU order now a, b, d. */
-  CHECK_OK(dmem_free(rt, h[2]));
+  CHECK_OK(dmem_buffer_free(rt, h[2]));
   void *p;
   for (int i = 0; i < 4; i++) {
     if (i == 2) continue;
-    REQUIRE_OK(dmem_lock(rt, h[i], NULL, &p));
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    REQUIRE_OK(dmem_buffer_lock(rt, h[i], NULL, &p));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
   }
   /* which blocks neighbour each other is the pool's business: find the
    * buffer whose block is next to the hole */
@@ -324,7 +324,7 @@ TEST_CASE(eviction_makes_a_contiguous_range) {
   REQUIRE_TRUE(beside >= 0);
   dmem_stats_t s0 = stats_of(rt);
   dmem_handle_t x;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &x));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &x));
   dmem_stats_t s1 = stats_of(rt);
   /* plain LRU would have spilled a and b (2 MiB, and not even adjacent to
    * each other's free neighbours in every layout); one 1 MiB victim does */
@@ -335,8 +335,8 @@ TEST_CASE(eviction_makes_a_contiguous_range) {
   for (int i = 0; i < 4; i++)
     if (i != 2) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 70 + (uint64_t)i), 0);
   for (int i = 0; i < 4; i++)
-    if (i != 2) CHECK_OK(dmem_free(rt, h[i]));
-  CHECK_OK(dmem_free(rt, x));
+    if (i != 2) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_free(rt, x));
   dmem_runtime_destroy(rt);
 }
 
@@ -594,7 +594,7 @@ TEST_CASE(dedicated_blocks_force_spills) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t h[6];
   for (int i = 0; i < 6; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 50 + (uint64_t)i);
   }
   void *p = NULL;
@@ -608,7 +608,7 @@ TEST_CASE(dedicated_blocks_force_spills) {
   CHECK_OK(dmem_device_free(rt, p, NULL));
   for (int i = 0; i < 6; i++) {
     CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 50 + (uint64_t)i), 0);
-    CHECK_OK(dmem_free(rt, h[i]));
+    CHECK_OK(dmem_buffer_free(rt, h[i]));
   }
   dmem_runtime_destroy(rt);
 }
@@ -637,7 +637,7 @@ TEST_CASE(adopt_keeps_bytes_and_address_then_spills_like_a_buffer) {
   memset(&c, 0, sizeof c);
   c.struct_size = sizeof c;
   c.on_event = adopt_on_event;
-  REQUIRE_OK(dmem_set_controller(rt, &c));
+  REQUIRE_OK(dmem_controller_set(rt, &c));
   const size_t n = MiB + 40; /* not a multiple of the pool's alignment */
   void *other = NULL, *p = NULL;
   REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, NULL, &other)); /* stays raw */
@@ -659,13 +659,13 @@ TEST_CASE(adopt_keeps_bytes_and_address_then_spills_like_a_buffer) {
   REQUIRE_OK(dmem_buffer_info(rt, h, &info));
   CHECK_UEQ(info.size, n);
   CHECK_EQ(info.state, DMEM_STATE_RESIDENT);
-  CHECK_EQ(info.lock_count, 1); /* locked once, as dmem_lock leaves it */
+  CHECK_EQ(info.lock_count, 1); /* locked once, as dmem_buffer_lock leaves it */
   CHECK_TRUE(!info.pinned);
   void *q = NULL;
-  REQUIRE_OK(dmem_lock(rt, h, NULL, &q));
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &q));
   CHECK_TRUE(q == p); /* same address: no copy */
   CHECK_UEQ(raw_bad(rt, q, n, 61, NULL), 0);
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   dmem_stats_t s1 = stats_of(rt);
   CHECK_UEQ(s1.raw_used, 64 * KiB);           /* the block left the raw bytes */
   CHECK_UEQ(s1.buffer_count, 1);              /* ... for the buffers' */
@@ -676,31 +676,31 @@ TEST_CASE(adopt_keeps_bytes_and_address_then_spills_like_a_buffer) {
   CHECK_OK(dmem_device_memory_info(rt, &fr, NULL));
   CHECK_UEQ(fr, free0); /* locked: no more obtainable than as raw memory */
   /* locked: not spillable; it is no raw allocation any more */
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
   CHECK_STATUS(dmem_device_free(rt, p, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_UEQ(stats_of(rt).raw_used, 64 * KiB);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
 
-  CHECK_OK(dmem_unlock(rt, h));
-  CHECK_STATUS(dmem_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
+  CHECK_OK(dmem_buffer_unlock(rt, h));
+  CHECK_STATUS(dmem_buffer_unlock(rt, h), DMEM_ERR_NOT_LOCKED);
   CHECK_OK(dmem_device_memory_info(rt, &fr, NULL));
   CHECK_UEQ(fr, free0 + n); /* unlocked: spillable, so obtainable */
   CHECK_UEQ(stats_of(rt).device_locked, 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   dmem_stats_t s2 = stats_of(rt);
   CHECK_UEQ(s2.device_used, 64 * KiB);
   CHECK_UEQ(s2.host_used, n);
   CHECK_UEQ(check_bad_bytes(rt, h, n, 61), 0); /* back through a lock */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
   CHECK_UEQ(stats_of(rt).disk_used, n);
-  CHECK_OK(dmem_unspill(rt, h, NULL));
+  CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
   CHECK_OK(dmem_stream_synchronize(rt, NULL));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, n, 61), 0);
 
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_EQ(adopt_events[DMEM_EVENT_FREE], 1);
   dmem_stats_t s3 = stats_of(rt);
   CHECK_UEQ(s3.device_used, 64 * KiB); /* back to the start but for the other block */
@@ -759,9 +759,9 @@ TEST_CASE(adopt_refuses_what_is_not_an_adoptable_raw_block) {
   /* the refused blocks are intact and still raw */
   CHECK_UEQ(raw_bad(rt, d, 64 * KiB, 63, NULL), 0);
   CHECK_OK(dmem_device_free(rt, d, NULL));
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   CHECK_UEQ(check_bad_bytes(rt, h, 64 * KiB, 62), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_STATUS(dmem_device_adopt(rt, p, NULL, &h2), DMEM_ERR_INVALID_ARGUMENT); /* freed buffer */
   dmem_stats_t end = stats_of(rt);
   CHECK_UEQ(end.device_used, 0);
@@ -784,7 +784,7 @@ TEST_CASE(adopted_buffer_orders_other_streams_after_the_raw_stream) {
   REQUIRE_OK(dmem_stream_enqueue_host(rt, a, gate_wait, &g)); /* A still "writes" p */
   dmem_handle_t h = 0;
   REQUIRE_OK(dmem_device_adopt(rt, p, a, &h));
-  REQUIRE_OK(dmem_lock(rt, h, b, &q)); /* a second locker, on B */
+  REQUIRE_OK(dmem_buffer_lock(rt, h, b, &q)); /* a second locker, on B */
   CHECK_TRUE(q == p);
   REQUIRE_OK(dmem_stream_enqueue_host(rt, b, mark_b, &g));
   struct timespec ts = {0, 50 * 1000 * 1000};
@@ -794,12 +794,12 @@ TEST_CASE(adopted_buffer_orders_other_streams_after_the_raw_stream) {
   CHECK_OK(dmem_stream_synchronize(rt, b));
   CHECK_TRUE(g.ran_a > 0 && g.ran_a < g.ran_b);
   CHECK_OK(dmem_stream_synchronize(rt, a));
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   /* freed while the adopter still holds its lock: reclaimed at its unlock */
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_UEQ(stats_of(rt).device_used, 64 * KiB);
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &q), DMEM_ERR_STALE_HANDLE);
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &q), DMEM_ERR_STALE_HANDLE);
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   CHECK_UEQ(stats_of(rt).device_used, 0);
   CHECK_UEQ(stats_of(rt).buffer_count, 0);
   CHECK_OK(dmem_stream_destroy(rt, a));

@@ -65,7 +65,7 @@ static dmem_stats_t stats_of(dmem_runtime_t *rt) {
 
 static void touch(dmem_runtime_t *rt, dmem_handle_t h) {
   void *p;
-  if (dmem_lock(rt, h, NULL, &p) != DMEM_OK || dmem_unlock(rt, h) != DMEM_OK) abort();
+  if (dmem_buffer_lock(rt, h, NULL, &p) != DMEM_OK || dmem_buffer_unlock(rt, h) != DMEM_OK) abort();
 }
 
 /* A fresh parent directory for spill_dir (removed by rm_tree). */
@@ -199,7 +199,7 @@ TEST_CASE(pushdown_moves_least_recently_used_first) {
       runtime_with_policy(16 * MiB, 2 * MiB, DMEM_HOST_BURST_DEFAULT, parent, DMEM_EVICTION_LRU);
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 100 + (uint64_t)i);
   }
   /* use order 1, 0, 2, 3: h[1] least recently used, though spilled second */
@@ -207,15 +207,15 @@ TEST_CASE(pushdown_moves_least_recently_used_first) {
   touch(rt, h[0]);
   touch(rt, h[2]);
   touch(rt, h[3]);
-  CHECK_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[1], DMEM_TIER_HOST));
   dmem__io_quiesce(rt->io);
   dmem_stats_t s = stats_of(rt);
   CHECK_UEQ(s.host_used, 2 * MiB); /* at the limit, not past it: nothing moves */
   CHECK_UEQ(s.host_to_disk_count, 0);
   /* past the limit: the spill itself goes to the host tier, and the least
    * recently used host-tier buffer goes down */
-  CHECK_OK(dmem_spill(rt, h[2], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[2], DMEM_TIER_HOST));
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_HOST);
   dmem__io_quiesce(rt->io);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_DISK);
@@ -226,8 +226,8 @@ TEST_CASE(pushdown_moves_least_recently_used_first) {
   CHECK_UEQ(s.disk_used, MiB);
   CHECK_UEQ(s.host_to_disk_pushdowns, 1);
   /* priority first, then LRU: h[0] (older than h[2]) is kept by its priority */
-  CHECK_OK(dmem_set_priority(rt, h[0], 10));
-  CHECK_OK(dmem_spill(rt, h[3], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_set_priority(rt, h[0], 10));
+  CHECK_OK(dmem_buffer_spill(rt, h[3], DMEM_TIER_HOST));
   dmem__io_quiesce(rt->io);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_DEFERRED_DISK);
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
@@ -255,7 +255,7 @@ TEST_CASE(pushdown_moves_least_recently_used_first) {
   CHECK_UEQ(s.host_used, 0);
   CHECK_UEQ(s.disk_used, 0);
   CHECK_UEQ(s.disk_to_device_count, 2);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   CHECK_EQ(count_entries(parent, NULL, 0), 0);
   rm_tree(parent);
@@ -270,7 +270,7 @@ TEST_CASE(on_demand_spills_feed_the_pushdown) {
   enum { N = 12 };
   dmem_handle_t h[N];
   for (int i = 0; i < N; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i])); /* spills the oldest as it goes */
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i])); /* spills the oldest as it goes */
     check_put(rt, h[i], MiB, 200 + (uint64_t)i);
   }
   dmem__io_quiesce(rt->io);
@@ -280,7 +280,7 @@ TEST_CASE(on_demand_spills_feed_the_pushdown) {
   CHECK_UEQ(s.device_used + s.host_used + s.disk_used, N * MiB);
   CHECK_GE(s.host_to_disk_pushdowns, 1);
   for (int i = 0; i < N; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 200 + (uint64_t)i), 0);
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   /* a buffer freed while a push-down writes it is reclaimed when that
    * write ends, on its I/O thread */
   dmem__io_quiesce(rt->io);
@@ -303,13 +303,13 @@ static void sizes_round_trip(bool force_buffered) {
   enum { NS = sizeof sizes / sizeof sizes[0] };
   dmem_handle_t h[NS];
   for (int i = 0; i < NS; i++) {
-    REQUIRE_OK(dmem_alloc(rt, sizes[i], 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, sizes[i], 0, &h[i]));
     check_put(rt, h[i], sizes[i], 300 + (uint64_t)i);
   }
   for (int round = 0; round < 2; round++) {
     for (int i = 0; i < NS; i++) {
-      if (round == 1) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST)); /* then host -> disk */
-      CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+      if (round == 1) CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST)); /* then host -> disk */
+      CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
       CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_DISK);
     }
     for (int i = 0; i < NS; i++)
@@ -321,7 +321,7 @@ static void sizes_round_trip(bool force_buffered) {
   CHECK_UEQ(s.disk_used, 0);
   if (force_buffered) CHECK_UEQ(s.disk_direct_io, 0);
   fprintf(stderr, "disk tier in %s: %s I/O\n", parent, s.disk_direct_io ? "direct" : "buffered");
-  for (int i = 0; i < NS; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   hook_off();
   rm_tree(parent);
@@ -346,10 +346,10 @@ TEST_CASE(pageable_host_blocks_carry_spills) {
   enum { NS = sizeof sizes / sizeof sizes[0] };
   dmem_handle_t h[NS];
   for (int i = 0; i < NS; i++) {
-    REQUIRE_OK(dmem_alloc(rt, sizes[i], 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, sizes[i], 0, &h[i]));
     check_put(rt, h[i], sizes[i], 500 + (uint64_t)i);
   }
-  for (int i = 0; i < NS; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   dmem_stats_t s = stats_of(rt);
   CHECK_GE(s.host_pageable_used, s.host_used);
   CHECK_GE(s.host_pageable_allocs, NS);
@@ -358,18 +358,18 @@ TEST_CASE(pageable_host_blocks_carry_spills) {
   for (int i = 0; i < NS; i++) {
     uint8_t probe[64];
     CHECK_OK(dmem_buffer_read(rt, h[i], sizes[i] / 2, probe, sizeof probe < sizes[i] / 2 ? sizeof probe : 1));
-    CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+    CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
     CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_DISK);
     CHECK_OK(dmem_buffer_read(rt, h[i], 0, probe, 1));
   }
   for (int i = 0; i < NS; i++)
     CHECK_UEQ(check_bad_bytes(rt, h[i], sizes[i], 500 + (uint64_t)i), 0);
   /* device -> disk straight, through pageable staging, and back */
-  for (int i = 0; i < NS; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
   for (int i = 0; i < NS; i++)
     CHECK_UEQ(check_bad_bytes(rt, h[i], sizes[i], 500 + (uint64_t)i), 0);
   dmem__hostpool_set_pageable_only(rt->hostpool, false);
-  for (int i = 0; i < NS; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < NS; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   s = stats_of(rt);
   CHECK_UEQ(s.host_used, 0);
   CHECK_UEQ(s.host_pageable_used, 0); /* every pageable block went back */
@@ -378,9 +378,9 @@ TEST_CASE(pageable_host_blocks_carry_spills) {
    * asan preset's leak check would see it otherwise) */
   dmem__hostpool_set_pageable_only(rt->hostpool, true);
   dmem_handle_t left;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &left));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &left));
   check_put(rt, left, MiB, 600);
-  CHECK_OK(dmem_spill(rt, left, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, left, DMEM_TIER_HOST));
   CHECK_GE(stats_of(rt).host_pageable_used, MiB);
   dmem_runtime_destroy(rt);
   rm_tree(parent);
@@ -393,16 +393,16 @@ TEST_CASE(direct_write_rejected_falls_back) {
   make_parent(parent, sizeof parent);
   dmem_runtime_t *rt = runtime_with(16 * MiB, 0, parent);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h));
   check_put(rt, h, 2 * MiB, 7);
   hook_on(DMEM__DISK_OP_WRITE, 0, 1, EINVAL);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   hook_off();
   dmem_stats_t s = stats_of(rt);
   CHECK_UEQ(s.disk_direct_io, 0);
   CHECK_UEQ(s.disk_write_failures, 0);
   CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 7), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -415,9 +415,9 @@ TEST_CASE(spill_files_unnamed_and_private) {
   mode_t old = umask(0777); /* dmem sets 0700 / 0600 itself, whatever the umask */
   dmem_runtime_t *rt = runtime_with(8 * MiB, 0, parent);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 3);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   umask(old);
   /* the data is in an unnamed file, and the private directory it was made
    * in is gone already: nothing under the parent has a name */
@@ -446,7 +446,7 @@ TEST_CASE(spill_files_unnamed_and_private) {
   closedir(fds);
   CHECK_EQ(found, 1);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 3), 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   dmem_runtime_destroy(rt); /* closes the file */
   CHECK_EQ(count_entries(parent, NULL, 0), 0);
   rm_tree(parent);
@@ -472,21 +472,21 @@ static void check_unusable_dir(const char *dir, const char *words, void (*spoil)
     CHECK_TRUE(rt2 == NULL);
   }
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 8);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_TRUE(strstr(dmem_last_error_detail(), dir) != NULL);
   CHECK_TRUE(strstr(dmem_last_error_detail(), words) != NULL);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   dmem_stats_t s = stats_of(rt);
   CHECK_UEQ(s.host_used, MiB);
   CHECK_UEQ(s.disk_used, 0);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -528,21 +528,21 @@ TEST_CASE(failed_write_keeps_buffer) {
   make_parent(parent, sizeof parent);
   dmem_runtime_t *rt = runtime_with(64 * MiB, 0, parent);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 20 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 20 * MiB, 0, &h));
   check_put(rt, h, 20 * MiB, 11);
   /* disk full when the extent is reserved: device -> disk */
   hook_on(DMEM__DISK_OP_ALLOC, 0, -1, ENOSPC);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_TRUE(strstr(dmem_last_error_detail(), strerror(ENOSPC)) != NULL);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, 20 * MiB, 11), 0);
   /* an I/O error in the second chunk: host -> disk */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   hook_t *k = hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
   pthread_mutex_lock(&k->mu);
   k->min_off = 8 * MiB;
   pthread_mutex_unlock(&k->mu);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "pwrite") != NULL);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   hook_off();
@@ -553,9 +553,9 @@ TEST_CASE(failed_write_keeps_buffer) {
   CHECK_UEQ(s.host_used, 20 * MiB);
   CHECK_UEQ(check_bad_bytes(rt, h, 20 * MiB, 11), 0);
   /* and the disk works again */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   CHECK_UEQ(check_bad_bytes(rt, h, 20 * MiB, 11), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -566,11 +566,11 @@ TEST_CASE(failed_pushdown_keeps_host_copy) {
   dmem_runtime_t *rt = runtime_with(16 * MiB, 2 * MiB, parent);
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 400 + (uint64_t)i);
   }
   hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   dmem__io_quiesce(rt->io);
   dmem_stats_t s = stats_of(rt);
   CHECK_UEQ(s.host_used, 3 * MiB); /* past the limit: the push-down failed */
@@ -579,18 +579,18 @@ TEST_CASE(failed_pushdown_keeps_host_copy) {
   for (int i = 0; i < 3; i++) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_DEFERRED_HOST);
   /* half the limit past it: the next spill goes straight to disk, which
    * fails too, and the buffer stays on the device */
-  CHECK_STATUS(dmem_spill(rt, h[3], DMEM_TIER_HOST), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_spill(rt, h[3], DMEM_TIER_HOST), DMEM_ERR_IO);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
   hook_off();
   /* the disk is back: that spill works, and the push-down catches up */
-  CHECK_OK(dmem_spill(rt, h[3], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[3], DMEM_TIER_HOST));
   dmem__io_quiesce(rt->io);
   s = stats_of(rt);
   CHECK_LE(s.host_used, 2 * MiB);
   CHECK_UEQ(s.host_used + s.disk_used, 4 * MiB);
   CHECK_GE(s.host_to_disk_pushdowns, 1);
   for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 400 + (uint64_t)i), 0);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -607,13 +607,13 @@ TEST_CASE(host_burst_bounds_the_host_tier) {
     dmem_runtime_t *rt = runtime_with_burst(16 * MiB, 4 * MiB, rows[r].burst, parent);
     dmem_handle_t h[8];
     for (int i = 0; i < 8; i++) {
-      REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+      REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
       check_put(rt, h[i], MiB, 700 + (uint64_t)i);
     }
     hook_on(DMEM__DISK_OP_WRITE, 0, -1, EIO);
     int admitted = 0;
     for (int i = 0; i < 8; i++) {
-      dmem_status_t st = dmem_spill(rt, h[i], DMEM_TIER_HOST);
+      dmem_status_t st = dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST);
       if (st == DMEM_OK) {
         CHECK_EQ(admitted, i); /* all admitted spills come first */
         admitted++;
@@ -629,7 +629,7 @@ TEST_CASE(host_burst_bounds_the_host_tier) {
     dmem_stats_t s = stats_of(rt);
     CHECK_UEQ(s.host_used, (size_t)rows[r].admitted * MiB);
     for (int i = 0; i < 8; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 700 + (uint64_t)i), 0);
-    for (int i = 0; i < 8; i++) CHECK_OK(dmem_free(rt, h[i]));
+    for (int i = 0; i < 8; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
     dmem_runtime_destroy(rt);
     rm_tree(parent);
   }
@@ -640,14 +640,14 @@ TEST_CASE(failed_read_keeps_disk_copy) {
   make_parent(parent, sizeof parent);
   dmem_runtime_t *rt = runtime_with(16 * MiB, 0, parent);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 3 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 3 * MiB, 0, &h));
   check_put(rt, h, 3 * MiB, 12);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   hook_on(DMEM__DISK_OP_READ, 0, -1, EIO);
   void *p;
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &p), DMEM_ERR_IO);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "pread") != NULL);
-  CHECK_STATUS(dmem_unspill(rt, h, NULL), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_unspill(rt, h, NULL), DMEM_ERR_IO);
   hook_off();
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
   dmem_stats_t s = stats_of(rt);
@@ -655,7 +655,7 @@ TEST_CASE(failed_read_keeps_disk_copy) {
   CHECK_UEQ(s.disk_used, 3 * MiB);
   CHECK_UEQ(s.disk_to_device_count, 0);
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 12), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -672,7 +672,7 @@ typedef struct {
 
 static void *unspiller(void *arg) {
   unspiller_t *u = arg;
-  u->st = dmem_unspill(u->rt, u->h, u->s);
+  u->st = dmem_buffer_unspill(u->rt, u->h, u->s);
   if (u->st == DMEM_OK) u->st = dmem_stream_synchronize(u->rt, u->s);
   return NULL;
 }
@@ -695,16 +695,16 @@ TEST_CASE(pipelined_reads_keep_every_byte_in_place) {
   dmem_runtime_t *rt = runtime_with(total + 16 * MiB, 0, parent);
   dmem_handle_t h[NB];
   for (int i = 0; i < NB; i++) {
-    REQUIRE_OK(dmem_alloc(rt, sizes[i], 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, sizes[i], 0, &h[i]));
     check_put(rt, h[i], sizes[i], 700 + (uint64_t)i);
   }
   for (int round = 0; round < 3; round++) {
-    for (int i = 0; i < NB; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+    for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
     if (round == 0) {
       /* one stream, back to back */
       dmem_stream_t s;
       REQUIRE_OK(dmem_stream_create(rt, &s));
-      for (int i = 0; i < NB; i++) CHECK_OK(dmem_unspill(rt, h[i], s));
+      for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_unspill(rt, h[i], s));
       CHECK_OK(dmem_stream_synchronize(rt, s));
       CHECK_OK(dmem_stream_destroy(rt, s));
     } else if (round == 1) {
@@ -742,7 +742,7 @@ TEST_CASE(pipelined_reads_keep_every_byte_in_place) {
   REQUIRE_OK(dmem__disk_alloc(disk, 4096, &off)); /* a new extent starts at 0 */
   CHECK_UEQ(off, 0);
   dmem__disk_free(disk, off, 4096);
-  for (int i = 0; i < NB; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -806,9 +806,9 @@ TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
   dmem_runtime_t *rt = runtime_with((NB + 16) * MiB, 0, parent);
   dmem_handle_t h[NB];
   for (int i = 0; i < NB; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 900 + (uint64_t)i);
-    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+    REQUIRE_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
   }
   dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
   REQUIRE_TRUE(disk != NULL);
@@ -822,7 +822,7 @@ TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
   dmem__disk_hook_set(blocks_probe_fn, &probe);
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
-  for (int i = 0; i < NB; i++) CHECK_OK(dmem_unspill(rt, h[i], s));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_unspill(rt, h[i], s));
   CHECK_OK(dmem_stream_synchronize(rt, s));
   dmem__disk_hook_set(NULL, NULL);
   const int reads = atomic_load(&probe.reads);
@@ -831,11 +831,11 @@ TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
   /* less than one buffer's blocks gone (metadata may move a little) */
   CHECK_GT(min_blocks, (long long)st0.st_blocks - (long long)(MiB / 512));
   /* spilled again: into the kept extents */
-  for (int i = 0; i < NB; i++) CHECK_OK(dmem_spill(rt, h[i], DMEM_TIER_DISK));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
   struct stat st1;
   REQUIRE_TRUE(fstat(fd, &st1) == 0);
   CHECK_EQ((long long)st1.st_size, (long long)st0.st_size);
-  for (int i = 0; i < NB; i++) CHECK_OK(dmem_unspill(rt, h[i], s));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_unspill(rt, h[i], s));
   CHECK_OK(dmem_stream_synchronize(rt, s));
   for (int i = 0; i < NB; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 900 + (uint64_t)i), 0);
   /* quiet now: the I/O thread gives every block back, the file is cut */
@@ -846,7 +846,7 @@ TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
   CHECK_EQ((long long)st2.st_size, 0);
   CHECK_EQ((long long)st2.st_blocks, 0);
   CHECK_OK(dmem_stream_destroy(rt, s));
-  for (int i = 0; i < NB; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -890,28 +890,28 @@ TEST_CASE(kept_blocks_wait_without_an_io_thread) {
   const size_t big = (1 + DMEM__IO_THREADS) * DMEM__DISK_CHUNK;
   dmem_runtime_t *rt = runtime_with(big + 32 * MiB, 0, parent);
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, big, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, big, 0, &b));
   check_put(rt, a, MiB, 51);
   check_put(rt, b, big, 52);
-  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
-  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_DISK));
   dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
   REQUIRE_TRUE(disk != NULL);
   dmem__disk_quiet_set(disk, (uint64_t)60 * 1000 * 1000 * 1000);
-  CHECK_OK(dmem_unspill(rt, a, NULL)); /* its extent kept: the punch waits */
+  CHECK_OK(dmem_buffer_unspill(rt, a, NULL)); /* its extent kept: the punch waits */
   struct timespec ts = {0, 50 * 1000 * 1000};
   nanosleep(&ts, NULL); /* an I/O thread has taken the waiting punch */
   read_gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0,
                    1 + DMEM__IO_THREADS, false};
   dmem__disk_hook_set(read_gate_fn, &g);
-  CHECK_OK(dmem_unspill(rt, b, NULL));
+  CHECK_OK(dmem_buffer_unspill(rt, b, NULL));
   dmem__disk_hook_set(NULL, NULL);
   CHECK_EQ(g.most, 1 + DMEM__IO_THREADS);
   CHECK_UEQ(check_bad_bytes(rt, b, big, 52), 0);
   CHECK_UEQ(check_bad_bytes(rt, a, MiB, 51), 0);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -925,18 +925,18 @@ TEST_CASE(full_filesystem_takes_the_kept_blocks_back) {
   make_parent(parent, sizeof parent);
   dmem_runtime_t *rt = runtime_with(32 * MiB, 0, parent);
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, 4 * MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4 * MiB, 0, &b));
   check_put(rt, a, 2 * MiB, 41);
   check_put(rt, b, 4 * MiB, 42);
-  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_DISK));
   dmem__disk_t *disk = dmem_atomic_load_acquire(&rt->disk);
   REQUIRE_TRUE(disk != NULL);
   dmem__disk_quiet_set(disk, (uint64_t)60 * 1000 * 1000 * 1000);
-  CHECK_OK(dmem_unspill(rt, a, NULL)); /* a's extent is kept */
+  CHECK_OK(dmem_buffer_unspill(rt, a, NULL)); /* a's extent is kept */
   /* b does not fit a's extent: a new one, whose reservation fails once */
   hook_t *k = hook_on(DMEM__DISK_OP_ALLOC, 0, 1, ENOSPC);
-  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, b, DMEM_TIER_DISK));
   CHECK_EQ(k->failed, 1);
   CHECK_EQ(k->calls, 2);
   hook_off();
@@ -944,12 +944,12 @@ TEST_CASE(full_filesystem_takes_the_kept_blocks_back) {
   CHECK_UEQ(check_bad_bytes(rt, b, 4 * MiB, 42), 0);
   /* full for good: the spill fails, the buffer stays on the device */
   k = hook_on(DMEM__DISK_OP_ALLOC, 0, -1, ENOSPC);
-  CHECK_STATUS(dmem_spill(rt, a, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_spill(rt, a, DMEM_TIER_DISK), DMEM_ERR_IO);
   hook_off();
   CHECK_EQ(state_of(rt, a), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, a, 2 * MiB, 41), 0);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -964,12 +964,12 @@ TEST_CASE(failed_read_mid_buffer_keeps_disk_copy) {
   const size_t n = 4 * DMEM__DISK_CHUNK + 4099; /* 5 chunks */
   dmem_runtime_t *rt = runtime_with(n + 16 * MiB, 0, parent);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, n, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, n, 0, &h));
   check_put(rt, h, n, 31);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   for (long skip = 0; skip < 5; skip++) {
     hook_t *k = hook_on(DMEM__DISK_OP_READ, skip, 1, EIO);
-    CHECK_STATUS(dmem_unspill(rt, h, NULL), DMEM_ERR_IO);
+    CHECK_STATUS(dmem_buffer_unspill(rt, h, NULL), DMEM_ERR_IO);
     CHECK_TRUE(strstr(dmem_last_error_detail(), "pread") != NULL);
     CHECK_EQ(k->failed, 1);
     hook_off();
@@ -982,9 +982,9 @@ TEST_CASE(failed_read_mid_buffer_keeps_disk_copy) {
   /* then read back whole, through the same slots */
   CHECK_UEQ(check_bad_bytes(rt, h, n, 31), 0);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   CHECK_UEQ(check_bad_bytes(rt, h, n, 31), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   rm_tree(parent);
 }
@@ -1013,9 +1013,9 @@ TEST_CASE(pushdown_blocks_no_other_lock_and_yields_to_its_own) {
   alarm(60); /* a lock that waited for the blocked write would hang here */
   dmem_runtime_t *rt = runtime_with(96 * MiB, 40 * MiB, parent);
   dmem_handle_t x, y, z;
-  REQUIRE_OK(dmem_alloc(rt, 40 * MiB, 0, &x)); /* 5 chunks: more than the I/O threads take at once */
-  REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &y));
-  REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &z));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 40 * MiB, 0, &x)); /* 5 chunks: more than the I/O threads take at once */
+  REQUIRE_OK(dmem_buffer_alloc(rt, 8 * MiB, 0, &y));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 8 * MiB, 0, &z));
   check_put(rt, x, 40 * MiB, 21);
   check_put(rt, y, 8 * MiB, 22);
   check_put(rt, z, 8 * MiB, 23);
@@ -1024,15 +1024,15 @@ TEST_CASE(pushdown_blocks_no_other_lock_and_yields_to_its_own) {
   pthread_mutex_lock(&k->mu);
   k->gate_closed = 1;
   pthread_mutex_unlock(&k->mu);
-  CHECK_OK(dmem_spill(rt, x, DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, y, DMEM_TIER_HOST)); /* 48 MiB: x goes down */
+  CHECK_OK(dmem_buffer_spill(rt, x, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, y, DMEM_TIER_HOST)); /* 48 MiB: x goes down */
   pthread_mutex_lock(&k->mu);
   while (!k->entered) pthread_cond_wait(&k->cv, &k->mu);
   pthread_mutex_unlock(&k->mu);
   /* x's write is stuck: other buffers' locks and moves go on */
   CHECK_UEQ(check_bad_bytes(rt, y, 8 * MiB, 22), 0); /* host tier -> device */
   CHECK_UEQ(check_bad_bytes(rt, z, 8 * MiB, 23), 0); /* resident */
-  CHECK_OK(dmem_spill(rt, z, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, z, DMEM_TIER_HOST));
   CHECK_UEQ(check_bad_bytes(rt, z, 8 * MiB, 23), 0);
   /* a lock of x itself stops the write at its next chunk */
   locker_t l = {rt, x, 40 * MiB, 21, 1, 0};
@@ -1064,9 +1064,9 @@ TEST_CASE(pushdown_blocks_no_other_lock_and_yields_to_its_own) {
   CHECK_UEQ(s.disk_to_device_count, 0); /* x came back from the host tier */
   CHECK_UEQ(s.disk_used, 0);
   CHECK_GE(s.cancelled_spills, 1);
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
-  CHECK_OK(dmem_free(rt, z));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, z));
   dmem_runtime_destroy(rt);
   alarm(0);
   rm_tree(parent);
@@ -1104,10 +1104,10 @@ TEST_CASE(killed_mid_spill_leaves_nothing) {
     dmem_status_t st = dmem_runtime_create(&cfg, &rt);
     if (st != DMEM_OK) _exit(st == DMEM_ERR_NO_DEVICE ? 77 : 2);
     dmem_handle_t h;
-    if (dmem_alloc(rt, 32 * MiB, 0, &h) != DMEM_OK) _exit(3);
+    if (dmem_buffer_alloc(rt, 32 * MiB, 0, &h) != DMEM_OK) _exit(3);
     check_put(rt, h, 32 * MiB, 5);
     dmem__disk_hook_set(hang_hook, NULL);
-    dmem_spill(rt, h, DMEM_TIER_DISK); /* hangs mid-write */
+    dmem_buffer_spill(rt, h, DMEM_TIER_DISK); /* hangs mid-write */
     _exit(4);
   }
   close(kill_pipe[1]);
@@ -1196,9 +1196,9 @@ static void random_move(dmem_runtime_t *rt, dmem_handle_t h, uint64_t *x, dmem_s
                         atomic_long *moves, atomic_long *errors) {
   dmem_status_t st;
   switch (next_rand(x) % 3) {
-    case 0: st = dmem_spill(rt, h, DMEM_TIER_HOST); break;
-    case 1: st = dmem_spill(rt, h, DMEM_TIER_DISK); break;
-    default: st = dmem_unspill(rt, h, NULL); break;
+    case 0: st = dmem_buffer_spill(rt, h, DMEM_TIER_HOST); break;
+    case 1: st = dmem_buffer_spill(rt, h, DMEM_TIER_DISK); break;
+    default: st = dmem_buffer_unspill(rt, h, NULL); break;
   }
   if (st == DMEM_OK) atomic_fetch_add(moves, 1);
   else if (st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT && st != also_ok) {
@@ -1217,16 +1217,16 @@ static void *race_worker(void *arg) {
     unsigned i = (unsigned)(next_rand(&x) % RACE_N);
     pthread_mutex_lock(&r->mu[i]);
     void *p;
-    dmem_status_t st = dmem_lock(r->rt, r->h[i], NULL, &p);
+    dmem_status_t st = dmem_buffer_lock(r->rt, r->h[i], NULL, &p);
     if (st == DMEM_OK) {
-      dmem_copy(r->rt, tmp, p, RACE_SIZE, NULL);
+      dmem_stream_copy(r->rt, tmp, p, RACE_SIZE, NULL);
       dmem_stream_synchronize(r->rt, NULL);
       if (check_verify(tmp, RACE_SIZE, r->seed[i]) != 0) atomic_fetch_add(&r->bad, 1);
       r->seed[i] = next_rand(&x);
       check_fill(tmp, RACE_SIZE, r->seed[i]);
-      dmem_copy(r->rt, p, tmp, RACE_SIZE, NULL);
+      dmem_stream_copy(r->rt, p, tmp, RACE_SIZE, NULL);
       dmem_stream_synchronize(r->rt, NULL);
-      dmem_unlock(r->rt, r->h[i]);
+      dmem_buffer_unlock(r->rt, r->h[i]);
       atomic_fetch_add(&r->uses, 1);
     } else {
       fprintf(stderr, "lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
@@ -1260,7 +1260,7 @@ TEST_CASE(locks_race_pushdowns_and_retrieves) {
   r->rt = runtime_with(10 * RACE_SIZE, 4 * RACE_SIZE, parent);
   for (int i = 0; i < RACE_N; i++) {
     pthread_mutex_init(&r->mu[i], NULL);
-    REQUIRE_OK(dmem_alloc(r->rt, RACE_SIZE, 0, &r->h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(r->rt, RACE_SIZE, 0, &r->h[i]));
     r->seed[i] = 1000 + (uint64_t)i;
     check_put(r->rt, r->h[i], RACE_SIZE, r->seed[i]);
   }
@@ -1291,7 +1291,7 @@ TEST_CASE(locks_race_pushdowns_and_retrieves) {
   CHECK_LE(s.host_used, 4 * RACE_SIZE);
   CHECK_UEQ(s.device_used + s.host_used + s.disk_used, RACE_N * RACE_SIZE);
   for (int i = 0; i < RACE_N; i++) CHECK_UEQ(check_bad_bytes(r->rt, r->h[i], RACE_SIZE, r->seed[i]), 0);
-  for (int i = 0; i < RACE_N; i++) CHECK_OK(dmem_free(r->rt, r->h[i]));
+  for (int i = 0; i < RACE_N; i++) CHECK_OK(dmem_buffer_free(r->rt, r->h[i]));
   dmem_runtime_destroy(r->rt);
   for (int i = 0; i < RACE_N; i++) pthread_mutex_destroy(&r->mu[i]);
   free(r);
@@ -1328,14 +1328,14 @@ static void *tight_worker(void *arg) {
     for (int k = 0; k < TIGHT_NB / TIGHT_THREADS; k++) {
       int i = a->t + TIGHT_THREADS * ((k + round) % (TIGHT_NB / TIGHT_THREADS));
       void *p;
-      dmem_status_t st = dmem_lock(w->rt, w->h[i], NULL, &p);
+      dmem_status_t st = dmem_buffer_lock(w->rt, w->h[i], NULL, &p);
       if (st != DMEM_OK) {
         fprintf(stderr, "lock %d: %s (%s)\n", i, dmem_status_name(st), dmem_last_error_detail());
         atomic_fetch_add(&w->errors, 1);
         continue;
       }
       atomic_fetch_add(&w->locks, 1);
-      if (dmem_unlock(w->rt, w->h[i]) != DMEM_OK) atomic_fetch_add(&w->errors, 1);
+      if (dmem_buffer_unlock(w->rt, w->h[i]) != DMEM_OK) atomic_fetch_add(&w->errors, 1);
     }
   }
   return NULL;
@@ -1360,7 +1360,7 @@ TEST_CASE(disk_reads_leave_staging_room_under_a_tight_host_limit) {
   memset(&w, 0, sizeof w);
   w.rt = runtime_with(24 * B, 16 * B, parent);
   for (int i = 0; i < TIGHT_NB; i++) {
-    REQUIRE_OK(dmem_alloc(w.rt, B, 0, &w.h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(w.rt, B, 0, &w.h[i]));
     check_put(w.rt, w.h[i], B, 900 + (uint64_t)i);
   }
   pthread_t t[TIGHT_THREADS + 1];
@@ -1397,7 +1397,7 @@ TEST_CASE(moves_stage_in_pageable_memory_when_the_pool_holds_its_limit) {
   dmem_runtime_t *rt = runtime_with(8 * B, 4 * B, parent); /* pool: 6 + 64 MiB */
   dmem_handle_t h[3];
   for (int i = 0; i < 3; i++) {
-    REQUIRE_OK(dmem_alloc(rt, B, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, B, 0, &h[i]));
     check_put(rt, h[i], B, 300 + (uint64_t)i);
   }
   /* take every pinned byte the pool may hold */
@@ -1408,15 +1408,15 @@ TEST_CASE(moves_stage_in_pageable_memory_when_the_pool_holds_its_limit) {
   REQUIRE_TRUE(nt < MAXB);
   REQUIRE_TRUE(dmem__hostpool_at_limit(rt->hostpool));
   dmem_stats_t s0 = stats_of(rt);
-  CHECK_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[1], DMEM_TIER_DISK));
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_DISK);
   for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], B, 300 + (uint64_t)i), 0);
   dmem_stats_t s1 = stats_of(rt);
   CHECK_GE(s1.host_pageable_allocs - s0.host_pageable_allocs, 3); /* 2 spills, 1 disk load */
   for (int i = 0; i < nt; i++) dmem__hostpool_free(rt->hostpool, taken[i]);
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_UEQ(stats_of(rt).host_pageable_used, 0);
   dmem_runtime_destroy(rt);
   rm_tree(parent);
@@ -1439,16 +1439,16 @@ TEST_CASE(relative_spill_dir_survives_chdir) {
     REQUIRE_EQ(chdir(dir), 0);
     dmem_runtime_t *rt = runtime_with(8 * MiB, 0, base + 1);
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
     check_put(rt, h, MiB, 5);
-    if (spill_first) CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    if (spill_first) CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
     REQUIRE_EQ(chdir("/"), 0);
     /* taken against "/", the directory could not be made: DMEM_ERR_IO */
-    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+    CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
     /* dmem's directory was made in parent, and removed once its file was open */
     CHECK_EQ(count_entries(parent, NULL, 0), 0);
     CHECK_UEQ(check_bad_bytes(rt, h, MiB, 5), 0);
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
     dmem_runtime_destroy(rt);
     CHECK_EQ(count_entries(parent, NULL, 0), 0);
   }

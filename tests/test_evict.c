@@ -48,25 +48,25 @@ static void *churn_main(void *arg) {
   size_t n = 0, next = 0;
   while (!atomic_load(&c->stop) && now_s() < c->until) {
     dmem_handle_t h;
-    dmem_status_t st = dmem_alloc(c->rt, CHURN_SIZE, 0, &h);
+    dmem_status_t st = dmem_buffer_alloc(c->rt, CHURN_SIZE, 0, &h);
     if (st != DMEM_OK) {
       if (atomic_fetch_add(&c->failures, 1) < 3)
-        fprintf(stderr, "dmem_alloc: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
+        fprintf(stderr, "dmem_buffer_alloc: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
       atomic_store(&c->stop, 1);
       break;
     }
     atomic_fetch_add(&c->allocs, 1);
     void *p;
-    if (dmem_lock(c->rt, h, NULL, &p) == DMEM_OK) dmem_unlock(c->rt, h);
+    if (dmem_buffer_lock(c->rt, h, NULL, &p) == DMEM_OK) dmem_buffer_unlock(c->rt, h);
     if (n < CHURN_KEEP) {
       keep[n++] = h;
     } else {
-      dmem_free(c->rt, keep[next]);
+      dmem_buffer_free(c->rt, keep[next]);
       keep[next] = h;
       next = (next + 1) % CHURN_KEEP;
     }
   }
-  for (size_t i = 0; i < n; i++) dmem_free(c->rt, keep[i]);
+  for (size_t i = 0; i < n; i++) dmem_buffer_free(c->rt, keep[i]);
   return NULL;
 }
 
@@ -101,14 +101,14 @@ TEST_CASE(alloc_racing_spills_never_fails) {
 static void big_after_cut(size_t first, const size_t *cut, size_t ncut, bool locked) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t a, hs[16];
-  REQUIRE_OK(dmem_alloc(rt, first, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, first, 0, &a));
   void *p;
-  if (locked) REQUIRE_OK(dmem_lock(rt, a, NULL, &p));
-  for (size_t i = 0; i < ncut; i++) REQUIRE_OK(dmem_alloc(rt, cut[i], 0, &hs[i]));
-  for (size_t i = 0; i < ncut; i++) REQUIRE_OK(dmem_free(rt, hs[i]));
+  if (locked) REQUIRE_OK(dmem_buffer_lock(rt, a, NULL, &p));
+  for (size_t i = 0; i < ncut; i++) REQUIRE_OK(dmem_buffer_alloc(rt, cut[i], 0, &hs[i]));
+  for (size_t i = 0; i < ncut; i++) REQUIRE_OK(dmem_buffer_free(rt, hs[i]));
   dmem_handle_t big;
-  CHECK_OK(dmem_alloc(rt, 6 * MiB, 0, &big));
-  if (locked) CHECK_OK(dmem_unlock(rt, a));
+  CHECK_OK(dmem_buffer_alloc(rt, 6 * MiB, 0, &big));
+  if (locked) CHECK_OK(dmem_buffer_unlock(rt, a));
   CHECK_EQ(state_of(rt, a), DMEM_STATE_RESIDENT);
   dmem_runtime_destroy(rt);
 }
@@ -130,15 +130,15 @@ TEST_CASE(big_alloc_after_slab_cut) {
 TEST_CASE(big_alloc_beside_a_pinning_block) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t a, b, c, big;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &c));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &c));
   void *p;
-  REQUIRE_OK(dmem_lock(rt, c, NULL, &p));
-  REQUIRE_OK(dmem_free(rt, a));
-  REQUIRE_OK(dmem_free(rt, b));
-  CHECK_OK(dmem_alloc(rt, 6 * MiB, 0, &big));
-  CHECK_OK(dmem_unlock(rt, c));
+  REQUIRE_OK(dmem_buffer_lock(rt, c, NULL, &p));
+  REQUIRE_OK(dmem_buffer_free(rt, a));
+  REQUIRE_OK(dmem_buffer_free(rt, b));
+  CHECK_OK(dmem_buffer_alloc(rt, 6 * MiB, 0, &big));
+  CHECK_OK(dmem_buffer_unlock(rt, c));
   dmem_runtime_destroy(rt);
 }
 
@@ -154,7 +154,7 @@ static void *unlock_main(void *arg) {
   unlocker_t *u = arg;
   for (int i = 0; i < u->times; i++) {
     void *p;
-    if (dmem_lock(u->rt, u->h, NULL, &p) != DMEM_OK || dmem_unlock(u->rt, u->h) != DMEM_OK)
+    if (dmem_buffer_lock(u->rt, u->h, NULL, &p) != DMEM_OK || dmem_buffer_unlock(u->rt, u->h) != DMEM_OK)
       abort();
   }
   return NULL;
@@ -179,22 +179,22 @@ TEST_CASE(lru_policy_across_threads_by_epoch) {
   for (int round = 0; round < 2; round++) {
     dmem_runtime_t *rt = check_runtime_policy(16 * MiB, DMEM_EVICTION_LRU);
     dmem_handle_t x, y, z;
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
     unlock_on_new_thread(rt, x, round == 0 ? 1000 : 1);
-    REQUIRE_OK(dmem_alloc(rt, 4096, 0, &z)); /* a new epoch */
+    REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &z)); /* a new epoch */
     unlock_on_new_thread(rt, y, round == 0 ? 1 : 1000);
     size_t freed = 0;
-    CHECK_OK(dmem_evict(rt, MiB, &freed));
+    CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
     CHECK_UEQ(freed, MiB);
     CHECK_EQ(state_of(rt, x), DMEM_STATE_DEFERRED_HOST);
     CHECK_EQ(state_of(rt, y), DMEM_STATE_RESIDENT);
     /* the eviction pass started a new epoch: x, unlocked now, is newer */
     unlock_on_new_thread(rt, x, round == 0 ? 1 : 1000); /* retrieves x */
-    CHECK_OK(dmem_evict(rt, MiB, &freed));
+    CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
     CHECK_EQ(state_of(rt, y), DMEM_STATE_DEFERRED_HOST);
     CHECK_EQ(state_of(rt, x), DMEM_STATE_RESIDENT);
-    CHECK_OK(dmem_free(rt, z));
+    CHECK_OK(dmem_buffer_free(rt, z));
     dmem_runtime_destroy(rt);
   }
 }
@@ -210,20 +210,20 @@ TEST_CASE(lru_policy_across_threads_by_epoch) {
 TEST_CASE(unlocks_from_other_threads_count_exactly) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t x, y, z;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &z));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
   unlock_on_new_thread(rt, x, 1000);
   unlock_on_new_thread(rt, y, 2);
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
   CHECK_UEQ(freed, MiB);
   CHECK_EQ(state_of(rt, z), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, x), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, y), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
-  CHECK_OK(dmem_free(rt, z));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, z));
   dmem_runtime_destroy(rt);
 }
 
@@ -237,7 +237,7 @@ static void *mark_main(void *arg) {
   marker_t *m = arg;
   pthread_barrier_wait(m->go);
   void *p;
-  if (dmem_lock(m->rt, m->h, NULL, &p) != DMEM_OK || dmem_unlock(m->rt, m->h) != DMEM_OK) abort();
+  if (dmem_buffer_lock(m->rt, m->h, NULL, &p) != DMEM_OK || dmem_buffer_unlock(m->rt, m->h) != DMEM_OK) abort();
   return NULL;
 }
 
@@ -251,15 +251,15 @@ TEST_CASE(hot_buffers_unlocked_on_other_threads_are_kept) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h[8];
   for (int i = 0; i < 8; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     for (int k = 0; k < 2; k++) {
       void *p;
-      REQUIRE_OK(dmem_lock(rt, h[i], NULL, &p));
-      REQUIRE_OK(dmem_unlock(rt, h[i]));
+      REQUIRE_OK(dmem_buffer_lock(rt, h[i], NULL, &p));
+      REQUIRE_OK(dmem_buffer_unlock(rt, h[i]));
     }
   }
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
   pthread_barrier_t go;
   pthread_barrier_init(&go, NULL, 4);
@@ -271,11 +271,11 @@ TEST_CASE(hot_buffers_unlocked_on_other_threads_are_kept) {
   }
   for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
   pthread_barrier_destroy(&go);
-  CHECK_OK(dmem_evict(rt, 3 * MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, 3 * MiB, &freed));
   CHECK_UEQ(freed, 3 * MiB);
   for (int i = 1; i < 8; i++)
     CHECK_EQ(state_of(rt, h[i]), i % 2 ? DMEM_STATE_RESIDENT : DMEM_STATE_DEFERRED_HOST);
-  for (int i = 0; i < 8; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 8; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
 
@@ -298,7 +298,7 @@ static void *leak_main(void *arg) {
   uint64_t seed[LEAK_BUFS];
   for (int i = 0; i < LEAK_BUFS; i++) {
     seed[i] = (uint64_t)(l->id * 100 + i);
-    if (dmem_alloc(l->rt, LEAK_SIZE, 0, &h[i]) != DMEM_OK) abort();
+    if (dmem_buffer_alloc(l->rt, LEAK_SIZE, 0, &h[i]) != DMEM_OK) abort();
     check_put(l->rt, h[i], LEAK_SIZE, seed[i]);
   }
   uint64_t x = (uint64_t)l->id * 2654435761u + 1;
@@ -307,19 +307,19 @@ static void *leak_main(void *arg) {
     int i = (int)(x % LEAK_BUFS);
     dmem_status_t st;
     switch ((x >> 8) % 4) {
-      case 0: st = dmem_spill(l->rt, h[i], DMEM_TIER_DISK); break;
-      case 1: st = dmem_evict(l->rt, 2 * LEAK_SIZE, NULL); break;
-      case 2: st = dmem_unspill(l->rt, h[i], NULL); break;
+      case 0: st = dmem_buffer_spill(l->rt, h[i], DMEM_TIER_DISK); break;
+      case 1: st = dmem_runtime_evict(l->rt, 2 * LEAK_SIZE, NULL); break;
+      case 2: st = dmem_buffer_unspill(l->rt, h[i], NULL); break;
       default: {
         void *p;
-        st = dmem_lock(l->rt, h[i], NULL, &p);
+        st = dmem_buffer_lock(l->rt, h[i], NULL, &p);
         if (st == DMEM_OK) {
           /* read through a copy: under CUDA p is device memory */
           static _Thread_local unsigned char tmp[LEAK_SIZE];
-          dmem_copy(l->rt, tmp, p, LEAK_SIZE, NULL);
+          dmem_stream_copy(l->rt, tmp, p, LEAK_SIZE, NULL);
           dmem_stream_synchronize(l->rt, NULL);
           if (check_verify(tmp, LEAK_SIZE, seed[i])) atomic_fetch_add(l->bad, 1);
-          dmem_unlock(l->rt, h[i]);
+          dmem_buffer_unlock(l->rt, h[i]);
         }
       }
     }
@@ -328,7 +328,7 @@ static void *leak_main(void *arg) {
   }
   for (int i = 0; i < LEAK_BUFS; i++) {
     if (check_bad_bytes(l->rt, h[i], LEAK_SIZE, seed[i])) atomic_fetch_add(l->bad, 1);
-    dmem_free(l->rt, h[i]);
+    dmem_buffer_free(l->rt, h[i]);
   }
   return NULL;
 }
@@ -375,7 +375,7 @@ TEST_CASE(churn_leaves_no_host_memory) {
   dmem_runtime_destroy(rt);
 }
 
-/* ---- dmem_unspill racing the spill it cancels --------------------------------- */
+/* ---- dmem_buffer_unspill racing the spill it cancels --------------------------------- */
 
 typedef struct {
   dmem_runtime_t *rt;
@@ -390,9 +390,9 @@ static void *race_main(void *arg) {
   while (now_s() < r->until) {
     dmem_status_t st = DMEM_OK;
     switch (r->role) {
-      case 0: st = dmem_unspill(r->rt, r->h, NULL); atomic_fetch_add(r->unspills, 1); break;
-      case 1: st = dmem_spill(r->rt, r->h, DMEM_TIER_HOST); break;
-      case 2: st = dmem_spill(r->rt, r->h, DMEM_TIER_DISK); break;
+      case 0: st = dmem_buffer_unspill(r->rt, r->h, NULL); atomic_fetch_add(r->unspills, 1); break;
+      case 1: st = dmem_buffer_spill(r->rt, r->h, DMEM_TIER_HOST); break;
+      case 2: st = dmem_buffer_spill(r->rt, r->h, DMEM_TIER_DISK); break;
       default: st = dmem_runtime_poll(r->rt); break;
     }
     /* BUSY: the spill met another move or was cancelled; a spill to the
@@ -416,7 +416,7 @@ static void *race_main(void *arg) {
 TEST_CASE(unspill_racing_cancelled_spill) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 64 * KiB, 0, &h));
   check_put(rt, h, 64 * KiB, 7);
   atomic_long wrong = 0, unspills = 0;
   double secs = getenv("DMEM_TEST_SECONDS") ? atof(getenv("DMEM_TEST_SECONDS")) : 1.0;
@@ -434,7 +434,7 @@ TEST_CASE(unspill_racing_cancelled_spill) {
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   fprintf(stderr, "cancelled spills: %llu\n", (unsigned long long)s.cancelled_spills);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -448,20 +448,20 @@ TEST_CASE(unspill_racing_cancelled_spill) {
 TEST_CASE(unspill_cancel_after_spill_event_cleared) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 64 * KiB, 0, &h));
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   REQUIRE_TRUE(b != NULL);
   uint64_t w = atomic_load(&b->word);
   atomic_store(&b->spill_event, NULL);
   atomic_store(&b->word, dmem__w_with_state(w, DMEM_STATE_SPILLING) | DMEM__F_TRANSIT |
                              DMEM__F_SPILL_COPY);
-  CHECK_OK(dmem_unspill(rt, h, NULL));
+  CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
   /* the "spiller" ends its move: TRANSIT and SPILL_COPY off */
   uint64_t now = atomic_load(&b->word);
   CHECK_EQ(dmem__w_state(now), DMEM_STATE_RESIDENT);
   atomic_store(&b->word, now & ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -479,8 +479,8 @@ typedef struct {
 static void *first_main(void *arg) {
   first_t *f = arg;
   pthread_barrier_wait(f->go);
-  f->st = dmem_spill(f->rt, f->h, DMEM_TIER_HOST);
-  if (f->st == DMEM_OK) f->st = dmem_unspill(f->rt, f->h, NULL);
+  f->st = dmem_buffer_spill(f->rt, f->h, DMEM_TIER_HOST);
+  if (f->st == DMEM_OK) f->st = dmem_buffer_unspill(f->rt, f->h, NULL);
   return NULL;
 }
 
@@ -497,13 +497,13 @@ TEST_CASE(first_spills_from_many_threads) {
   pthread_barrier_init(&go, NULL, FIRST_THREADS);
   for (int i = 0; i < FIRST_THREADS; i++) {
     f[i] = (first_t){.rt = rt, .go = &go};
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &f[i].h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &f[i].h));
   }
   for (int i = 0; i < FIRST_THREADS; i++) pthread_create(&th[i], NULL, first_main, &f[i]);
   for (int i = 0; i < FIRST_THREADS; i++) pthread_join(th[i], NULL);
   for (int i = 0; i < FIRST_THREADS; i++) {
     CHECK_OK(f[i].st);
-    CHECK_OK(dmem_free(rt, f[i].h));
+    CHECK_OK(dmem_buffer_free(rt, f[i].h));
   }
   pthread_barrier_destroy(&go);
   dmem_runtime_destroy(rt);

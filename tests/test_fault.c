@@ -104,18 +104,18 @@ static const struct {
   unsigned long long ok;
 } apis[API_N] = {
     [API_CREATE] = {"dmem_runtime_create", OK_ | INV | CFG | NODEV | DEV | FATAL | HOOM},
-    [API_ALLOC] = {"dmem_alloc", OK_ | INV | OOM | HOOM | IO | DEV | FATAL},
-    [API_FREE] = {"dmem_free", OK_ | INV | STALE},
-    [API_LOCK] = {"dmem_lock", OK_ | INV | STALE | BUSY | OOM | IO | CB | DEV | FATAL},
-    [API_UNLOCK] = {"dmem_unlock", OK_ | INV | STALE | NOTL},
+    [API_ALLOC] = {"dmem_buffer_alloc", OK_ | INV | OOM | HOOM | IO | DEV | FATAL},
+    [API_FREE] = {"dmem_buffer_free", OK_ | INV | STALE},
+    [API_LOCK] = {"dmem_buffer_lock", OK_ | INV | STALE | BUSY | OOM | IO | CB | DEV | FATAL},
+    [API_UNLOCK] = {"dmem_buffer_unlock", OK_ | INV | STALE | NOTL},
     [API_INFO] = {"dmem_buffer_info", OK_ | INV | STALE},
-    [API_SPILL] = {"dmem_spill", OK_ | INV | STALE | BUSY | HOOM | IO | CB | DEV | FATAL},
-    [API_UNSPILL] = {"dmem_unspill", OK_ | INV | STALE | BUSY | OOM | IO | CB | DEV | FATAL},
-    [API_PREFETCH] = {"dmem_prefetch",
+    [API_SPILL] = {"dmem_buffer_spill", OK_ | INV | STALE | BUSY | HOOM | IO | CB | DEV | FATAL},
+    [API_UNSPILL] = {"dmem_buffer_unspill", OK_ | INV | STALE | BUSY | OOM | IO | CB | DEV | FATAL},
+    [API_PREFETCH] = {"dmem_buffer_prefetch",
                       OK_ | INV | STALE | BUSY | OOM | HOOM | IO | CB | DEV | FATAL},
-    [API_EVICT] = {"dmem_evict", OK_ | INV | CB | DEV | FATAL},
-    /* fn's status (the test's launch functions return dmem_copy's) or
-     * dmem_lock's, or HOST_OUT_OF_MEMORY */
+    [API_EVICT] = {"dmem_runtime_evict", OK_ | INV | CB | DEV | FATAL},
+    /* fn's status (the test's launch functions return dmem_stream_copy's) or
+     * dmem_buffer_lock's, or HOST_OUT_OF_MEMORY */
     [API_LAUNCH_ASYNC] = {"dmem_launch_async",
                           OK_ | INV | STALE | BUSY | OOM | HOOM | IO | CB | DEV | FATAL},
     [API_LOCK_AND_LAUNCH] = {"dmem_lock_and_launch",
@@ -126,7 +126,7 @@ static const struct {
     [API_STREAM_DESTROY] = {"dmem_stream_destroy", OK_ | INV | BUSY | DEV | FATAL},
     [API_STREAM_SYNC] = {"dmem_stream_synchronize", OK_ | INV | DEV | FATAL},
     [API_ENQUEUE_HOST] = {"dmem_stream_enqueue_host", OK_ | INV | HOOM | DEV | FATAL},
-    [API_COPY] = {"dmem_copy", OK_ | INV | HOOM | DEV | FATAL},
+    [API_COPY] = {"dmem_stream_copy", OK_ | INV | HOOM | DEV | FATAL},
     [API_DEVICE_MALLOC] = {"dmem_device_malloc", OK_ | INV | OOM | DEV | FATAL | HOOM},
     [API_DEVICE_FREE] = {"dmem_device_free", OK_ | INV},
     [API_MEMORY_INFO] = {"dmem_device_memory_info", OK_ | INV | DEV | FATAL},
@@ -215,7 +215,7 @@ static int state_of(fx_t *f, int i) {
 }
 
 /* After a failed move of buffer i (status st): "the bytes stay where they
- * were" (dmem_spill, dmem_unspill, dmem_lock, dmem_prefetch). */
+ * were" (dmem_buffer_spill, dmem_buffer_unspill, dmem_buffer_lock, dmem_buffer_prefetch). */
 static void same_place(fx_t *f, int i, int before, dmem_status_t st, const char *what, int line) {
   if (st == DMEM_OK) return;
   int after = state_of(f, i);
@@ -229,19 +229,19 @@ static void same_place(fx_t *f, int i, int before, dmem_status_t st, const char 
 
 static dmem_status_t t_spill_(fx_t *f, int i, dmem_tier_t tier, int line) {
   int before = state_of(f, i);
-  dmem_status_t st = checked(f, API_SPILL, dmem_spill(f->rt, f->h[i], tier), line);
+  dmem_status_t st = checked(f, API_SPILL, dmem_buffer_spill(f->rt, f->h[i], tier), line);
   same_place(f, i, before, st, "spill", line);
   return st;
 }
 static dmem_status_t t_unspill_(fx_t *f, int i, dmem_stream_t s, int line) {
   int before = state_of(f, i);
-  dmem_status_t st = checked(f, API_UNSPILL, dmem_unspill(f->rt, f->h[i], s), line);
+  dmem_status_t st = checked(f, API_UNSPILL, dmem_buffer_unspill(f->rt, f->h[i], s), line);
   same_place(f, i, before, st, "unspill", line);
   return st;
 }
 static dmem_status_t t_lock_(fx_t *f, int i, dmem_stream_t s, void **p, int line) {
   int before = state_of(f, i);
-  dmem_status_t st = checked(f, API_LOCK, dmem_lock(f->rt, f->h[i], s, p), line);
+  dmem_status_t st = checked(f, API_LOCK, dmem_buffer_lock(f->rt, f->h[i], s, p), line);
   same_place(f, i, before, st, "lock", line);
   return st;
 }
@@ -327,21 +327,21 @@ static dmem_status_t put(fx_t *f, int i, uint64_t seed) {
   void *tmp = malloc(n), *p = NULL;
   if (!tmp) abort();
   pat_fill(tmp, n, seed);
-  dmem_status_t st = DO(API_LOCK, dmem_lock(f->rt, f->h[i], NULL, &p));
+  dmem_status_t st = DO(API_LOCK, dmem_buffer_lock(f->rt, f->h[i], NULL, &p));
   if (st == DMEM_OK && f->stable[i]) {
     if (!f->addr[i]) f->addr[i] = p;
     EXPECT(p == f->addr[i], "stable buffer %d locked at %p, first at %p", i, p, f->addr[i]);
   }
   if (st == DMEM_OK) {
     f->known[i] = false;
-    st = DO(API_COPY, dmem_copy(f->rt, p, tmp, n, NULL));
+    st = DO(API_COPY, dmem_stream_copy(f->rt, p, tmp, n, NULL));
     dmem_status_t sy = DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, NULL));
     if (st == DMEM_OK) st = sy;
     if (st == DMEM_OK) {
       f->seed[i] = seed;
       f->known[i] = true;
     }
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[i]));
   }
   free(tmp);
   return st;
@@ -352,7 +352,7 @@ static dmem_status_t put(fx_t *f, int i, uint64_t seed) {
 static dmem_status_t add_buffer(fx_t *f, size_t size, unsigned flags) {
   if (f->nbuf == NBUF) abort();
   int i = f->nbuf;
-  dmem_status_t st = DO(API_ALLOC, dmem_alloc(f->rt, size, flags, &f->h[i]));
+  dmem_status_t st = DO(API_ALLOC, dmem_buffer_alloc(f->rt, size, flags, &f->h[i]));
   if (st != DMEM_OK) return st;
   f->nbuf++;
   f->size[i] = size;
@@ -378,7 +378,7 @@ static void setup_controller(fx_t *f) {
   c.store = ctl_store;
   c.retrieve = ctl_retrieve;
   c.select_victims = ctl_victims;
-  dmem_status_t st = dmem_set_controller(f->rt, &c);
+  dmem_status_t st = dmem_controller_set(f->rt, &c);
   if (st != DMEM_OK) setup_fail("controller", st);
 }
 
@@ -388,12 +388,12 @@ static size_t bad_bytes(fx_t *f, int i) {
   size_t n = f->size[i];
   void *tmp = calloc(1, n), *p = NULL;
   if (!tmp) abort();
-  dmem_status_t st = dmem_lock(f->rt, f->h[i], NULL, &p);
+  dmem_status_t st = dmem_buffer_lock(f->rt, f->h[i], NULL, &p);
   if (st == DMEM_OK && f->stable[i] && f->addr[i])
     EXPECT(p == f->addr[i], "stable buffer %d locked at %p, first at %p", i, p, f->addr[i]);
-  if (st == DMEM_OK) st = dmem_copy(f->rt, tmp, p, n, NULL);
+  if (st == DMEM_OK) st = dmem_stream_copy(f->rt, tmp, p, n, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, NULL);
-  if (p) (void)dmem_unlock(f->rt, f->h[i]);
+  if (p) (void)dmem_buffer_unlock(f->rt, f->h[i]);
   size_t bad = st == DMEM_OK ? pat_bad(tmp, n, f->seed[i]) : SIZE_MAX;
   if (st != DMEM_OK)
     fprintf(stderr, "reading buffer %d: %s (%s)\n", i, dmem_status_name(st),
@@ -406,7 +406,7 @@ static size_t raw_bad_bytes(fx_t *f, int r) {
   size_t n = f->rawsize[r];
   void *tmp = calloc(1, n);
   if (!tmp) abort();
-  dmem_status_t st = dmem_copy(f->rt, tmp, f->raw[r], n, f->raw_s[r]);
+  dmem_status_t st = dmem_stream_copy(f->rt, tmp, f->raw[r], n, f->raw_s[r]);
   if (st == DMEM_OK) st = dmem_stream_synchronize(f->rt, f->raw_s[r]);
   size_t bad = st == DMEM_OK ? pat_bad(tmp, n, f->rawseed[r]) : SIZE_MAX;
   free(tmp);
@@ -440,7 +440,7 @@ static dmem_status_t launch_write(void *user, dmem_stream_t s, void *const *ptrs
   size_t size = f->size[a->buf];
   void *src = pattern(f, size, a->seed);
   f->known[a->buf] = false;
-  dmem_status_t st = DO(API_COPY, dmem_copy(f->rt, ptrs[a->target], src, size, s));
+  dmem_status_t st = DO(API_COPY, dmem_stream_copy(f->rt, ptrs[a->target], src, size, s));
   if (st == DMEM_OK) {
     /* enqueued: the buffer holds the new pattern once the stream gets there
      * (and unknown content only if the stream's work is lost: fatal) */
@@ -482,8 +482,8 @@ static void alloc_run(fx_t *f) {
  * stream, and the lock of a spilled buffer that needs room. */
 static void lock_setup(fx_t *f) {
   setup_buffers(f, 5, 8 * U);
-  dmem_status_t st = dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST);
-  if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK);
+  dmem_status_t st = dmem_buffer_spill(f->rt, f->h[1], DMEM_TIER_HOST);
+  if (st == DMEM_OK) st = dmem_buffer_spill(f->rt, f->h[2], DMEM_TIER_DISK);
   if (st != DMEM_OK) setup_fail("spill", st);
   (void)add_buffer(f, 24 * U, 0); /* 56 U resident of 64 */
 }
@@ -496,17 +496,17 @@ static void lock_run(fx_t *f) {
   st[3] = t_lock(f, 0, f->s, &p[3]); /* a second lock */
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
   for (int k = 0; k < 4; k++)
-    if (st[k] == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[k == 3 ? 0 : k]));
-  (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[3])); /* not locked */
+    if (st[k] == DMEM_OK) (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[k == 3 ? 0 : k]));
+  (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[3])); /* not locked */
   /* written while locked on a stream */
   if (t_lock(f, 4, f->s, &p[4]) == DMEM_OK) {
     uint64_t seed = ++f->seeds;
     void *src = pattern(f, f->size[4], seed);
     f->known[4] = false;
-    if (DO(API_COPY, dmem_copy(f->rt, p[4], src, f->size[4], f->s)) == DMEM_OK) f->seed[4] = seed;
+    if (DO(API_COPY, dmem_stream_copy(f->rt, p[4], src, f->size[4], f->s)) == DMEM_OK) f->seed[4] = seed;
     f->known[4] = true;
     (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[4]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[4]));
   }
   dmem_buffer_info_t info;
   (void)DO(API_INFO, dmem_buffer_info(f->rt, f->h[2], &info));
@@ -521,14 +521,14 @@ static void host_run(fx_t *f) {
   (void)t_spill(f, 2, DMEM_TIER_HOST);
   (void)t_unspill(f, 0, f->s);
   dmem_handle_t pf[3] = {f->h[1], f->h[0], f->h[3]}; /* spilled, back, resident */
-  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, pf, 3, f->s));
+  (void)DO(API_PREFETCH, dmem_buffer_prefetch(f->rt, pf, 3, f->s));
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
   void *p;
   if (t_lock(f, 2, NULL, &p) == DMEM_OK)
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[2]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[2]));
   (void)t_spill(f, 3, DMEM_TIER_HOST);
   (void)t_spill(f, 0, DMEM_TIER_HOST);
-  (void)DO(API_FREE, dmem_free(f->rt, f->h[3]));
+  (void)DO(API_FREE, dmem_buffer_free(f->rt, f->h[3]));
   f->live[3] = false;
   (void)DO(API_HOST_TRIM, dmem_host_trim(f->rt, 0, NULL));
   (void)DO(API_POLL, dmem_runtime_poll(f->rt));
@@ -545,12 +545,12 @@ static void disk_run(fx_t *f) {
   void *p;
   if (t_lock(f, 0, f->s, &p) == DMEM_OK) {
     (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[0]));
   }
   (void)t_unspill(f, 1, NULL);
-  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, &f->h[2], 1, f->s));
+  (void)DO(API_PREFETCH, dmem_buffer_prefetch(f->rt, &f->h[2], 1, f->s));
   (void)t_spill(f, 3, DMEM_TIER_DISK);
-  (void)DO(API_FREE, dmem_free(f->rt, f->h[3])); /* freed on disk */
+  (void)DO(API_FREE, dmem_buffer_free(f->rt, f->h[3])); /* freed on disk */
   f->live[3] = false;
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
@@ -565,7 +565,7 @@ static void disk_large_run(fx_t *f) {
   (void)t_spill(f, 0, DMEM_TIER_DISK);
   void *p;
   if (t_lock(f, 0, NULL, &p) == DMEM_OK)
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[0]));
 }
 
 /* the host tier over its limit: the I/O threads push the least recently
@@ -576,7 +576,7 @@ static void pushdown_run(fx_t *f) {
   dmem__io_quiesce(f->rt->io);
   void *p;
   if (t_lock(f, 0, NULL, &p) == DMEM_OK)
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[0]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[0]));
   (void)t_unspill(f, 3, NULL);
   (void)t_spill(f, 0, DMEM_TIER_HOST);
   dmem__io_quiesce(f->rt->io);
@@ -596,9 +596,9 @@ static void controller_run(fx_t *f) {
   (void)t_unspill(f, 0, f->s);
   void *p;
   if (t_lock(f, 1, NULL, &p) == DMEM_OK)
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[1]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[1]));
   size_t freed = 0;
-  (void)DO(API_EVICT, dmem_evict(f->rt, 16 * U, &freed));
+  (void)DO(API_EVICT, dmem_runtime_evict(f->rt, 16 * U, &freed));
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
 
@@ -632,9 +632,9 @@ static void t_read_(fx_t *f, int i, size_t off, size_t n, int line) {
 
 static void read_setup(fx_t *f) {
   setup_buffers(f, 4, 4 * U + 100);
-  dmem_status_t st = dmem_spill(f->rt, f->h[1], DMEM_TIER_HOST);
-  if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[2], DMEM_TIER_DISK);
-  if (st == DMEM_OK) st = dmem_spill(f->rt, f->h[3], DMEM_TIER_DISK);
+  dmem_status_t st = dmem_buffer_spill(f->rt, f->h[1], DMEM_TIER_HOST);
+  if (st == DMEM_OK) st = dmem_buffer_spill(f->rt, f->h[2], DMEM_TIER_DISK);
+  if (st == DMEM_OK) st = dmem_buffer_spill(f->rt, f->h[3], DMEM_TIER_DISK);
   if (st != DMEM_OK) setup_fail("spill", st);
 }
 static void read_run(fx_t *f) {
@@ -652,17 +652,17 @@ static void read_run(fx_t *f) {
 static void evict_setup(fx_t *f) { setup_buffers(f, 5, 8 * U); }
 static void evict_run(fx_t *f) {
   size_t freed = 0;
-  (void)DO(API_EVICT, dmem_evict(f->rt, 16 * U, &freed));
+  (void)DO(API_EVICT, dmem_runtime_evict(f->rt, 16 * U, &freed));
   (void)add_buffer(f, 24 * U, 0);
   for (int i = 0; i < 3; i++) {
     void *p;
     if (t_lock(f, i, NULL, &p) == DMEM_OK)
-      (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+      (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[i]));
   }
-  (void)DO(API_EVICT, dmem_evict(f->rt, 128 * U, &freed));
+  (void)DO(API_EVICT, dmem_runtime_evict(f->rt, 128 * U, &freed));
 }
 
-/* evict_batch: ten small buffers out in one dmem_evict (one spill batch:
+/* evict_batch: ten small buffers out in one dmem_runtime_evict (one spill batch:
  * one staging carve, ten copies, one event, one pool release), back with
  * one prefetch, and out again right away (their unspill copies may still
  * run: staging reused after unspill_event). A failure anywhere in a batch
@@ -670,19 +670,19 @@ static void evict_run(fx_t *f) {
 static void evict_batch_setup(fx_t *f) { setup_buffers(f, 10, U); }
 static void evict_batch_run(fx_t *f) {
   size_t freed = 0;
-  (void)DO(API_EVICT, dmem_evict(f->rt, 10 * U, &freed));
-  (void)DO(API_PREFETCH, dmem_prefetch(f->rt, f->h, 10, f->s));
+  (void)DO(API_EVICT, dmem_runtime_evict(f->rt, 10 * U, &freed));
+  (void)DO(API_PREFETCH, dmem_buffer_prefetch(f->rt, f->h, 10, f->s));
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
-  (void)DO(API_EVICT, dmem_evict(f->rt, 6 * U, &freed));
+  (void)DO(API_EVICT, dmem_runtime_evict(f->rt, 6 * U, &freed));
   void *p;
-  if (t_lock(f, 9, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[9]));
+  if (t_lock(f, 9, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[9]));
 }
 
 /* launch_async / stream_release / sync_and_unlock / lock_and_launch, a
  * host function, and a spill of a buffer a release still holds. */
 static void launch_setup(fx_t *f) {
   setup_buffers(f, 4, 4 * U);
-  dmem_status_t st = dmem_spill(f->rt, f->h[2], DMEM_TIER_HOST);
+  dmem_status_t st = dmem_buffer_spill(f->rt, f->h[2], DMEM_TIER_HOST);
   if (st != DMEM_OK) setup_fail("spill", st);
 }
 static void launch_run(fx_t *f) {
@@ -721,7 +721,7 @@ static dmem_status_t raw_add(fx_t *f, int r, size_t size, dmem_stream_t s, bool 
   f->raw_s[r] = s;
   f->rawseed[r] = ++f->seeds;
   void *src = pattern(f, size, f->rawseed[r]);
-  st = DO(API_COPY, dmem_copy(f->rt, p, src, size, s));
+  st = DO(API_COPY, dmem_stream_copy(f->rt, p, src, size, s));
   if (st != DMEM_OK) f->rawseed[r] = 0; /* unknown */
   return st;
 }
@@ -743,10 +743,10 @@ static void raw_adopt(fx_t *f, int r) {
    * them unknown */
   if (DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->raw_s[r])) != DMEM_OK)
     f->known[i] = false;
-  (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+  (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[i]));
   (void)t_spill(f, i, DMEM_TIER_HOST);
   void *p;
-  if (t_lock(f, i, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+  if (t_lock(f, i, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[i]));
 }
 static void raw_setup(fx_t *f) { setup_buffers(f, 4, 8 * U); }
 static void raw_run(fx_t *f) {
@@ -793,7 +793,7 @@ static void create_run(fx_t *f) {
   for (int i = 0; i < f->nbuf; i++) {
     void *p;
     if (t_lock(f, i, s, &p) == DMEM_OK)
-      (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[i]));
+      (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[i]));
   }
   void *raw = NULL;
   if (DO(API_DEVICE_MALLOC, dmem_device_malloc(f->rt, U, s, &raw)) == DMEM_OK)
@@ -873,29 +873,29 @@ static void verify_working(fx_t *f) {
   }
   /* still working: a new buffer through host, disk and back */
   dmem_handle_t h = 0;
-  st = dmem_alloc(rt, U, 0, &h);
+  st = dmem_buffer_alloc(rt, U, 0, &h);
   EXPECT(st == DMEM_OK, "alloc after the fault: %s (%s)", dmem_status_name(st),
          dmem_last_error_detail());
   if (st != DMEM_OK) return;
   void *tmp = malloc(U), *p = NULL;
   pat_fill(tmp, U, 77);
-  st = dmem_lock(rt, h, NULL, &p);
-  if (st == DMEM_OK) st = dmem_copy(rt, p, tmp, U, NULL);
+  st = dmem_buffer_lock(rt, h, NULL, &p);
+  if (st == DMEM_OK) st = dmem_stream_copy(rt, p, tmp, U, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, NULL);
-  if (p) (void)dmem_unlock(rt, h);
-  if (st == DMEM_OK) st = dmem_spill(rt, h, DMEM_TIER_HOST);
-  if (st == DMEM_OK) st = dmem_spill(rt, h, DMEM_TIER_DISK);
+  if (p) (void)dmem_buffer_unlock(rt, h);
+  if (st == DMEM_OK) st = dmem_buffer_spill(rt, h, DMEM_TIER_HOST);
+  if (st == DMEM_OK) st = dmem_buffer_spill(rt, h, DMEM_TIER_DISK);
   memset(tmp, 0, U);
   p = NULL;
-  if (st == DMEM_OK) st = dmem_lock(rt, h, NULL, &p);
-  if (st == DMEM_OK) st = dmem_copy(rt, tmp, p, U, NULL);
+  if (st == DMEM_OK) st = dmem_buffer_lock(rt, h, NULL, &p);
+  if (st == DMEM_OK) st = dmem_stream_copy(rt, tmp, p, U, NULL);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, NULL);
-  if (p) (void)dmem_unlock(rt, h);
+  if (p) (void)dmem_buffer_unlock(rt, h);
   EXPECT(st == DMEM_OK, "a new buffer through host and disk: %s (%s)", dmem_status_name(st),
          dmem_last_error_detail());
   if (st == DMEM_OK) EXPECT(pat_bad(tmp, U, 77) == 0, "a new buffer came back wrong");
   free(tmp);
-  EXPECT(dmem_free(rt, h) == DMEM_OK, "free of the new buffer");
+  EXPECT(dmem_buffer_free(rt, h) == DMEM_OK, "free of the new buffer");
 }
 
 /* No fault armed, the runtime went fatal: it says so at every call that
@@ -905,22 +905,22 @@ static void verify_fatal(fx_t *f) {
   dmem_status_t st = dmem_stream_synchronize(rt, NULL);
   EXPECT(st == DMEM_ERR_DEVICE_FATAL, "synchronize after a fatal fault: %s", dmem_status_name(st));
   dmem_handle_t h;
-  EXPECT((st = dmem_alloc(rt, 4 * KiB, 0, &h)) == DMEM_ERR_DEVICE_FATAL, "alloc: %s",
+  EXPECT((st = dmem_buffer_alloc(rt, 4 * KiB, 0, &h)) == DMEM_ERR_DEVICE_FATAL, "alloc: %s",
          dmem_status_name(st));
   void *p = NULL;
   for (int i = 0; i < f->nbuf; i++) {
     if (!f->live[i]) continue;
-    EXPECT((st = dmem_lock(rt, f->h[i], NULL, &p)) == DMEM_ERR_DEVICE_FATAL, "lock %d: %s", i,
+    EXPECT((st = dmem_buffer_lock(rt, f->h[i], NULL, &p)) == DMEM_ERR_DEVICE_FATAL, "lock %d: %s", i,
            dmem_status_name(st));
-    if (st == DMEM_OK) (void)dmem_unlock(rt, f->h[i]);
-    EXPECT((st = dmem_spill(rt, f->h[i], DMEM_TIER_HOST)) == DMEM_ERR_DEVICE_FATAL,
+    if (st == DMEM_OK) (void)dmem_buffer_unlock(rt, f->h[i]);
+    EXPECT((st = dmem_buffer_spill(rt, f->h[i], DMEM_TIER_HOST)) == DMEM_ERR_DEVICE_FATAL,
            "spill %d: %s", i, dmem_status_name(st));
     break;
   }
   EXPECT((st = dmem_device_malloc(rt, 4 * KiB, NULL, &p)) == DMEM_ERR_DEVICE_FATAL,
          "device_malloc: %s", dmem_status_name(st));
   if (st == DMEM_OK) (void)dmem_device_free(rt, p, NULL);
-  EXPECT((st = dmem_copy(rt, &h, &p, sizeof h, NULL)) == DMEM_ERR_DEVICE_FATAL, "copy: %s",
+  EXPECT((st = dmem_stream_copy(rt, &h, &p, sizeof h, NULL)) == DMEM_ERR_DEVICE_FATAL, "copy: %s",
          dmem_status_name(st));
   EXPECT((st = dmem_runtime_poll(rt)) == DMEM_ERR_DEVICE_FATAL, "poll: %s", dmem_status_name(st));
   dmem_stream_t s2;
@@ -948,7 +948,7 @@ static void teardown(fx_t *f, bool fatal) {
   dmem_status_t st;
   for (int i = 0; i < f->nbuf; i++) {
     if (!f->live[i]) continue;
-    st = dmem_free(rt, f->h[i]);
+    st = dmem_buffer_free(rt, f->h[i]);
     EXPECT(st == DMEM_OK, "free of buffer %d: %s", i, dmem_status_name(st));
     f->live[i] = false;
   }
@@ -989,19 +989,19 @@ static void teardown(fx_t *f, bool fatal) {
     int nh = 0;
     for (; nh < 8; nh++) {
       void *p;
-      st = dmem_alloc(rt, f->limit / 8, 0, &hs[nh]);
+      st = dmem_buffer_alloc(rt, f->limit / 8, 0, &hs[nh]);
       if (st != DMEM_OK) break;
-      st = dmem_lock(rt, hs[nh], NULL, &p); /* locked: never spilled for the next one */
+      st = dmem_buffer_lock(rt, hs[nh], NULL, &p); /* locked: never spilled for the next one */
       if (st != DMEM_OK) {
-        (void)dmem_free(rt, hs[nh]);
+        (void)dmem_buffer_free(rt, hs[nh]);
         break;
       }
     }
     EXPECT(nh == 8, "only %d of 8 locked buffers of %zu bytes fit the empty runtime: %s (%s)",
            nh, f->limit / 8, dmem_status_name(st), dmem_last_error_detail());
     for (int k = 0; k < nh; k++) {
-      (void)dmem_unlock(rt, hs[k]);
-      (void)dmem_free(rt, hs[k]);
+      (void)dmem_buffer_unlock(rt, hs[k]);
+      (void)dmem_buffer_free(rt, hs[k]);
     }
   }
   if (f->s) {
@@ -1268,14 +1268,14 @@ static void stable_run(fx_t *f) {
   void *p;
   if (t_lock(f, 1, NULL, &p) == DMEM_OK) {
     if (f->addr[1]) EXPECT(p == f->addr[1], "stable buffer 1 moved: %p, first %p", p, f->addr[1]);
-    (void)DO(API_UNLOCK, dmem_unlock(f->rt, f->h[1]));
+    (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[1]));
   }
   (void)add_buffer(f, 2 * stable_g, DMEM_BUFFER_STABLE_ADDRESS); /* 6 of 8 */
   (void)add_buffer(f, 3 * stable_g, DMEM_BUFFER_STABLE_ADDRESS); /* past the limit: evicts */
   (void)t_spill(f, 2, DMEM_TIER_HOST);
-  (void)DO(API_FREE, dmem_free(f->rt, f->h[2])); /* freed spilled */
+  (void)DO(API_FREE, dmem_buffer_free(f->rt, f->h[2])); /* freed spilled */
   f->live[2] = false;
-  (void)DO(API_FREE, dmem_free(f->rt, f->h[0])); /* freed resident (or wherever it is) */
+  (void)DO(API_FREE, dmem_buffer_free(f->rt, f->h[0])); /* freed resident (or wherever it is) */
   f->live[0] = false;
   (void)DO(API_STREAM_SYNC, dmem_stream_synchronize(f->rt, f->s));
 }
@@ -1354,22 +1354,22 @@ TEST_CASE(env_plan) {
   dmem_handle_t h;
   void *p;
   char buf[64] = {0};
-  REQUIRE_OK(dmem_alloc(rt, sizeof buf, 0, &h));
-  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
-  CHECK_STATUS(dmem_copy(rt, p, buf, sizeof buf, NULL), DMEM_ERR_DEVICE);
+  REQUIRE_OK(dmem_buffer_alloc(rt, sizeof buf, 0, &h));
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
+  CHECK_STATUS(dmem_stream_copy(rt, p, buf, sizeof buf, NULL), DMEM_ERR_DEVICE);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "memcpy_async: injected failure") != NULL);
-  CHECK_STATUS(dmem_copy(rt, p, buf, sizeof buf, NULL), DMEM_ERR_DEVICE);
+  CHECK_STATUS(dmem_stream_copy(rt, p, buf, sizeof buf, NULL), DMEM_ERR_DEVICE);
   dmem__fault_disarm();
-  CHECK_OK(dmem_copy(rt, p, buf, sizeof buf, NULL));
+  CHECK_OK(dmem_stream_copy(rt, p, buf, sizeof buf, NULL));
   CHECK_OK(dmem_stream_synchronize(rt, NULL));
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   /* fatal: the runtime refuses work from then on, destroy frees all */
   dmem_runtime_destroy(rt);
   REQUIRE_OK(env_create("event_record:1:fatal", &rt));
-  REQUIRE_OK(dmem_alloc(rt, sizeof buf, 0, &h));
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_DEVICE_FATAL);
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_DEVICE_FATAL);
-  CHECK_STATUS(dmem_alloc(rt, sizeof buf, 0, &h), DMEM_ERR_DEVICE_FATAL);
+  REQUIRE_OK(dmem_buffer_alloc(rt, sizeof buf, 0, &h));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &p), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_buffer_alloc(rt, sizeof buf, 0, &h), DMEM_ERR_DEVICE_FATAL);
   dmem_runtime_destroy(rt);
   dmem__fault_report(&r);
   CHECK_EQ(r.live_device_allocs, r0.live_device_allocs);

@@ -286,8 +286,8 @@ TEST_CASE(host_trim_public) {
   dmem_runtime_t *rt = check_runtime((size_t)16 << 20);
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, (size_t)1 << 20, 0, &h[i]));
-    REQUIRE_OK(dmem_spill(rt, h[i], DMEM_TIER_HOST));
+    REQUIRE_OK(dmem_buffer_alloc(rt, (size_t)1 << 20, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
   }
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
@@ -296,7 +296,7 @@ TEST_CASE(host_trim_public) {
   size_t released = 0;
   CHECK_OK(dmem_host_trim(rt, 0, &released));
   CHECK_UEQ(released, 0); /* the host tier holds its copies */
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_OK(dmem_host_trim(rt, 0, &released));
   CHECK_UEQ(released, s.host_pool_reserved);
   CHECK_OK(dmem_stats(rt, &s));
@@ -484,9 +484,9 @@ TEST_CASE(host_reserve_public) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_GE(s.host_pool_reserved, (size_t)24 << 20);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, (size_t)1 << 20, 0, &h));
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_OK(dmem_free(rt, h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, (size_t)1 << 20, 0, &h));
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_free(rt, h));
   size_t released = 7;
   CHECK_OK(dmem_host_trim(rt, 0, &released));
   CHECK_UEQ(released, 0);

@@ -44,7 +44,7 @@ static unsigned lock_count(dmem_runtime_t *rt, dmem_handle_t h) {
 TEST_CASE(lock_and_launch_locks_calls_unlocks) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t hs[3];
-  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[i]));
+  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &hs[i]));
   launch_rec_t r = {0};
   r.rt = rt;
   r.probe = hs[1];
@@ -55,9 +55,9 @@ TEST_CASE(lock_and_launch_locks_calls_unlocks) {
   CHECK_OK(r.probe_st); /* locked during the call, and re-entrant */
   for (int i = 0; i < 3; i++) {
     void *p;
-    CHECK_OK(dmem_lock(rt, hs[i], NULL, &p));
+    CHECK_OK(dmem_buffer_lock(rt, hs[i], NULL, &p));
     CHECK_TRUE(p == r.ptrs[i]);
-    CHECK_OK(dmem_unlock(rt, hs[i]));
+    CHECK_OK(dmem_buffer_unlock(rt, hs[i]));
     CHECK_EQ(lock_count(rt, hs[i]), 0);
   }
   /* the launch function's status is returned, and everything is unlocked */
@@ -71,16 +71,16 @@ TEST_CASE(lock_and_launch_locks_calls_unlocks) {
   CHECK_STATUS(dmem_lock_and_launch(rt, NULL, 2, record_fn, &r), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_lock_and_launch(rt, hs, 1, NULL, &r), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_lock_and_launch(NULL, hs, 1, record_fn, &r), DMEM_ERR_INVALID_ARGUMENT);
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, hs[i]));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(all_or_nothing) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t hs[4];
-  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[i]));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[3]));
-  CHECK_OK(dmem_free(rt, hs[3])); /* last one is stale */
+  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &hs[i]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &hs[3]));
+  CHECK_OK(dmem_buffer_free(rt, hs[3])); /* last one is stale */
   launch_rec_t r = {0};
   CHECK_STATUS(dmem_lock_and_launch(rt, hs, 4, record_fn, &r), DMEM_ERR_STALE_HANDLE);
   CHECK_EQ(r.calls, 0); /* never called when locking fails */
@@ -91,17 +91,17 @@ TEST_CASE(all_or_nothing) {
   CHECK_EQ(r.calls, 0);
   for (int i = 0; i < 3; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
   CHECK_OK(dmem_stream_destroy(rt, s)); /* nothing was registered */
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, hs[i]));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(out_of_memory_with_everything_locked) {
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   dmem_handle_t hs[4];
-  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &hs[i]));
-  CHECK_OK(dmem_spill(rt, hs[3], DMEM_TIER_HOST));
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &hs[i]));
+  CHECK_OK(dmem_buffer_spill(rt, hs[3], DMEM_TIER_HOST));
   dmem_handle_t extra;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &extra));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &extra));
   /* 4 resident; locking all of them plus the spilled one cannot fit */
   dmem_handle_t all[5] = {hs[0], hs[1], hs[2], extra, hs[3]};
   launch_rec_t r = {0};
@@ -113,16 +113,16 @@ TEST_CASE(out_of_memory_with_everything_locked) {
   CHECK_EQ(info.state, DMEM_STATE_DEFERRED_HOST); /* bytes still safe on the host */
   /* with everything locked, alloc reports OOM too */
   void *p;
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_lock(rt, hs[i], NULL, &p));
-  CHECK_OK(dmem_lock(rt, extra, NULL, &p));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_lock(rt, hs[i], NULL, &p));
+  CHECK_OK(dmem_buffer_lock(rt, extra, NULL, &p));
   dmem_handle_t h;
-  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(rt, MiB, 0, &h), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "nothing") != NULL);
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_unlock(rt, hs[i]));
-  CHECK_OK(dmem_unlock(rt, extra));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_unlock(rt, hs[i]));
+  CHECK_OK(dmem_buffer_unlock(rt, extra));
   CHECK_OK(dmem_lock_and_launch(rt, all + 2, 3, record_fn, &r)); /* fits after eviction */
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, hs[i]));
-  CHECK_OK(dmem_free(rt, extra));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, hs[i]));
+  CHECK_OK(dmem_buffer_free(rt, extra));
   dmem_runtime_destroy(rt);
 }
 
@@ -132,8 +132,8 @@ TEST_CASE(launch_async_registry_and_sync_and_unlock) {
   REQUIRE_OK(dmem_stream_create(rt, &s1));
   REQUIRE_OK(dmem_stream_create(rt, &s2));
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
   launch_rec_t r = {0};
   CHECK_OK(dmem_launch_async(rt, s1, &a, 1, record_fn, &r));
   CHECK_TRUE(r.stream == s1);
@@ -141,7 +141,7 @@ TEST_CASE(launch_async_registry_and_sync_and_unlock) {
   CHECK_OK(dmem_launch_async(rt, s2, &a, 1, record_fn, &r));
   CHECK_EQ(lock_count(rt, a), 2);
   CHECK_EQ(lock_count(rt, b), 1);
-  CHECK_STATUS(dmem_spill(rt, a, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, a, DMEM_TIER_HOST), DMEM_ERR_BUSY);
   CHECK_STATUS(dmem_stream_destroy(rt, s1), DMEM_ERR_BUSY); /* still registered */
   CHECK_OK(dmem_sync_and_unlock(rt, s1));
   CHECK_EQ(lock_count(rt, a), 1); /* s2's lock remains */
@@ -159,8 +159,8 @@ TEST_CASE(launch_async_registry_and_sync_and_unlock) {
   CHECK_STATUS(dmem_sync_and_unlock(NULL, s1), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_OK(dmem_stream_destroy(rt, s1));
   CHECK_OK(dmem_stream_destroy(rt, s2));
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   dmem_runtime_destroy(rt);
 }
 
@@ -217,7 +217,7 @@ TEST_CASE(stream_release_unlocks_when_work_completes) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   launch_rec_t r = {0};
   r.rt = rt;
@@ -227,7 +227,7 @@ TEST_CASE(stream_release_unlocks_when_work_completes) {
   CHECK_OK(dmem_runtime_poll(rt));
   CHECK_EQ(lock_count(rt, a), 1); /* the "kernel" is still running */
   size_t freed = 1;
-  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
   CHECK_UEQ(freed, 0); /* so it cannot be spilled */
   gate_open(&g);
   CHECK_OK(dmem_stream_synchronize(rt, s));
@@ -235,7 +235,7 @@ TEST_CASE(stream_release_unlocks_when_work_completes) {
   CHECK_EQ(lock_count(rt, a), 0);
   CHECK_OK(dmem_stream_release(rt, s)); /* nothing registered */
   CHECK_OK(dmem_stream_destroy(rt, s));
-  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, a));
   dmem_runtime_destroy(rt);
 }
 
@@ -246,18 +246,18 @@ TEST_CASE(stream_release_found_by_allocation) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &a));
   launch_rec_t r = {0};
   CHECK_OK(dmem_launch_async(rt, s, &a, 1, record_fn, &r));
   CHECK_OK(dmem_stream_release(rt, s));
   CHECK_OK(dmem_stream_synchronize(rt, s));
-  CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &b)); /* needs a unlocked and spilled */
+  CHECK_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &b)); /* needs a unlocked and spilled */
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, a, &info));
   CHECK_EQ(info.state, DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(info.lock_count, 0);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -280,7 +280,7 @@ static void finished_release_seen_by(tell_t how) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   REQUIRE_OK(dmem_stream_create(rt, &s2));
   dmem_handle_t a;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   launch_rec_t r = {0};
   r.rt = rt;
@@ -306,10 +306,10 @@ static void finished_release_seen_by(tell_t how) {
       CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
       break;
     case TELL_SPILL:
-      CHECK_OK(dmem_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
+      CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
       break;
     case TELL_EVICT:
-      CHECK_OK(dmem_evict(rt, MiB, &freed));
+      CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
       CHECK_UEQ(freed, MiB);
       break;
     case TELL_INFO:
@@ -321,7 +321,7 @@ static void finished_release_seen_by(tell_t how) {
       CHECK_UEQ(st.device_locked, 0);
       break;
     case TELL_FREE: /* reclaimed at once, not at some later poll */
-      CHECK_OK(dmem_free(rt, a));
+      CHECK_OK(dmem_buffer_free(rt, a));
       CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
       CHECK_OK(dmem_stats(rt, &st));
       CHECK_UEQ(st.buffer_count, 0);
@@ -330,7 +330,7 @@ static void finished_release_seen_by(tell_t how) {
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
   if (how != TELL_FREE) {
     CHECK_EQ(lock_count(rt, a), 0);
-    CHECK_OK(dmem_free(rt, a));
+    CHECK_OK(dmem_buffer_free(rt, a));
   }
   CHECK_OK(dmem_stream_destroy(rt, s));
   CHECK_OK(dmem_stream_destroy(rt, s2));
@@ -362,8 +362,8 @@ TEST_CASE(stream_release_after_each_launch_shares_events) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   enum { N = 32 };
   dmem_handle_t a, hs[N];
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_alloc(rt, 64 * 1024, 0, &hs[i]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 64 * 1024, 0, &hs[i]));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   launch_rec_t r = {0};
   r.rt = rt;
@@ -382,15 +382,15 @@ TEST_CASE(stream_release_after_each_launch_shares_events) {
   CHECK_EQ(lock_count(rt, a), 1);
   for (int i = 0; i < N; i++) CHECK_EQ(lock_count(rt, hs[i]), 1);
   size_t freed = 1;
-  CHECK_OK(dmem_evict(rt, 64 * MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, 64 * MiB, &freed));
   CHECK_UEQ(freed, 0); /* all locked until the work before their release ran */
   gate_open(&g);
   CHECK_OK(dmem_stream_synchronize(rt, s));
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
   CHECK_EQ(lock_count(rt, a), 0);
   for (int i = 0; i < N; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, hs[i]));
-  CHECK_OK(dmem_free(rt, a));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, hs[i]));
+  CHECK_OK(dmem_buffer_free(rt, a));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -406,8 +406,8 @@ static void finished_group_seen_by(tell_t how) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   REQUIRE_OK(dmem_stream_create(rt, &s2));
   dmem_handle_t a, z;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &z));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
   REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
   REQUIRE_OK(dmem_stream_release(rt, s)); /* the stream's first: an event now */
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
@@ -436,10 +436,10 @@ static void finished_group_seen_by(tell_t how) {
       CHECK_OK(dmem_sync_and_unlock(rt, s2));
       break;
     case TELL_SPILL:
-      CHECK_OK(dmem_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
+      CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
       break;
     case TELL_EVICT:
-      CHECK_OK(dmem_evict(rt, 2 * MiB, &freed));
+      CHECK_OK(dmem_runtime_evict(rt, 2 * MiB, &freed));
       CHECK_UEQ(freed, 2 * MiB); /* a and z */
       break;
     case TELL_INFO:
@@ -451,7 +451,7 @@ static void finished_group_seen_by(tell_t how) {
       CHECK_UEQ(st.device_locked, 0);
       break;
     case TELL_FREE:
-      CHECK_OK(dmem_free(rt, a));
+      CHECK_OK(dmem_buffer_free(rt, a));
       CHECK_OK(dmem_stats(rt, &st));
       CHECK_UEQ(st.buffer_count, 1);
       break;
@@ -460,10 +460,10 @@ static void finished_group_seen_by(tell_t how) {
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
   if (how != TELL_FREE) {
     CHECK_EQ(lock_count(rt, a), 0);
-    CHECK_OK(dmem_free(rt, a));
+    CHECK_OK(dmem_buffer_free(rt, a));
   }
   CHECK_EQ(lock_count(rt, z), 0);
-  CHECK_OK(dmem_free(rt, z));
+  CHECK_OK(dmem_buffer_free(rt, z));
   CHECK_OK(dmem_stream_destroy(rt, s));
   CHECK_OK(dmem_stream_destroy(rt, s2));
   dmem_runtime_destroy(rt);
@@ -487,9 +487,9 @@ TEST_CASE(open_group_gets_event_when_polled) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a, b, z;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &z));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
   REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
   REQUIRE_OK(dmem_stream_release(rt, s));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
@@ -514,9 +514,9 @@ TEST_CASE(open_group_gets_event_when_polled) {
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), 0);
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
   CHECK_EQ(lock_count(rt, b), 0);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
-  CHECK_OK(dmem_free(rt, z));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, z));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -530,8 +530,8 @@ TEST_CASE(stream_destroy_with_open_group) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a, z;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &z));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
   REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
   REQUIRE_OK(dmem_stream_release(rt, s));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
@@ -551,8 +551,8 @@ TEST_CASE(stream_destroy_with_open_group) {
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
   CHECK_EQ(lock_count(rt, a), 0);
   CHECK_EQ(lock_count(rt, z), 0);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, z));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, z));
   dmem_runtime_destroy(rt);
 }
 
@@ -564,21 +564,21 @@ TEST_CASE(open_group_found_by_allocation) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a, z, b;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &z));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
   REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
   REQUIRE_OK(dmem_stream_release(rt, s));
   REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, noop_fn, NULL));
   REQUIRE_OK(dmem_stream_release(rt, s));
   REQUIRE_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), 1);
-  CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &b)); /* needs a and z spilled */
+  CHECK_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &b)); /* needs a and z spilled */
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, a, &info));
   CHECK_EQ(info.state, DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(info.lock_count, 0);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, z));
-  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, z));
+  CHECK_OK(dmem_buffer_free(rt, b));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -600,7 +600,7 @@ TEST_CASE(allocation_waits_for_pending_release) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &a));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   launch_rec_t r = {0};
   r.rt = rt;
@@ -609,11 +609,11 @@ TEST_CASE(allocation_waits_for_pending_release) {
   CHECK_OK(dmem_stream_release(rt, s));
   pthread_t opener;
   pthread_create(&opener, NULL, gate_open_later_thread, &g);
-  CHECK_OK(dmem_alloc(rt, 2 * MiB, 0, &b));
+  CHECK_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &b));
   CHECK_TRUE(gate_is_open(&g)); /* it returned only once the kernel was done */
   pthread_join(opener, NULL);
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -642,7 +642,7 @@ static void oom_wait_case(unsigned wait_ms, int open_after_ms, dmem_status_t wan
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a, b = DMEM_HANDLE_NULL;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &a));
   gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   launch_rec_t r = {0};
   r.rt = rt;
@@ -656,7 +656,7 @@ static void oom_wait_case(unsigned wait_ms, int open_after_ms, dmem_status_t wan
     nanosleep(&ts, NULL);
     pthread_create(&opener, NULL, gate_open_thread, &g);
   }
-  dmem_status_t st = dmem_alloc(rt, 2 * MiB, 0, &b);
+  dmem_status_t st = dmem_buffer_alloc(rt, 2 * MiB, 0, &b);
   double dt = secs() - t0;
   CHECK_STATUS(st, want);
   fprintf(stderr, "oom_wait_ms %u, stream done after %d ms: %s after %.3f s\n", wait_ms,
@@ -666,8 +666,8 @@ static void oom_wait_case(unsigned wait_ms, int open_after_ms, dmem_status_t wan
   if (open_after_ms >= 0) pthread_join(opener, NULL);
   else gate_open(&g);
   CHECK_OK(dmem_stream_synchronize(rt, s));
-  if (st == DMEM_OK) CHECK_OK(dmem_free(rt, b));
-  CHECK_OK(dmem_free(rt, a));
+  if (st == DMEM_OK) CHECK_OK(dmem_buffer_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -689,14 +689,14 @@ static dmem_status_t reentrant_fn(void *user, dmem_stream_t s, void *const *ptrs
   (void)n;
   launch_rec_t *r = user;
   dmem_handle_t h;
-  dmem_status_t st = dmem_alloc(r->rt, MiB, 0, &h);
+  dmem_status_t st = dmem_buffer_alloc(r->rt, MiB, 0, &h);
   if (st != DMEM_OK) return st;
   launch_rec_t inner = {0};
   st = dmem_launch_async(r->rt, s, &h, 1, record_fn, &inner);
   if (st != DMEM_OK) return st;
-  st = dmem_spill(r->rt, h, DMEM_TIER_HOST);
+  st = dmem_buffer_spill(r->rt, h, DMEM_TIER_HOST);
   if (st != DMEM_ERR_BUSY) return DMEM_ERR_INVALID_ARGUMENT; /* locked by inner */
-  st = dmem_free(r->rt, h); /* reclaimed at sync_and_unlock */
+  st = dmem_buffer_free(r->rt, h); /* reclaimed at sync_and_unlock */
   if (st != DMEM_OK) return st;
   dmem_stats_t stats;
   return dmem_stats(r->rt, &stats);
@@ -707,7 +707,7 @@ TEST_CASE(launch_fn_may_reenter) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t a;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
   launch_rec_t r = {0};
   r.rt = rt;
   CHECK_OK(dmem_launch_async(rt, s, &a, 1, reentrant_fn, &r));
@@ -720,7 +720,7 @@ TEST_CASE(launch_fn_may_reenter) {
   CHECK_OK(dmem_sync_and_unlock(rt, NULL));
   CHECK_OK(dmem_stats(rt, &st));
   CHECK_UEQ(st.buffer_count, 1);
-  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, a));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -728,7 +728,7 @@ TEST_CASE(launch_fn_may_reenter) {
 TEST_CASE(duplicate_handles_in_one_launch) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t a;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
   dmem_handle_t hs[3] = {a, a, a};
   launch_rec_t r = {0};
   dmem_stream_t s;
@@ -739,7 +739,7 @@ TEST_CASE(duplicate_handles_in_one_launch) {
   CHECK_OK(dmem_sync_and_unlock(rt, s));
   CHECK_EQ(lock_count(rt, a), 0);
   CHECK_OK(dmem_stream_destroy(rt, s));
-  CHECK_OK(dmem_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, a));
   dmem_runtime_destroy(rt);
 }
 
@@ -747,12 +747,12 @@ TEST_CASE(many_handles_launch) {
   dmem_runtime_t *rt = check_runtime(64 * MiB);
   enum { N = 100 }; /* more than the small-set fast path */
   dmem_handle_t hs[N];
-  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_alloc(rt, 4096, 0, &hs[i]));
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &hs[i]));
   launch_rec_t r = {0};
   CHECK_OK(dmem_lock_and_launch(rt, hs, N, record_fn, &r));
   CHECK_UEQ(r.n, N);
   for (int i = 0; i < N; i++) CHECK_EQ(lock_count(rt, hs[i]), 0);
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, hs[i]));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, hs[i]));
   dmem_runtime_destroy(rt);
 }
 
@@ -765,11 +765,11 @@ TEST_CASE(streams_and_copies) {
   char a[64], b[64];
   memset(a, 7, sizeof a);
   memset(b, 0, sizeof b);
-  CHECK_OK(dmem_copy(rt, b, a, 0, s));
-  CHECK_OK(dmem_copy(rt, NULL, NULL, 0, s));
-  CHECK_STATUS(dmem_copy(rt, NULL, a, 8, s), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_copy(NULL, b, a, 8, s), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_OK(dmem_copy(rt, b, a, sizeof a, s));
+  CHECK_OK(dmem_stream_copy(rt, b, a, 0, s));
+  CHECK_OK(dmem_stream_copy(rt, NULL, NULL, 0, s));
+  CHECK_STATUS(dmem_stream_copy(rt, NULL, a, 8, s), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_stream_copy(NULL, b, a, 8, s), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_stream_copy(rt, b, a, sizeof a, s));
   CHECK_OK(dmem_stream_synchronize(rt, s));
   CHECK_EQ(memcmp(a, b, sizeof a), 0);
   CHECK_STATUS(dmem_stream_enqueue_host(rt, s, NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);

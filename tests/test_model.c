@@ -141,7 +141,7 @@ static void launch_in_flight_keeps_its_lock(dmem_stream_t s, int release) {
   dmem_runtime_t *rt = host_runtime(4 * MiB, 0, NULL);
   gate_t g = {.rt = rt, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   launcher_t l = {.g = &g, .s = s};
-  REQUIRE_STATUS(dmem_alloc(rt, 64 * KiB, 0, &l.h), DMEM_OK);
+  REQUIRE_STATUS(dmem_buffer_alloc(rt, 64 * KiB, 0, &l.h), DMEM_OK);
   pthread_t t;
   pthread_create(&t, NULL, launcher, &l);
   gate_wait(&g, &g.in_fn);
@@ -153,7 +153,7 @@ static void launch_in_flight_keeps_its_lock(dmem_stream_t s, int release) {
   }
   CHECK_EQ(lock_count(rt, l.h), 1); /* still A's */
   /* the buffer is A's: it may be neither spilled nor freed under A */
-  CHECK_STATUS(dmem_spill(rt, l.h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, l.h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
   gate_set(&g, &g.go);
   pthread_join(t, NULL);
   CHECK_STATUS(l.st, DMEM_OK);
@@ -161,7 +161,7 @@ static void launch_in_flight_keeps_its_lock(dmem_stream_t s, int release) {
   CHECK_STATUS(dmem_sync_and_unlock(rt, s), DMEM_OK); /* this one covers A's launch */
   CHECK_EQ(gate_get(&g, &g.written), 1);
   CHECK_EQ(lock_count(rt, l.h), 0);
-  CHECK_STATUS(dmem_free(rt, l.h), DMEM_OK);
+  CHECK_STATUS(dmem_buffer_free(rt, l.h), DMEM_OK);
   dmem_runtime_destroy(rt);
 }
 
@@ -205,7 +205,7 @@ TEST_CASE(sync_that_began_before_a_launch_does_not_unlock_it) {
   gate_t blocker = {.rt = rt, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   gate_t g = {.rt = rt, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   dmem_handle_t h;
-  REQUIRE_STATUS(dmem_alloc(rt, 64 * KiB, 0, &h), DMEM_OK);
+  REQUIRE_STATUS(dmem_buffer_alloc(rt, 64 * KiB, 0, &h), DMEM_OK);
   REQUIRE_STATUS(dmem_stream_enqueue_host(rt, s, block_stream, &blocker), DMEM_OK);
   syncer_t y = {.rt = rt, .s = s};
   pthread_t t;
@@ -220,7 +220,7 @@ TEST_CASE(sync_that_began_before_a_launch_does_not_unlock_it) {
   CHECK_STATUS(dmem_sync_and_unlock(rt, s), DMEM_OK);
   CHECK_EQ(gate_get(&g, &g.written), 1);
   CHECK_EQ(lock_count(rt, h), 0);
-  CHECK_STATUS(dmem_free(rt, h), DMEM_OK);
+  CHECK_STATUS(dmem_buffer_free(rt, h), DMEM_OK);
   CHECK_STATUS(dmem_stream_destroy(rt, s), DMEM_OK);
   dmem_runtime_destroy(rt);
 }
@@ -239,12 +239,12 @@ TEST_CASE(launch_function_that_syncs_its_stream_keeps_its_locks) {
   dmem_runtime_t *rt = host_runtime(4 * MiB, 0, NULL);
   gate_t g = {.rt = rt, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   dmem_handle_t h;
-  REQUIRE_STATUS(dmem_alloc(rt, 64 * KiB, 0, &h), DMEM_OK);
+  REQUIRE_STATUS(dmem_buffer_alloc(rt, 64 * KiB, 0, &h), DMEM_OK);
   CHECK_STATUS(dmem_launch_async(rt, NULL, &h, 1, self_syncing_launch, &g), DMEM_OK);
   CHECK_EQ(lock_count(rt, h), 1);
   CHECK_STATUS(dmem_sync_and_unlock(rt, NULL), DMEM_OK);
   CHECK_EQ(lock_count(rt, h), 0);
-  CHECK_STATUS(dmem_free(rt, h), DMEM_OK);
+  CHECK_STATUS(dmem_buffer_free(rt, h), DMEM_OK);
   dmem_runtime_destroy(rt);
 }
 
@@ -384,12 +384,12 @@ static uint64_t cb_rand(world_t *w) {
 /* Re-entry that every callback may try: touching its own buffer is BUSY. */
 static void touch_own(world_t *w, dmem_handle_t h, const char *cb) {
   void *p;
-  dmem_status_t st = dmem_lock(w->rt, h, NULL, &p);
+  dmem_status_t st = dmem_buffer_lock(w->rt, h, NULL, &p);
   if (st == DMEM_OK) {
-    MODEL_FAIL(w, "%s: dmem_lock of its own buffer returned DMEM_OK, not DMEM_ERR_BUSY", cb);
-    dmem_unlock(w->rt, h);
+    MODEL_FAIL(w, "%s: dmem_buffer_lock of its own buffer returned DMEM_OK, not DMEM_ERR_BUSY", cb);
+    dmem_buffer_unlock(w->rt, h);
   } else if (st != DMEM_ERR_BUSY) {
-    MODEL_FAIL(w, "%s: dmem_lock of its own buffer returned %s", cb, dmem_status_name(st));
+    MODEL_FAIL(w, "%s: dmem_buffer_lock of its own buffer returned %s", cb, dmem_status_name(st));
   }
 }
 
@@ -399,18 +399,18 @@ static dmem_status_t ctl_store(void *user, dmem_handle_t h, const void *data, si
   uint64_t r = cb_rand(w);
   if (r % 4 == 0) touch_own(w, h, "store");
   if (r % 4 == 1) {
-    dmem_status_t st = dmem_unspill(w->rt, h, NULL);
+    dmem_status_t st = dmem_buffer_unspill(w->rt, h, NULL);
     if (st != DMEM_ERR_BUSY)
-      MODEL_FAIL(w, "store: dmem_unspill of its own buffer returned %s", dmem_status_name(st));
+      MODEL_FAIL(w, "store: dmem_buffer_unspill of its own buffer returned %s", dmem_status_name(st));
   }
   if (r % 4 == 2) {
     /* an allocation inside store: at once, whatever it returns */
     uint64_t t0 = now_ns();
     dmem_handle_t a;
-    dmem_status_t st = dmem_alloc(w->rt, 4 * KiB, 0, &a);
-    if (st == DMEM_OK) dmem_free(w->rt, a);
+    dmem_status_t st = dmem_buffer_alloc(w->rt, 4 * KiB, 0, &a);
+    if (st == DMEM_OK) dmem_buffer_free(w->rt, a);
     if (now_ns() - t0 > 2000000000ull)
-      MODEL_FAIL(w, "store: dmem_alloc waited %.1f s (%s)", (now_ns() - t0) / 1e9,
+      MODEL_FAIL(w, "store: dmem_buffer_alloc waited %.1f s (%s)", (now_ns() - t0) / 1e9,
                  dmem_status_name(st));
   }
   dmem_status_t out = DMEM_OK;
@@ -441,8 +441,8 @@ static dmem_status_t ctl_retrieve(void *user, dmem_handle_t h, void *out, size_t
   } else if (r % 3 == 0) {
     /* move another buffer first, then touch our own */
     dmem_handle_t o = w->aux[r / 3 % NAUX];
-    dmem_status_t st = (r / 7) % 2 ? dmem_spill(w->rt, o, DMEM_TIER_HOST)
-                                   : dmem_unspill(w->rt, o, NULL);
+    dmem_status_t st = (r / 7) % 2 ? dmem_buffer_spill(w->rt, o, DMEM_TIER_HOST)
+                                   : dmem_buffer_unspill(w->rt, o, NULL);
     (void)st; /* any status: the aux buffers may be anywhere */
     touch_own(w, h, "retrieve");
   } else if (r % 3 == 1) {
@@ -525,13 +525,13 @@ static void verify(mthread_t *t, mbuf_t *b, const char *after) {
   world_t *w = t->w;
   if (!b->live || b->pending || b->val == 0) return;
   void *p;
-  dmem_status_t st = CALL(w, ST(DMEM_OK) | ROOM, dmem_lock(w->rt, b->h, t->own, &p));
+  dmem_status_t st = CALL(w, ST(DMEM_OK) | ROOM, dmem_buffer_lock(w->rt, b->h, t->own, &p));
   if (st != DMEM_OK) return;
   unsigned char *tmp = malloc(b->size);
   if (!tmp) abort();
-  CALL(w, ST(DMEM_OK), dmem_copy(w->rt, tmp, p, b->size, t->own));
+  CALL(w, ST(DMEM_OK), dmem_stream_copy(w->rt, tmp, p, b->size, t->own));
   CALL(w, ST(DMEM_OK), dmem_stream_synchronize(w->rt, t->own));
-  CALL(w, ST(DMEM_OK), dmem_unlock(w->rt, b->h));
+  CALL(w, ST(DMEM_OK), dmem_buffer_unlock(w->rt, b->h));
   size_t bad = check_verify(tmp, b->size, b->val);
   if (bad)
     MODEL_FAIL(w, "thread %d: buffer %#llx (%zu bytes) has %zu wrong bytes after %s", t->id,
@@ -543,7 +543,7 @@ static void fill(mthread_t *t, mbuf_t *b) {
   world_t *w = t->w;
   void *p;
   uint64_t v = new_val(t);
-  dmem_status_t st = CALL(w, ST(DMEM_OK) | ROOM, dmem_lock(w->rt, b->h, t->own, &p));
+  dmem_status_t st = CALL(w, ST(DMEM_OK) | ROOM, dmem_buffer_lock(w->rt, b->h, t->own, &p));
   if (st != DMEM_OK) {
     b->val = 0;
     return;
@@ -551,9 +551,9 @@ static void fill(mthread_t *t, mbuf_t *b) {
   unsigned char *tmp = malloc(b->size);
   if (!tmp) abort();
   check_fill(tmp, b->size, v);
-  CALL(w, ST(DMEM_OK), dmem_copy(w->rt, p, tmp, b->size, t->own));
+  CALL(w, ST(DMEM_OK), dmem_stream_copy(w->rt, p, tmp, b->size, t->own));
   CALL(w, ST(DMEM_OK), dmem_stream_synchronize(w->rt, t->own));
-  CALL(w, ST(DMEM_OK), dmem_unlock(w->rt, b->h));
+  CALL(w, ST(DMEM_OK), dmem_buffer_unlock(w->rt, b->h));
   free(tmp);
   b->val = v;
 }
@@ -590,7 +590,7 @@ static void step(mthread_t *t) {
     case 1: /* alloc and fill */
       if (!(b = pick(t, 0, 0))) break;
       b->size = 4 * KiB * (1 + (r >> 16) % 40);
-      if (CALL(w, ST(DMEM_OK) | ROOM, dmem_alloc(rt, b->size, 0, &b->h)) != DMEM_OK) break;
+      if (CALL(w, ST(DMEM_OK) | ROOM, dmem_buffer_alloc(rt, b->size, 0, &b->h)) != DMEM_OK) break;
       b->live = 1;
       b->pending = 0;
       b->registered = 0;
@@ -599,7 +599,7 @@ static void step(mthread_t *t) {
       break;
     case 2: /* free */
       if (!(b = pick(t, 1, 1))) break;
-      CALL(w, ST(DMEM_OK), dmem_free(rt, b->h));
+      CALL(w, ST(DMEM_OK), dmem_buffer_free(rt, b->h));
       b->live = 0;
       break;
     case 3:
@@ -643,16 +643,16 @@ static void step(mthread_t *t) {
       dmem_tier_t tier = (dmem_tier_t)(DMEM_TIER_HOST + (r >> 12) % 3);
       /* INVALID_ARGUMENT: an eviction moved it to a tier past `tier` first */
       CALL(w, ST(DMEM_OK) | ST(DMEM_ERR_BUSY) | ST(DMEM_ERR_INVALID_ARGUMENT) | ROOM,
-           dmem_spill(rt, b->h, tier));
+           dmem_buffer_spill(rt, b->h, tier));
       break;
     }
     case 9:
       if (!(b = pick(t, 1, 0))) break;
-      CALL(w, ST(DMEM_OK) | ST(DMEM_ERR_BUSY) | ROOM, dmem_unspill(rt, b->h, t->own));
+      CALL(w, ST(DMEM_OK) | ST(DMEM_ERR_BUSY) | ROOM, dmem_buffer_unspill(rt, b->h, t->own));
       break;
     case 10: {
       size_t freed = 0;
-      CALL(w, ST(DMEM_OK) | ROOM, dmem_evict(rt, (r >> 12) % (512 * KiB) + 1, &freed));
+      CALL(w, ST(DMEM_OK) | ROOM, dmem_runtime_evict(rt, (r >> 12) % (512 * KiB) + 1, &freed));
       break;
     }
     case 11: {
@@ -660,15 +660,15 @@ static void step(mthread_t *t) {
       size_t n = 0;
       for (int i = 0; i < PER_THREAD; i++)
         if (t->b[i].live) hs[n++] = t->b[i].h;
-      CALL(w, ST(DMEM_OK) | ROOM, dmem_prefetch(rt, hs, n, t->own));
+      CALL(w, ST(DMEM_OK) | ROOM, dmem_buffer_prefetch(rt, hs, n, t->own));
       break;
     }
     case 12:
       if (t->id == 0 && (r >> 40) % 4 == 0) {
         /* remove the controller and put it back: refused (BUSY) while it
          * holds bytes or a store is in flight, else nothing may be stranded */
-        if (CALL(w, ST(DMEM_OK) | ST(DMEM_ERR_BUSY), dmem_set_controller(rt, NULL)) == DMEM_OK)
-          CALL(w, ST(DMEM_OK), dmem_set_controller(rt, &w->ctl));
+        if (CALL(w, ST(DMEM_OK) | ST(DMEM_ERR_BUSY), dmem_controller_set(rt, NULL)) == DMEM_OK)
+          CALL(w, ST(DMEM_OK), dmem_controller_set(rt, &w->ctl));
         break;
       }
       /* fall through */
@@ -752,7 +752,7 @@ static void *model_thread(void *arg) {
   }
   for (int k = 0; k < PER_THREAD; k++)
     if (t->b[k].live) {
-      CALL(w, ST(DMEM_OK), dmem_free(w->rt, t->b[k].h));
+      CALL(w, ST(DMEM_OK), dmem_buffer_free(w->rt, t->b[k].h));
       t->b[k].live = 0;
     }
   CALL(w, ST(DMEM_OK), dmem_stream_destroy(w->rt, t->own));
@@ -795,13 +795,13 @@ static int run_model(uint64_t seed, int steps, const char *dir) {
   for (int si = 1; si < NSTREAMS; si++)
     if (dmem_stream_create(w.rt, &w.streams[si]) != DMEM_OK) return 2;
   for (int a = 0; a < NAUX; a++)
-    if (dmem_alloc(w.rt, 16 * KiB, 0, &w.aux[a]) != DMEM_OK) return 2;
+    if (dmem_buffer_alloc(w.rt, 16 * KiB, 0, &w.aux[a]) != DMEM_OK) return 2;
   w.ctl.struct_size = sizeof w.ctl;
   w.ctl.user = &w;
   w.ctl.store = ctl_store;
   w.ctl.retrieve = ctl_retrieve;
   w.ctl.on_event = ctl_event;
-  if (dmem_set_controller(w.rt, &w.ctl) != DMEM_OK) return 2;
+  if (dmem_controller_set(w.rt, &w.ctl) != DMEM_OK) return 2;
   pthread_barrier_init(&w.barrier, NULL, NTHREADS);
   pthread_t wd, ts[NTHREADS];
   pthread_create(&wd, NULL, watchdog, &w);
@@ -812,13 +812,13 @@ static int run_model(uint64_t seed, int steps, const char *dir) {
     pthread_create(&ts[k], NULL, model_thread, &w.th[k]);
   }
   for (int k = 0; k < NTHREADS; k++) pthread_join(ts[k], NULL);
-  for (int a = 0; a < NAUX; a++) dmem_free(w.rt, w.aux[a]);
+  for (int a = 0; a < NAUX; a++) dmem_buffer_free(w.rt, w.aux[a]);
   for (int si = 0; si < NSTREAMS; si++) dmem_sync_and_unlock(w.rt, w.streams[si]);
   dmem_runtime_poll(w.rt);
   /* every buffer is freed: the controller was told to drop everything */
   int left = stored_count(&w);
   if (left) MODEL_FAIL(&w, "the controller still holds %d copies of freed buffers", left);
-  dmem_status_t st = dmem_set_controller(w.rt, NULL);
+  dmem_status_t st = dmem_controller_set(w.rt, NULL);
   if (st != DMEM_OK) MODEL_FAIL(&w, "removing the controller: %s", dmem_status_name(st));
   for (int si = 1; si < NSTREAMS; si++) dmem_stream_destroy(w.rt, w.streams[si]);
   atomic_store(&w.done, 1);

@@ -229,10 +229,10 @@ TEST_CASE(backend_reason_in_info_and_log) {
 static void churn(dmem_runtime_t *rt, int n) {
   for (int i = 0; i < n; i++) {
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &h));
-    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-    CHECK_OK(dmem_unspill(rt, h, NULL));
-    CHECK_OK(dmem_free(rt, h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, 64 * KiB, 0, &h));
+    CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+    CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
 }
 
@@ -289,14 +289,14 @@ TEST_CASE(stats_peaks_and_reset) {
   dmem_runtime_t *rt = NULL;
   REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
   dmem_handle_t h[4];
-  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h[i]));
-  CHECK_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_HOST));
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h[i]));
+  CHECK_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[1], DMEM_TIER_HOST));
   void *raw = NULL;
   REQUIRE_OK(dmem_device_malloc(rt, 1 * MiB, NULL, &raw));
-  CHECK_OK(dmem_free(rt, h[0]));
-  CHECK_OK(dmem_free(rt, h[1]));
-  CHECK_OK(dmem_free(rt, h[2]));
+  CHECK_OK(dmem_buffer_free(rt, h[0]));
+  CHECK_OK(dmem_buffer_free(rt, h[1]));
+  CHECK_OK(dmem_buffer_free(rt, h[2]));
   CHECK_OK(dmem_device_free(rt, raw, NULL));
   dmem_stats_t s;
   REQUIRE_OK(dmem_stats(rt, &s));
@@ -313,12 +313,12 @@ TEST_CASE(stats_peaks_and_reset) {
   CHECK_UEQ(s.host_used_peak, 0);
   CHECK_UEQ(s.raw_used_peak, 0);
   dmem_handle_t g;
-  REQUIRE_OK(dmem_alloc(rt, 4 * MiB, 0, &g));
-  CHECK_OK(dmem_free(rt, g));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4 * MiB, 0, &g));
+  CHECK_OK(dmem_buffer_free(rt, g));
   REQUIRE_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used_peak, 6 * MiB);
   CHECK_UEQ(s.device_used, 2 * MiB);
-  CHECK_OK(dmem_free(rt, h[3]));
+  CHECK_OK(dmem_buffer_free(rt, h[3]));
   dmem_runtime_destroy(rt);
 }
 
@@ -354,7 +354,7 @@ static void never_destroyed(void) {
   dmem_runtime_t *rt;
   if (dmem_runtime_default(0, &rt) != DMEM_OK) exit(3);
   dmem_handle_t h;
-  if (dmem_alloc(rt, 3 * MiB, 0, &h) != DMEM_OK) exit(4);
+  if (dmem_buffer_alloc(rt, 3 * MiB, 0, &h) != DMEM_OK) exit(4);
   /* no destroy: the default runtime lives until exit */
 }
 
@@ -415,17 +415,17 @@ TEST_CASE(trace_file_has_the_moves) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h[6];
-  for (int i = 0; i < 6; i++) REQUIRE_OK(dmem_alloc(rt, 1 * MiB + 512 * KiB, 0, &h[i]));
+  for (int i = 0; i < 6; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 1 * MiB + 512 * KiB, 0, &h[i]));
   dmem_handle_t extra; /* the limit is full: on-demand evictions, an allocation that waited */
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &extra));
-  CHECK_OK(dmem_spill(rt, h[5], DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &extra));
+  CHECK_OK(dmem_buffer_spill(rt, h[5], DMEM_TIER_HOST));
   void *p;
   for (int i = 0; i < 6; i++) {
     dmem_buffer_info_t bi;
     CHECK_OK(dmem_buffer_info(rt, h[i], &bi));
     if (bi.state == DMEM_STATE_RESIDENT) continue;
-    REQUIRE_OK(dmem_lock(rt, h[i], s, &p)); /* a lock that waits for a retrieve */
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    REQUIRE_OK(dmem_buffer_lock(rt, h[i], s, &p)); /* a lock that waits for a retrieve */
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
     break;
   }
   dmem_stats_t st;
@@ -465,14 +465,14 @@ TEST_CASE(messages_name_states_and_tiers) {
   dmem_runtime_t *rt = NULL;
   REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &h));
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT);
+  REQUIRE_OK(dmem_buffer_alloc(rt, 64 * KiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT);
   const char *d = dmem_last_error_detail();
   CHECK_TRUE(strstr(d, "in the disk tier") != NULL);
   CHECK_TRUE(strstr(d, "to the host tier") != NULL);
   CHECK_TRUE(strstr(d, "state 3") == NULL && strstr(d, "tier 1") == NULL);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -490,17 +490,17 @@ static void *race_mover(void *arg) {
   unsigned i = 0;
   while (!atomic_load(r->stop)) {
     dmem_handle_t h;
-    if (dmem_alloc(r->rt, (64 + (i++ % 8) * 64) * KiB, 0, &h) != DMEM_OK) {
+    if (dmem_buffer_alloc(r->rt, (64 + (i++ % 8) * 64) * KiB, 0, &h) != DMEM_OK) {
       r->failures++;
       continue;
     }
     void *p, *raw = NULL;
-    if (dmem_spill(r->rt, h, (i & 1) ? DMEM_TIER_HOST : DMEM_TIER_DISK) != DMEM_OK) r->failures++;
-    if (dmem_lock(r->rt, h, r->s, &p) != DMEM_OK) r->failures++;
-    else if (dmem_unlock(r->rt, h) != DMEM_OK) r->failures++;
+    if (dmem_buffer_spill(r->rt, h, (i & 1) ? DMEM_TIER_HOST : DMEM_TIER_DISK) != DMEM_OK) r->failures++;
+    if (dmem_buffer_lock(r->rt, h, r->s, &p) != DMEM_OK) r->failures++;
+    else if (dmem_buffer_unlock(r->rt, h) != DMEM_OK) r->failures++;
     if (dmem_device_malloc(r->rt, 32 * KiB, r->s, &raw) == DMEM_OK)
       (void)dmem_device_free(r->rt, raw, r->s);
-    if (dmem_free(r->rt, h) != DMEM_OK) r->failures++;
+    if (dmem_buffer_free(r->rt, h) != DMEM_OK) r->failures++;
   }
   return NULL;
 }
@@ -619,10 +619,10 @@ TEST_CASE(log_level_info_and_reset_from_a_controller_callback) {
   ctl.struct_size = sizeof ctl;
   ctl.user = &c;
   ctl.on_event = on_event_set_level;
-  REQUIRE_OK(dmem_set_controller(rt, &ctl));
+  REQUIRE_OK(dmem_controller_set(rt, &ctl));
   churn(rt, 4);
   CHECK_GT(c.calls, 8);
   CHECK_EQ(c.failures, 0);
-  CHECK_OK(dmem_set_controller(rt, NULL));
+  CHECK_OK(dmem_controller_set(rt, NULL));
   dmem_runtime_destroy(rt);
 }

@@ -112,10 +112,10 @@ static void drop_key(ctl_t *c, dmem_handle_t h) {
 
 static void own_ops(ctl_t *c, dmem_handle_t h) {
   void *p;
-  c->lock_st = dmem_lock(c->rt, h, NULL, &p);
-  if (c->lock_st == DMEM_OK) dmem_unlock(c->rt, h);
-  c->unspill_st = dmem_unspill(c->rt, h, NULL);
-  c->spill_st = dmem_spill(c->rt, h, DMEM_TIER_HOST);
+  c->lock_st = dmem_buffer_lock(c->rt, h, NULL, &p);
+  if (c->lock_st == DMEM_OK) dmem_buffer_unlock(c->rt, h);
+  c->unspill_st = dmem_buffer_unspill(c->rt, h, NULL);
+  c->spill_st = dmem_buffer_spill(c->rt, h, DMEM_TIER_HOST);
   char byte;
   c->read_st = dmem_buffer_read(c->rt, h, 0, &byte, 1);
 }
@@ -135,15 +135,15 @@ static void on_event(void *user, const dmem_event_t *ev) {
     /* the buffer whose lock made room by spilling this one: it is being
      * moved by this very thread */
     void *p;
-    c->event_lock_st = dmem_lock(c->rt, c->lock_on_spill_event, NULL, &p);
-    if (c->event_lock_st == DMEM_OK) dmem_unlock(c->rt, c->lock_on_spill_event);
+    c->event_lock_st = dmem_buffer_lock(c->rt, c->lock_on_spill_event, NULL, &p);
+    if (c->event_lock_st == DMEM_OK) dmem_buffer_unlock(c->rt, c->lock_on_spill_event);
     c->event_locks++;
   }
 }
 
 static void *remove_thread(void *arg) {
   ctl_t *c = arg;
-  c->remove_other_st = dmem_set_controller(c->rt, NULL);
+  c->remove_other_st = dmem_controller_set(c->rt, NULL);
   return NULL;
 }
 
@@ -154,7 +154,7 @@ typedef struct {
 
 static void *free_thread(void *arg) {
   free_arg_t *a = arg;
-  a->c->free_st = dmem_free(a->c->rt, a->h);
+  a->c->free_st = dmem_buffer_free(a->c->rt, a->h);
   return NULL;
 }
 
@@ -162,9 +162,9 @@ static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t
   ctl_t *c = user;
   c->stores++;
   c->in_store = 1;
-  if (c->move_first) c->move_st = dmem_spill(c->rt, c->move_first, DMEM_TIER_HOST);
+  if (c->move_first) c->move_st = dmem_buffer_spill(c->rt, c->move_first, DMEM_TIER_HOST);
   if (c->self_ops) own_ops(c, h);
-  if (c->free_self == 1) c->free_st = dmem_free(c->rt, h);
+  if (c->free_self == 1) c->free_st = dmem_buffer_free(c->rt, h);
   if (c->free_self == 2) {
     free_arg_t a = {c, h};
     pthread_t t;
@@ -172,7 +172,7 @@ static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t
     pthread_join(t, NULL);
   }
   if (c->remove_ctl) {
-    c->remove_st = dmem_set_controller(c->rt, NULL);
+    c->remove_st = dmem_controller_set(c->rt, NULL);
     pthread_t t;
     pthread_create(&t, NULL, remove_thread, c);
     pthread_join(t, NULL);
@@ -180,9 +180,9 @@ static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t
   if (c->alloc_in_store) {
     dmem_handle_t x;
     double t0 = now_s();
-    c->alloc_st = dmem_alloc(c->rt, c->alloc_in_store, 0, &x);
+    c->alloc_st = dmem_buffer_alloc(c->rt, c->alloc_in_store, 0, &x);
     c->alloc_seconds = now_s() - t0;
-    if (c->alloc_st == DMEM_OK) dmem_free(c->rt, x);
+    if (c->alloc_st == DMEM_OK) dmem_buffer_free(c->rt, x);
   }
   void *copy = malloc(size);
   memcpy(copy, data, size);
@@ -199,7 +199,7 @@ static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t
 static dmem_status_t retrieve(void *user, dmem_handle_t h, void *out, size_t size) {
   ctl_t *c = user;
   c->retrieves++;
-  if (c->move_first) c->move_st = dmem_spill(c->rt, c->move_first, DMEM_TIER_HOST);
+  if (c->move_first) c->move_st = dmem_buffer_spill(c->rt, c->move_first, DMEM_TIER_HOST);
   if (c->self_ops) own_ops(c, h);
   pthread_mutex_lock(&c->mu);
   for (size_t i = 0; i < c->nkv; i++) {
@@ -263,7 +263,7 @@ typedef struct {
 
 static void spill_job(void *p) {
   spill_job_t *j = p;
-  j->st = dmem_spill(j->rt, j->h, j->tier);
+  j->st = dmem_buffer_spill(j->rt, j->h, j->tier);
 }
 
 /* ---- store ----------------------------------------------------------------------- */
@@ -277,12 +277,12 @@ TEST_CASE(store_own_buffer_busy_after_other_move) {
     ctl_t c;
     dmem_controller_t dc;
     ctl_init(&c, rt, &dc);
-    REQUIRE_OK(dmem_set_controller(rt, &dc));
+    REQUIRE_OK(dmem_controller_set(rt, &dc));
     dmem_handle_t h, other;
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &other));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &other));
     check_put(rt, h, MiB, 41);
-    if (from_host) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    if (from_host) REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
     c.move_first = other;
     c.self_ops = 1;
     spill_job_t j = {rt, h, DMEM_TIER_CONTROLLER, DMEM_ERR_CONFIG};
@@ -295,8 +295,8 @@ TEST_CASE(store_own_buffer_busy_after_other_move) {
     c.move_first = 0;
     c.self_ops = 0;
     CHECK_UEQ(check_bad_bytes(rt, h, MiB, 41), 0);
-    CHECK_OK(dmem_free(rt, h));
-    CHECK_OK(dmem_free(rt, other));
+    CHECK_OK(dmem_buffer_free(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, other));
     dmem_runtime_destroy(rt);
     ctl_fini(&c);
   }
@@ -316,18 +316,18 @@ TEST_CASE(store_alloc_needing_own_move_fails_at_once) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h)); /* the whole limit */
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h)); /* the whole limit */
   check_put(rt, h, 2 * MiB, 43);
   c.alloc_in_store = MiB; /* only h's spill, in this very store, would make room */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_STATUS(c.alloc_st, DMEM_ERR_OUT_OF_MEMORY);
   CHECK_TRUE(c.alloc_seconds < 10.0);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   c.alloc_in_store = 0;
   CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 43), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -339,20 +339,20 @@ TEST_CASE(store_alloc_evicting_others_succeeds) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h, other;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &other));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &other));
   check_put(rt, other, MiB, 44);
   c.alloc_in_store = MiB;
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_OK(c.alloc_st);
   CHECK_EQ(state_of(rt, other), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   c.alloc_in_store = 0;
   CHECK_UEQ(check_bad_bytes(rt, other, MiB, 44), 0);
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_OK(dmem_free(rt, other));
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, other));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -365,19 +365,19 @@ TEST_CASE(remove_controller_during_store_is_busy) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 45);
   c.remove_ctl = 1;
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_STATUS(c.remove_st, DMEM_ERR_BUSY);       /* from the store itself */
   CHECK_STATUS(c.remove_other_st, DMEM_ERR_BUSY); /* from another thread */
   c.remove_ctl = 0;
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 45), 0);
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_OK(dmem_set_controller(rt, NULL)); /* holds nothing now */
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_OK(dmem_controller_set(rt, NULL)); /* holds nothing now */
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -392,19 +392,19 @@ TEST_CASE(replace_controller_holding_bytes_is_busy) {
   dmem_controller_t dc, dd;
   ctl_init(&c, rt, &dc);
   ctl_init(&d, rt, &dd);
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 46);
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
-  CHECK_STATUS(dmem_set_controller(rt, &dd), DMEM_ERR_BUSY); /* another user */
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_STATUS(dmem_controller_set(rt, &dd), DMEM_ERR_BUSY); /* another user */
   dmem_controller_t same = dc;
   same.on_event = NULL;
-  CHECK_OK(dmem_set_controller(rt, &same)); /* the same store, retrieve and user */
+  CHECK_OK(dmem_controller_set(rt, &same)); /* the same store, retrieve and user */
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 46), 0);
   CHECK_EQ(d.retrieves, 0);
-  CHECK_OK(dmem_set_controller(rt, &dd)); /* holds nothing now */
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_controller_set(rt, &dd)); /* holds nothing now */
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
   ctl_fini(&d);
@@ -422,12 +422,12 @@ TEST_CASE(free_during_store_event_after_store) {
     ctl_t c;
     dmem_controller_t dc;
     ctl_init(&c, rt, &dc);
-    REQUIRE_OK(dmem_set_controller(rt, &dc));
+    REQUIRE_OK(dmem_controller_set(rt, &dc));
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-    if (from_host) REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
+    if (from_host) REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
     c.free_self = run < 2 ? 1 : 2; /* from the store, then from another thread */
-    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+    CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
     CHECK_OK(c.free_st);
     CHECK_EQ(c.free_events, 1);
     CHECK_EQ(c.free_events_in_store, 0);
@@ -438,7 +438,7 @@ TEST_CASE(free_during_store_event_after_store) {
     CHECK_UEQ(s.buffer_count, 0);
     CHECK_UEQ(s.controller_used, 0);
     CHECK_UEQ(s.device_used, 0);
-    CHECK_OK(dmem_set_controller(rt, NULL));
+    CHECK_OK(dmem_controller_set(rt, NULL));
     dmem_runtime_destroy(rt);
     ctl_fini(&c);
   }
@@ -455,8 +455,8 @@ typedef struct {
 static void lock_job(void *p) {
   lock_job_t *j = p;
   void *d;
-  j->st = dmem_lock(j->rt, j->h, NULL, &d);
-  if (j->st == DMEM_OK) dmem_unlock(j->rt, j->h);
+  j->st = dmem_buffer_lock(j->rt, j->h, NULL, &d);
+  if (j->st == DMEM_OK) dmem_buffer_unlock(j->rt, j->h);
 }
 
 /* Bug: a retrieve that moved another buffer and then locked its own waited
@@ -466,12 +466,12 @@ TEST_CASE(retrieve_own_buffer_busy_after_other_move) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h, other;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &other));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &other));
   check_put(rt, h, MiB, 47);
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   c.move_first = other;
   c.self_ops = 1;
   lock_job_t j = {rt, h, DMEM_ERR_CONFIG};
@@ -483,8 +483,8 @@ TEST_CASE(retrieve_own_buffer_busy_after_other_move) {
   c.self_ops = 0;
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 47), 0);
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_OK(dmem_free(rt, other));
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, other));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -498,13 +498,13 @@ TEST_CASE(retrieve_own_buffer_busy_after_eviction_under_it) {
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
   dc.select_victims = select_victims;
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h, x, y;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 48);
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y)); /* the limit is full */
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y)); /* the limit is full */
   victim_answer = x;
   c.self_ops = 1;
   lock_job_t j = {rt, h, DMEM_ERR_CONFIG};
@@ -515,9 +515,9 @@ TEST_CASE(retrieve_own_buffer_busy_after_eviction_under_it) {
   c.self_ops = 0;
   CHECK_EQ(state_of(rt, x), DMEM_STATE_DEFERRED_HOST);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 48), 0);
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -533,13 +533,13 @@ TEST_CASE(event_during_retrieve_locking_that_buffer_busy) {
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
   dc.select_victims = select_victims;
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h, x, y;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 49);
-  REQUIRE_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  REQUIRE_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
   victim_answer = x;
   c.lock_on_spill_event = h;
   lock_job_t j = {rt, h, DMEM_ERR_CONFIG};
@@ -550,9 +550,9 @@ TEST_CASE(event_during_retrieve_locking_that_buffer_busy) {
   CHECK_EQ(c.event_locks, 1);
   CHECK_STATUS(c.event_lock_st, DMEM_ERR_BUSY);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 49), 0);
-  CHECK_OK(dmem_free(rt, h));
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }

@@ -2,7 +2,7 @@
  * resource, used as RMM uses it (through rmm::device_async_resource_ref
  * and cuda::mr::any_resource, RMM's per-device map's type). Built only when
  * RMM's headers are found (cmake/DmemRmm.cmake). Backend-neutral: raw
- * memory is written and read with dmem_copy; run again as cuda.rmm.* on a
+ * memory is written and read with dmem_stream_copy; run again as cuda.rmm.* on a
  * GPU. */
 #include <cstdint>
 #include <cstdlib>
@@ -36,8 +36,8 @@ dmem_stats_t stats_of(dmem_runtime_t *rt) {
 std::size_t raw_roundtrip(dmem_runtime_t *rt, void *p, std::size_t n, std::uint64_t seed) {
   std::vector<unsigned char> in(n), out(n);
   check_fill(in.data(), n, seed);
-  if (dmem_copy(rt, p, in.data(), n, nullptr) != DMEM_OK ||
-      dmem_copy(rt, out.data(), p, n, nullptr) != DMEM_OK ||
+  if (dmem_stream_copy(rt, p, in.data(), n, nullptr) != DMEM_OK ||
+      dmem_stream_copy(rt, out.data(), p, n, nullptr) != DMEM_OK ||
       dmem_stream_synchronize(rt, nullptr) != DMEM_OK)
     std::abort();
   return check_verify(out.data(), n, seed);
@@ -146,7 +146,7 @@ TEST_CASE(allocation_spills_buffers_whose_bytes_survive) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t h[8];
   for (int i = 0; i < 8; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, 100 + (std::uint64_t)i);
   }
   dmem::rmm_resource mr{rt};
@@ -161,7 +161,7 @@ TEST_CASE(allocation_spills_buffers_whose_bytes_survive) {
   for (int i = 0; i < 8; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 100 + (std::uint64_t)i), 0);
   CHECK_UEQ(raw_roundtrip(rt, p, 3 * MiB, 12), 0);
   ref.deallocate(default_stream(), p, 3 * MiB, 256);
-  for (int i = 0; i < 8; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 8; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_UEQ(stats_of(rt).device_used, 0);
   dmem_runtime_destroy(rt);
 }
@@ -171,8 +171,8 @@ TEST_CASE(out_of_memory_is_rmm_out_of_memory) {
   dmem_handle_t h[3];
   void *ptrs[3];
   for (int i = 0; i < 3; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
-    REQUIRE_OK(dmem_lock(rt, h[i], nullptr, &ptrs[i])); /* nothing can be spilled */
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_lock(rt, h[i], nullptr, &ptrs[i])); /* nothing can be spilled */
   }
   dmem::rmm_resource mr{rt};
   rmm::device_async_resource_ref ref{mr};
@@ -200,12 +200,12 @@ TEST_CASE(out_of_memory_is_rmm_out_of_memory) {
   }
   CHECK_EQ(caught, 1);
   /* once a buffer is unlocked it spills and the allocation fits */
-  CHECK_OK(dmem_unlock(rt, h[0]));
-  CHECK_OK(dmem_unlock(rt, h[1]));
+  CHECK_OK(dmem_buffer_unlock(rt, h[0]));
+  CHECK_OK(dmem_buffer_unlock(rt, h[1]));
   void *p = ref.allocate(default_stream(), 2 * MiB, 256);
   CHECK_TRUE(p != nullptr);
   ref.deallocate(default_stream(), p, 2 * MiB, 256);
-  CHECK_OK(dmem_unlock(rt, h[2]));
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_unlock(rt, h[2]));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }

@@ -3,7 +3,7 @@
  * A child made by fork() has a copy of the parent's runtimes but none of
  * their threads, no device context, and maybe mutexes held for good by
  * parent threads that are not there: every call on an inherited runtime
- * returns DMEM_ERR_FORKED (dmem_unlock of a buffer not freed works on the
+ * returns DMEM_ERR_FORKED (dmem_buffer_unlock of a buffer not freed works on the
  * child's copy only; dmem_runtime_destroy releases nothing), no call hangs,
  * and the parent's buffers, statistics and data are as before. */
 #include <pthread.h>
@@ -112,21 +112,21 @@ static void child_calls(dmem_runtime_t *rt, dmem_handle_t hr, dmem_handle_t hh,
   unsigned char host[64] = {0}, ipc[DMEM_IPC_HANDLE_SIZE];
   size_t n = 0, off = 0;
   dmem_stream_t s3 = NULL;
-  CHILD_EXPECT(dmem_alloc(rt, 4 * KiB, 0, &h), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_free(rt, hr), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_alloc(rt, 4 * KiB, 0, &h), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_free(rt, hr), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_buffer_info(rt, hr, &info), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_set_priority(rt, hr, 5), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_lock(rt, hr, NULL, &p), DMEM_ERR_FORKED); /* resident: the fast path */
-  CHILD_EXPECT(dmem_lock(rt, hh, NULL, &p), DMEM_ERR_FORKED); /* spilled: the retrieve */
-  CHILD_EXPECT(dmem_lock(rt, hd, s, &p), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_set_priority(rt, hr, 5), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_lock(rt, hr, NULL, &p), DMEM_ERR_FORKED); /* resident: the fast path */
+  CHILD_EXPECT(dmem_buffer_lock(rt, hh, NULL, &p), DMEM_ERR_FORKED); /* spilled: the retrieve */
+  CHILD_EXPECT(dmem_buffer_lock(rt, hd, s, &p), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_buffer_read(rt, hr, 0, host, 16), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_buffer_read(rt, hh, 0, host, 16), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_buffer_read(rt, hd, 0, host, 16), DMEM_ERR_FORKED);
   /* unlock writes the child's own copy of the lock count, nothing else */
-  CHILD_EXPECT(dmem_unlock(rt, hl), DMEM_OK);
-  CHILD_EXPECT(dmem_unlock(rt, hl), DMEM_ERR_NOT_LOCKED);
+  CHILD_EXPECT(dmem_buffer_unlock(rt, hl), DMEM_OK);
+  CHILD_EXPECT(dmem_buffer_unlock(rt, hl), DMEM_ERR_NOT_LOCKED);
   /* ... but the last unlock of a freed buffer would reclaim it: refused */
-  CHILD_EXPECT(dmem_unlock(rt, hf), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_unlock(rt, hf), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_lock_and_launch(rt, NULL, 0, count_launch, NULL), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_lock_and_launch(rt, &hr, 1, count_launch, NULL), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_launch_async(rt, s, &hr, 1, count_launch, NULL), DMEM_ERR_FORKED);
@@ -137,18 +137,18 @@ static void child_calls(dmem_runtime_t *rt, dmem_handle_t hr, dmem_handle_t hh,
   CHILD_EXPECT(dmem_stream_synchronize(rt, NULL), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_stream_synchronize(rt, s2), DMEM_ERR_FORKED); /* blocked in the parent */
   CHILD_EXPECT(dmem_stream_enqueue_host(rt, s, nop, NULL), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_copy(rt, host, host + 32, 16, NULL), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_spill(rt, hr, DMEM_TIER_HOST), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_unspill(rt, hh, NULL), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_prefetch(rt, &hd, 1, NULL), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_evict(rt, MiB, &n), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_stream_copy(rt, host, host + 32, 16, NULL), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_spill(rt, hr, DMEM_TIER_HOST), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_unspill(rt, hh, NULL), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_buffer_prefetch(rt, &hd, 1, NULL), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_runtime_evict(rt, MiB, &n), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_stats(rt, &stats), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_set_controller(rt, NULL), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_controller_set(rt, NULL), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_device_malloc(rt, 4 * KiB, NULL, &p), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_device_free(rt, raw, NULL), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_stream_forget(rt, s), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_device_memory_info(rt, &n, &off), DMEM_ERR_FORKED);
-  CHILD_EXPECT(dmem_ipc_handle(rt, raw, ipc, &off), DMEM_ERR_FORKED);
+  CHILD_EXPECT(dmem_device_ipc_handle(rt, raw, ipc, &off), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_device_trim(rt, 0, &n), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_host_trim(rt, 0, &n), DMEM_ERR_FORKED);
   CHILD_EXPECT(dmem_runtime_poll(rt), DMEM_ERR_FORKED);
@@ -171,23 +171,23 @@ TEST_CASE(forked_child_gets_forked_status) {
   dmem_runtime_t *rt = busy_runtime(8 * MiB);
   const size_t sz = 256 * KiB;
   dmem_handle_t hr, hh, hd, hl, hf, ha;
-  REQUIRE_OK(dmem_alloc(rt, sz, 0, &hr)); /* resident */
-  REQUIRE_OK(dmem_alloc(rt, sz, 0, &hh)); /* in the host tier */
-  REQUIRE_OK(dmem_alloc(rt, sz, 0, &hd)); /* on disk */
-  REQUIRE_OK(dmem_alloc(rt, sz, 0, &hl)); /* locked by the parent */
-  REQUIRE_OK(dmem_alloc(rt, sz, 0, &hf)); /* freed while locked */
-  REQUIRE_OK(dmem_alloc(rt, sz, 0, &ha)); /* registered on s */
+  REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &hr)); /* resident */
+  REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &hh)); /* in the host tier */
+  REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &hd)); /* on disk */
+  REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &hl)); /* locked by the parent */
+  REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &hf)); /* freed while locked */
+  REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &ha)); /* registered on s */
   check_put(rt, hr, sz, 1);
   check_put(rt, hh, sz, 2);
   check_put(rt, hd, sz, 3);
   check_put(rt, hl, sz, 4);
   check_put(rt, ha, sz, 5);
-  REQUIRE_OK(dmem_spill(rt, hh, DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_spill(rt, hd, DMEM_TIER_DISK));
+  REQUIRE_OK(dmem_buffer_spill(rt, hh, DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_spill(rt, hd, DMEM_TIER_DISK));
   void *pl, *pf, *raw;
-  REQUIRE_OK(dmem_lock(rt, hl, NULL, &pl));
-  REQUIRE_OK(dmem_lock(rt, hf, NULL, &pf));
-  REQUIRE_OK(dmem_free(rt, hf));
+  REQUIRE_OK(dmem_buffer_lock(rt, hl, NULL, &pl));
+  REQUIRE_OK(dmem_buffer_lock(rt, hf, NULL, &pf));
+  REQUIRE_OK(dmem_buffer_free(rt, hf));
   REQUIRE_OK(dmem_device_malloc(rt, 64 * KiB, NULL, &raw));
   dmem_stream_t s, s2;
   REQUIRE_OK(dmem_stream_create(rt, &s));
@@ -219,11 +219,11 @@ TEST_CASE(forked_child_gets_forked_status) {
       CHILD_EXPECT(dmem_runtime_create(&cfg, &mine), DMEM_OK);
       if (!mine) _exit(99);
       dmem_handle_t h;
-      CHILD_EXPECT(dmem_alloc(mine, sz, 0, &h), DMEM_OK);
+      CHILD_EXPECT(dmem_buffer_alloc(mine, sz, 0, &h), DMEM_OK);
       check_put(mine, h, sz, 9);
-      CHILD_EXPECT(dmem_spill(mine, h, DMEM_TIER_HOST), DMEM_OK);
+      CHILD_EXPECT(dmem_buffer_spill(mine, h, DMEM_TIER_HOST), DMEM_OK);
       if (check_bad_bytes(mine, h, sz, 9) != 0) child_bad++;
-      CHILD_EXPECT(dmem_free(mine, h), DMEM_OK);
+      CHILD_EXPECT(dmem_buffer_free(mine, h), DMEM_OK);
       dmem_runtime_destroy(mine);
     }
     _exit(child_bad > 100 ? 100 : child_bad);
@@ -250,8 +250,8 @@ TEST_CASE(forked_child_gets_forked_status) {
   CHECK_EQ(locks_of(rt, hr), 0);
   CHECK_OK(dmem_sync_and_unlock(rt, s));
   CHECK_EQ(locks_of(rt, ha), 0);
-  CHECK_OK(dmem_unlock(rt, hl));
-  CHECK_OK(dmem_unlock(rt, hf)); /* reclaimed here, in the parent */
+  CHECK_OK(dmem_buffer_unlock(rt, hl));
+  CHECK_OK(dmem_buffer_unlock(rt, hf)); /* reclaimed here, in the parent */
   CHECK_STATUS(dmem_buffer_info(rt, hf, &(dmem_buffer_info_t){0}), DMEM_ERR_STALE_HANDLE);
   CHECK_UEQ(check_bad_bytes(rt, hr, sz, 1), 0);
   CHECK_UEQ(check_bad_bytes(rt, hh, sz, 2), 0);
@@ -262,7 +262,7 @@ TEST_CASE(forked_child_gets_forked_status) {
   CHECK_OK(dmem_stream_destroy(rt, s));
   CHECK_OK(dmem_stream_destroy(rt, s2));
   dmem_handle_t all[] = {hr, hh, hd, hl, ha};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CHECK_OK(dmem_free(rt, all[i]));
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CHECK_OK(dmem_buffer_free(rt, all[i]));
   CHECK_OK(dmem_stats(rt, &after));
   CHECK_UEQ(after.buffer_count, 0);
   CHECK_UEQ(after.device_used, 0);
@@ -288,12 +288,12 @@ static void *work(void *arg) {
   while (!atomic_load(w->stop)) {
     for (int i = 0; i < 4; i++) {
       void *p;
-      dmem_status_t st = dmem_spill(w->rt, w->h[i], (i & 1) ? DMEM_TIER_DISK : DMEM_TIER_HOST);
+      dmem_status_t st = dmem_buffer_spill(w->rt, w->h[i], (i & 1) ? DMEM_TIER_DISK : DMEM_TIER_HOST);
       if (st != DMEM_OK && st != DMEM_ERR_BUSY) w->bad++;
-      if (dmem_lock(w->rt, w->h[i], NULL, &p) != DMEM_OK) w->bad++;
-      else if (dmem_unlock(w->rt, w->h[i]) != DMEM_OK) w->bad++;
+      if (dmem_buffer_lock(w->rt, w->h[i], NULL, &p) != DMEM_OK) w->bad++;
+      else if (dmem_buffer_unlock(w->rt, w->h[i]) != DMEM_OK) w->bad++;
       dmem_handle_t t;
-      if (dmem_alloc(w->rt, 8 * KiB, 0, &t) == DMEM_OK) (void)dmem_free(w->rt, t);
+      if (dmem_buffer_alloc(w->rt, 8 * KiB, 0, &t) == DMEM_OK) (void)dmem_buffer_free(w->rt, t);
       dmem_stats_t s;
       (void)dmem_stats(w->rt, &s);
     }
@@ -312,7 +312,7 @@ TEST_CASE(fork_while_threads_use_the_runtime) {
   for (int k = 0; k < THREADS; k++) {
     w[k] = (worker_t){.rt = rt, .size = sz, .stop = &stop};
     for (int i = 0; i < 4; i++) {
-      REQUIRE_OK(dmem_alloc(rt, sz, 0, &w[k].h[i]));
+      REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &w[k].h[i]));
       check_put(rt, w[k].h[i], sz, (uint64_t)(10 * k + i + 1));
     }
     REQUIRE_EQ(pthread_create(&t[k], NULL, work, &w[k]), 0);
@@ -328,13 +328,13 @@ TEST_CASE(fork_while_threads_use_the_runtime) {
       void *p;
       dmem_handle_t h = w[0].h[f % 4];
       dmem_stats_t s;
-      CHILD_EXPECT(dmem_lock(rt, h, NULL, &p), DMEM_ERR_FORKED);
-      CHILD_EXPECT(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_FORKED);
-      CHILD_EXPECT(dmem_alloc(rt, sz, 0, &h), DMEM_ERR_FORKED);
-      CHILD_EXPECT(dmem_free(rt, w[1].h[0]), DMEM_ERR_FORKED);
+      CHILD_EXPECT(dmem_buffer_lock(rt, h, NULL, &p), DMEM_ERR_FORKED);
+      CHILD_EXPECT(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_FORKED);
+      CHILD_EXPECT(dmem_buffer_alloc(rt, sz, 0, &h), DMEM_ERR_FORKED);
+      CHILD_EXPECT(dmem_buffer_free(rt, w[1].h[0]), DMEM_ERR_FORKED);
       CHILD_EXPECT(dmem_stats(rt, &s), DMEM_ERR_FORKED);
       CHILD_EXPECT(dmem_stream_synchronize(rt, NULL), DMEM_ERR_FORKED);
-      CHILD_EXPECT(dmem_evict(rt, sz, NULL), DMEM_ERR_FORKED);
+      CHILD_EXPECT(dmem_runtime_evict(rt, sz, NULL), DMEM_ERR_FORKED);
       dmem_runtime_destroy(rt);
       _exit(child_bad > 100 ? 100 : child_bad);
     }
@@ -349,7 +349,7 @@ TEST_CASE(fork_while_threads_use_the_runtime) {
     CHECK_GT(w[k].rounds, 0);
     for (int i = 0; i < 4; i++) {
       CHECK_UEQ(check_bad_bytes(rt, w[k].h[i], sz, (uint64_t)(10 * k + i + 1)), 0);
-      CHECK_OK(dmem_free(rt, w[k].h[i]));
+      CHECK_OK(dmem_buffer_free(rt, w[k].h[i]));
     }
   }
   CHECK_EQ(children_ok, FORKS);

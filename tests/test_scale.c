@@ -47,22 +47,22 @@ TEST_CASE(stats_cost_does_not_grow_with_buffers) {
   const size_t many = 200000;
   dmem_runtime_t *rt = check_runtime(64 * MiB);
   dmem_handle_t few[16];
-  for (int i = 0; i < 16; i++) REQUIRE_OK(dmem_alloc(rt, 256, 0, &few[i]));
+  for (int i = 0; i < 16; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 256, 0, &few[i]));
   double t_few = stats_ns(rt);
   dmem_handle_t *hs = malloc(many * sizeof *hs);
   REQUIRE_TRUE(hs != NULL);
-  for (size_t i = 0; i < many; i++) REQUIRE_OK(dmem_alloc(rt, 256, 0, &hs[i]));
+  for (size_t i = 0; i < many; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 256, 0, &hs[i]));
   double t_many = stats_ns(rt);
   fprintf(stderr, "dmem_stats: %.0f ns at 16 buffers, %.0f ns at %zu\n", t_few, t_many,
           many + 16);
   CHECK_LT(t_many, 8.0 * t_few + 5000.0);
   void *p;
-  REQUIRE_OK(dmem_lock(rt, hs[many - 1], NULL, &p));
+  REQUIRE_OK(dmem_buffer_lock(rt, hs[many - 1], NULL, &p));
   CHECK_UEQ(locked(rt), 256);
-  REQUIRE_OK(dmem_unlock(rt, hs[many - 1]));
+  REQUIRE_OK(dmem_buffer_unlock(rt, hs[many - 1]));
   CHECK_UEQ(locked(rt), 0);
-  for (size_t i = 0; i < many; i++) REQUIRE_OK(dmem_free(rt, hs[i]));
-  for (int i = 0; i < 16; i++) REQUIRE_OK(dmem_free(rt, few[i]));
+  for (size_t i = 0; i < many; i++) REQUIRE_OK(dmem_buffer_free(rt, hs[i]));
+  for (int i = 0; i < 16; i++) REQUIRE_OK(dmem_buffer_free(rt, few[i]));
   free(hs);
   dmem_runtime_destroy(rt);
 }
@@ -77,7 +77,7 @@ typedef struct {
 static void *lock_job(void *p) {
   lock_job_t *j = p;
   void *ptr;
-  j->st = j->op == 0 ? dmem_lock(j->rt, j->h, NULL, &ptr) : dmem_unlock(j->rt, j->h);
+  j->st = j->op == 0 ? dmem_buffer_lock(j->rt, j->h, NULL, &ptr) : dmem_buffer_unlock(j->rt, j->h);
   return NULL;
 }
 
@@ -96,39 +96,39 @@ static dmem_status_t on_thread(dmem_runtime_t *rt, dmem_handle_t h, int op) {
 TEST_CASE(device_locked_across_threads_and_paths) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t a, b, c;
-  REQUIRE_OK(dmem_alloc(rt, 64 * KiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, 128 * KiB, 0, &b));
-  REQUIRE_OK(dmem_alloc(rt, 256 * KiB, 0, &c));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 64 * KiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 128 * KiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 256 * KiB, 0, &c));
   CHECK_UEQ(locked(rt), 0);
   /* locked on a thread that exits, unlocked here */
   REQUIRE_OK(on_thread(rt, a, 0));
   CHECK_UEQ(locked(rt), 64 * KiB);
   void *p;
-  REQUIRE_OK(dmem_lock(rt, a, NULL, &p)); /* nested: counted once */
+  REQUIRE_OK(dmem_buffer_lock(rt, a, NULL, &p)); /* nested: counted once */
   CHECK_UEQ(locked(rt), 64 * KiB);
-  REQUIRE_OK(dmem_unlock(rt, a));
+  REQUIRE_OK(dmem_buffer_unlock(rt, a));
   CHECK_UEQ(locked(rt), 64 * KiB);
-  REQUIRE_OK(dmem_unlock(rt, a));
+  REQUIRE_OK(dmem_buffer_unlock(rt, a));
   CHECK_UEQ(locked(rt), 0);
   /* locked here, unlocked on a thread that exits */
-  REQUIRE_OK(dmem_lock(rt, b, NULL, &p));
+  REQUIRE_OK(dmem_buffer_lock(rt, b, NULL, &p));
   CHECK_UEQ(locked(rt), 128 * KiB);
   REQUIRE_OK(on_thread(rt, b, 1));
   CHECK_UEQ(locked(rt), 0);
   /* the lock's slow path: a spilled buffer comes back locked */
-  REQUIRE_OK(dmem_spill(rt, c, DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_lock(rt, c, NULL, &p));
+  REQUIRE_OK(dmem_buffer_spill(rt, c, DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_lock(rt, c, NULL, &p));
   CHECK_UEQ(locked(rt), 256 * KiB);
   /* freed while locked: still locked until the unlock reclaims it */
-  REQUIRE_OK(dmem_free(rt, c));
+  REQUIRE_OK(dmem_buffer_free(rt, c));
   CHECK_UEQ(locked(rt), 256 * KiB);
-  REQUIRE_OK(dmem_unlock(rt, c));
+  REQUIRE_OK(dmem_buffer_unlock(rt, c));
   CHECK_UEQ(locked(rt), 0);
   /* a failed unlock changes nothing */
-  CHECK_STATUS(dmem_unlock(rt, a), DMEM_ERR_NOT_LOCKED);
+  CHECK_STATUS(dmem_buffer_unlock(rt, a), DMEM_ERR_NOT_LOCKED);
   CHECK_UEQ(locked(rt), 0);
-  REQUIRE_OK(dmem_free(rt, a));
-  REQUIRE_OK(dmem_free(rt, b));
+  REQUIRE_OK(dmem_buffer_free(rt, a));
+  REQUIRE_OK(dmem_buffer_free(rt, b));
   dmem_runtime_destroy(rt);
 }
 
@@ -143,28 +143,28 @@ TEST_CASE(device_locked_per_runtime_past_the_columns) {
   void *p;
   for (int i = 0; i < N; i++) {
     rts[i] = check_runtime(4 * MiB);
-    REQUIRE_OK(dmem_alloc(rts[i], (size_t)(i + 1) * KiB, 0, &hs[i]));
-    REQUIRE_OK(dmem_lock(rts[i], hs[i], NULL, &p));
+    REQUIRE_OK(dmem_buffer_alloc(rts[i], (size_t)(i + 1) * KiB, 0, &hs[i]));
+    REQUIRE_OK(dmem_buffer_lock(rts[i], hs[i], NULL, &p));
   }
   for (int i = 0; i < N; i++) CHECK_UEQ(locked(rts[i]), (size_t)(i + 1) * KiB);
   for (int i = 0; i < N; i++) {
-    REQUIRE_OK(dmem_unlock(rts[i], hs[i]));
+    REQUIRE_OK(dmem_buffer_unlock(rts[i], hs[i]));
     CHECK_UEQ(locked(rts[i]), 0);
   }
   /* destroyed with a lock held: its column goes to the next runtime clean */
-  REQUIRE_OK(dmem_lock(rts[0], hs[0], NULL, &p));
+  REQUIRE_OK(dmem_buffer_lock(rts[0], hs[0], NULL, &p));
   for (int i = 0; i < N; i++) {
-    if (i > 0) REQUIRE_OK(dmem_free(rts[i], hs[i]));
+    if (i > 0) REQUIRE_OK(dmem_buffer_free(rts[i], hs[i]));
     dmem_runtime_destroy(rts[i]);
   }
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   CHECK_UEQ(locked(rt), 0);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 4 * KiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4 * KiB, 0, &h));
   REQUIRE_OK(on_thread(rt, h, 0));
   CHECK_UEQ(locked(rt), 4 * KiB);
-  REQUIRE_OK(dmem_unlock(rt, h));
+  REQUIRE_OK(dmem_buffer_unlock(rt, h));
   CHECK_UEQ(locked(rt), 0);
-  REQUIRE_OK(dmem_free(rt, h));
+  REQUIRE_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }

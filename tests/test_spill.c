@@ -36,26 +36,26 @@ static dmem_runtime_t *runtime_with(size_t limit, size_t host_limit, const char 
 TEST_CASE(explicit_spill_unspill_tiers) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h));
   check_put(rt, h, 2 * MiB, 1);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, 0);
   CHECK_UEQ(s.host_used, 2 * MiB);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST)); /* already there: no-op */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK)); /* host -> disk */
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST)); /* already there: no-op */
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK)); /* host -> disk */
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.host_used, 0);
   CHECK_UEQ(s.disk_used, 2 * MiB);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT); /* disk -> host */
-  CHECK_STATUS(dmem_spill(rt, h, (dmem_tier_t)9), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_OK(dmem_unspill(rt, h, NULL));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT); /* disk -> host */
+  CHECK_STATUS(dmem_buffer_spill(rt, h, (dmem_tier_t)9), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_unspill(rt, h, NULL)); /* resident: no-op */
+  CHECK_OK(dmem_buffer_unspill(rt, h, NULL)); /* resident: no-op */
   CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 1), 0);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.disk_used, 0);
@@ -67,38 +67,38 @@ TEST_CASE(explicit_spill_unspill_tiers) {
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, h, &info));
   CHECK_UEQ(info.spill_count, 1);
-  CHECK_STATUS(dmem_spill(NULL, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_unspill(NULL, h, NULL), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_STATUS(dmem_buffer_spill(NULL, h, DMEM_TIER_HOST), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_unspill(NULL, h, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(spill_of_locked_is_busy) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   void *p;
-  REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_BUSY);
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_BUSY);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_unlock(rt, h));
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
 TEST_CASE(lock_retrieves_spilled_data) {
   dmem_runtime_t *rt = check_runtime(16 * MiB);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 3 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 3 * MiB, 0, &h));
   check_put(rt, h, 3 * MiB, 42);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 42), 0);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   CHECK_UEQ(check_bad_bytes(rt, h, 3 * MiB, 42), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -133,9 +133,9 @@ TEST_CASE(stream_ordered_retrieve) {
   } arg;
   for (int round = 0; round < 20; round++) {
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, 8 * MiB, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, 8 * MiB, 0, &h));
     check_put(rt, h, 8 * MiB, 1000 + round);
-    CHECK_OK(dmem_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+    CHECK_OK(dmem_buffer_spill(rt, h, round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
     memset(&arg, 0, sizeof arg);
     arg.c.n = 8 * MiB;
     arg.c.seed = 1000 + round;
@@ -144,7 +144,7 @@ TEST_CASE(stream_ordered_retrieve) {
     CHECK_OK(dmem_launch_async(rt, s, &h, 1, launch_checker, &arg));
     CHECK_OK(dmem_sync_and_unlock(rt, s));
     CHECK_UEQ(arg.c.bad, 0);
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
@@ -157,20 +157,20 @@ TEST_CASE(second_locker_on_other_stream_waits_for_copy) {
   REQUIRE_OK(dmem_stream_create(rt, &s2));
   for (int round = 0; round < 10; round++) {
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, 16 * MiB, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, 16 * MiB, 0, &h));
     check_put(rt, h, 16 * MiB, 7 + round);
-    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
     void *p1, *p2;
-    CHECK_OK(dmem_lock(rt, h, s1, &p1)); /* copy enqueued on s1 */
-    CHECK_OK(dmem_lock(rt, h, s2, &p2)); /* s2 waits on the copy's event */
+    CHECK_OK(dmem_buffer_lock(rt, h, s1, &p1)); /* copy enqueued on s1 */
+    CHECK_OK(dmem_buffer_lock(rt, h, s2, &p2)); /* s2 waits on the copy's event */
     checker_t c = {p2, 16 * MiB, 7 + (uint64_t)round, 1};
     CHECK_OK(dmem_stream_enqueue_host(rt, s2, check_kernel, &c));
     CHECK_OK(dmem_stream_synchronize(rt, s2));
     CHECK_UEQ(c.bad, 0);
     CHECK_OK(dmem_stream_synchronize(rt, s1));
-    CHECK_OK(dmem_unlock(rt, h));
-    CHECK_OK(dmem_unlock(rt, h));
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
   CHECK_OK(dmem_stream_destroy(rt, s1));
   CHECK_OK(dmem_stream_destroy(rt, s2));
@@ -183,19 +183,19 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
   dmem_runtime_t *rt = check_runtime_policy(4 * MiB, DMEM_EVICTION_LRU);
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, (uint64_t)i);
   }
   /* use order: 2, 0, 3, 1 (1 most recent); 2 gets a high priority */
   int order[4] = {2, 0, 3, 1};
   for (int i = 0; i < 4; i++) {
     void *p;
-    CHECK_OK(dmem_lock(rt, h[order[i]], NULL, &p));
-    CHECK_OK(dmem_unlock(rt, h[order[i]]));
+    CHECK_OK(dmem_buffer_lock(rt, h[order[i]], NULL, &p));
+    CHECK_OK(dmem_buffer_unlock(rt, h[order[i]]));
   }
-  CHECK_OK(dmem_set_priority(rt, h[2], 10));
+  CHECK_OK(dmem_buffer_set_priority(rt, h[2], 10));
   dmem_handle_t x;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x)); /* must spill exactly one: h[0] */
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x)); /* must spill exactly one: h[0] */
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
@@ -204,10 +204,10 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
    * would need a contiguous pool range, which is eviction_makes_a_
    * contiguous_range's subject in test_device.c, not the policy order.) */
   dmem_handle_t y, y2;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y2));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y2));
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
@@ -216,10 +216,10 @@ TEST_CASE(on_demand_spilling_lru_and_priority) {
   CHECK_UEQ(s.oom_evictions, 3);
   CHECK_LE(s.device_used, 4 * MiB);
   for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, (uint64_t)i), 0);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
-  CHECK_OK(dmem_free(rt, y2));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, y2));
   dmem_runtime_destroy(rt);
 }
 
@@ -232,31 +232,31 @@ TEST_CASE(on_demand_spilling_reuse_and_priority) {
   dmem_runtime_t *rt = check_runtime_policy(4 * MiB, DMEM_EVICTION_REUSE);
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
     check_put(rt, h[i], MiB, (uint64_t)i); /* the arrival's own use */
   }
   /* h[1] and h[3] used again; h[2] gets a high priority */
   for (int i = 1; i < 4; i += 2) {
     void *p;
-    CHECK_OK(dmem_lock(rt, h[i], NULL, &p));
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    CHECK_OK(dmem_buffer_lock(rt, h[i], NULL, &p));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
   }
-  CHECK_OK(dmem_set_priority(rt, h[2], 10));
+  CHECK_OK(dmem_buffer_set_priority(rt, h[2], 10));
   dmem_handle_t x, y, y2;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x)); /* the oldest cold one: h[0] */
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x)); /* the oldest cold one: h[0] */
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
   /* The next pass looks at h[1] and h[3] (used again: hot, seen used at
    * its clock, 1 victim taken) and at x (arrived then, not used since):
    * cold goes first on a tie */
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
   CHECK_EQ(state_of(rt, x), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
   /* y arrived after 2 victims, h[1] and h[3] were seen used after 1: the
    * hot CLOCK's head, h[1], goes */
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y2));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y2));
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, y), DMEM_STATE_RESIDENT);
@@ -265,38 +265,38 @@ TEST_CASE(on_demand_spilling_reuse_and_priority) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.oom_evictions, 3);
   for (int i = 0; i < 4; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, (uint64_t)i), 0);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
-  CHECK_OK(dmem_free(rt, y2));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, y2));
   dmem_runtime_destroy(rt);
 }
 
 /* The default policy: a buffer brought back after a victim was taken (it
  * joins the loop buffers' window) and then used twice is promoted to hot
  * when the policy looks at it, and is still a victim of that same pass.
- * Found by tests/python/test_model.py: dmem_evict freed nothing while the
+ * Found by tests/python/test_model.py: dmem_runtime_evict freed nothing while the
  * buffer sat resident and unlocked (the pass looked at the window last and
  * stopped there). */
 TEST_CASE(window_buffer_used_again_is_still_a_victim) {
   dmem_runtime_t *rt = check_runtime_policy(4 * MiB, DMEM_EVICTION_REUSE);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 7);
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
   CHECK_UEQ(freed, MiB);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   for (int k = 0; k < 2; k++) { /* brought back by the first lock */
     void *p;
-    CHECK_OK(dmem_lock(rt, h, NULL, &p));
-    CHECK_OK(dmem_unlock(rt, h));
+    CHECK_OK(dmem_buffer_lock(rt, h, NULL, &p));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
   }
-  CHECK_OK(dmem_evict(rt, MiB, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, &freed));
   CHECK_UEQ(freed, MiB);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 7), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -312,14 +312,14 @@ TEST_CASE(loop_keeps_most_buffers_resident) {
     dmem_handle_t h[12];
     for (int pass = 0; pass < 4; pass++)
       for (int i = 0; i < 12; i++) {
-        if (pass == 0) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+        if (pass == 0) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
         check_put(rt, h[i], MiB, (uint64_t)(pass * 16 + i));
       }
     dmem_stats_t s;
     CHECK_OK(dmem_stats(rt, &s));
     unspills[pol] = s.unspill_count;
     for (int i = 0; i < 12; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, (uint64_t)(48 + i)), 0);
-    for (int i = 0; i < 12; i++) CHECK_OK(dmem_free(rt, h[i]));
+    for (int i = 0; i < 12; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
     dmem_runtime_destroy(rt);
   }
   fprintf(stderr, "retrieves: default policy %llu, LRU %llu\n", (unsigned long long)unspills[0],
@@ -335,18 +335,18 @@ TEST_CASE(loop_keeps_most_buffers_resident) {
 TEST_CASE(evict_by_policy) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t h[4];
-  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, MiB + 1, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, MiB + 1, &freed));
   CHECK_UEQ(freed, 2 * MiB);
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST); /* oldest first */
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[2]), DMEM_STATE_RESIDENT);
-  CHECK_OK(dmem_evict(rt, 100 * MiB, &freed)); /* more than there is: frees the rest */
+  CHECK_OK(dmem_runtime_evict(rt, 100 * MiB, &freed)); /* more than there is: frees the rest */
   CHECK_UEQ(freed, 2 * MiB);
-  CHECK_OK(dmem_evict(rt, MiB, NULL));
-  CHECK_STATUS(dmem_evict(NULL, MiB, &freed), DMEM_ERR_INVALID_ARGUMENT);
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_runtime_evict(rt, MiB, NULL));
+  CHECK_STATUS(dmem_runtime_evict(NULL, MiB, &freed), DMEM_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
 
@@ -362,14 +362,14 @@ TEST_CASE(disk_failure_keeps_data) {
   dmem_runtime_t *rt = runtime_with(8 * MiB, 0, dir);
   REQUIRE_EQ(rmdir(dir), 0);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 8);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "mkdtemp") != NULL);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_DISK), DMEM_ERR_IO);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_HOST);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 8), 0);
   /* host limit 0 bytes of room and a broken disk: on-demand spilling fails
@@ -378,10 +378,10 @@ TEST_CASE(disk_failure_keeps_data) {
   gone_dir(dir, sizeof dir);
   rt = runtime_with(2 * MiB, MiB / 2, dir);
   REQUIRE_EQ(rmdir(dir), 0);
-  REQUIRE_OK(dmem_alloc(rt, 2 * MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h));
   check_put(rt, h, 2 * MiB, 9);
   dmem_handle_t x;
-  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_IO);
+  CHECK_STATUS(dmem_buffer_alloc(rt, MiB, 0, &x), DMEM_ERR_IO);
   CHECK_UEQ(check_bad_bytes(rt, h, 2 * MiB, 9), 0);
   dmem_runtime_destroy(rt);
 }
@@ -389,12 +389,12 @@ TEST_CASE(disk_failure_keeps_data) {
 TEST_CASE(free_spilled_buffers) {
   dmem_runtime_t *rt = check_runtime(8 * MiB);
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
-  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, b, DMEM_TIER_DISK));
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
+  CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, b, DMEM_TIER_DISK));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.host_used, 0);
@@ -433,7 +433,7 @@ static void on_event(void *user, const dmem_event_t *ev) {
   dmem_handle_t sp = c->spill_on_pressure;
   pthread_mutex_unlock(&c->mu);
   if (ev->kind == DMEM_EVENT_PRESSURE && sp) {
-    c->side_st = dmem_spill(c->rt, sp, DMEM_TIER_HOST); /* calls back into the runtime */
+    c->side_st = dmem_buffer_spill(c->rt, sp, DMEM_TIER_HOST); /* calls back into the runtime */
     c->spill_on_pressure = 0;
   }
 }
@@ -461,15 +461,15 @@ typedef struct {
 static void *lock_unlock_thread(void *arg) {
   side_arg_t *a = arg;
   void *p;
-  a->c->side_st = dmem_lock(a->c->rt, a->h, NULL, &p);
+  a->c->side_st = dmem_buffer_lock(a->c->rt, a->h, NULL, &p);
   if (a->c->side_st == DMEM_OK) {
     /* write while the spill's copy is done: the lock cancelled the spill */
     char *tmp = malloc(MiB);
     check_fill(tmp, MiB, 777);
-    dmem_copy(a->c->rt, p, tmp, MiB, NULL);
+    dmem_stream_copy(a->c->rt, p, tmp, MiB, NULL);
     dmem_stream_synchronize(a->c->rt, NULL);
     free(tmp);
-    dmem_unlock(a->c->rt, a->h);
+    dmem_buffer_unlock(a->c->rt, a->h);
   }
   return NULL;
 }
@@ -482,12 +482,12 @@ static dmem_status_t store(void *user, dmem_handle_t h, const void *data, size_t
     pthread_create(&t, NULL, lock_unlock_thread, &a);
     pthread_join(t, NULL);
   }
-  if (c->free_during_store) c->side_st = dmem_free(c->rt, h);
+  if (c->free_during_store) c->side_st = dmem_buffer_free(c->rt, h);
   if (c->self_lock_in_store) {
     void *p;
-    c->self_lock_st = dmem_lock(c->rt, h, NULL, &p);
-    if (c->self_lock_st == DMEM_OK) dmem_unlock(c->rt, h);
-    c->self_unspill_st = dmem_unspill(c->rt, h, NULL);
+    c->self_lock_st = dmem_buffer_lock(c->rt, h, NULL, &p);
+    if (c->self_lock_st == DMEM_OK) dmem_buffer_unlock(c->rt, h);
+    c->self_unspill_st = dmem_buffer_unspill(c->rt, h, NULL);
   }
   if (c->store_ret != DMEM_OK) return c->store_ret;
   void *copy = malloc(size);
@@ -505,7 +505,7 @@ static dmem_status_t retrieve(void *user, dmem_handle_t h, void *out, size_t siz
   if (c->retrieve_ret != DMEM_OK) return c->retrieve_ret;
   /* a lock of this very buffer from its own retrieve is refused, not a hang */
   void *p;
-  if (dmem_lock(c->rt, h, NULL, &p) != DMEM_ERR_BUSY) return DMEM_ERR_INVALID_ARGUMENT;
+  if (dmem_buffer_lock(c->rt, h, NULL, &p) != DMEM_ERR_BUSY) return DMEM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&c->mu);
   for (size_t i = c->nkv; i-- > 0;) {
     if (c->keys[i] == h) {
@@ -547,18 +547,18 @@ TEST_CASE(controller_hears_free_of_every_buffer_at_destroy) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t held, other, gone, locked;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &held));
-  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &other));
-  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &gone));
-  REQUIRE_OK(dmem_alloc(rt, 4096, 0, &locked));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &held));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &other));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &gone));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &locked));
   check_put(rt, held, MiB, 5);
-  CHECK_OK(dmem_spill(rt, held, DMEM_TIER_CONTROLLER));
-  CHECK_OK(dmem_spill(rt, other, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, held, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, other, DMEM_TIER_HOST));
   void *p;
-  CHECK_OK(dmem_lock(rt, locked, NULL, &p));
-  CHECK_OK(dmem_free(rt, gone));
+  CHECK_OK(dmem_buffer_lock(rt, locked, NULL, &p));
+  CHECK_OK(dmem_buffer_free(rt, gone));
   CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
   CHECK_UEQ(c.nkv, 1);
   dmem_runtime_destroy(rt);
@@ -571,12 +571,12 @@ TEST_CASE(controller_events_and_tier) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   CHECK_EQ(c.events[DMEM_EVENT_ALLOC], 1);
   check_put(rt, h, MiB, 21);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   CHECK_EQ(c.events[DMEM_EVENT_SPILL], 1);
   CHECK_UEQ(c.nkv, 1);
@@ -584,29 +584,29 @@ TEST_CASE(controller_events_and_tier) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.controller_used, MiB);
   /* cannot remove a controller that holds bytes */
-  CHECK_STATUS(dmem_set_controller(rt, NULL), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_controller_set(rt, NULL), DMEM_ERR_BUSY);
   /* a failing retrieve: CALLBACK, bytes stay with the controller */
   c.retrieve_ret = DMEM_ERR_IO;
   void *p;
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_CALLBACK);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &p), DMEM_ERR_CALLBACK);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   c.retrieve_ret = DMEM_OK;
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 21), 0);
   CHECK_EQ(c.events[DMEM_EVENT_UNSPILL], 1);
   CHECK_UEQ(c.nkv, 0);
   /* host -> controller */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 21), 0);
   /* a failing store: CALLBACK, the buffer stays resident and intact */
   c.store_ret = DMEM_ERR_HOST_OUT_OF_MEMORY;
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_CALLBACK);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_CALLBACK);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 21), 0);
   c.store_ret = DMEM_OK;
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_EQ(c.events[DMEM_EVENT_FREE], 1);
-  CHECK_OK(dmem_set_controller(rt, NULL));
+  CHECK_OK(dmem_controller_set(rt, NULL));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -616,17 +616,17 @@ TEST_CASE(controller_bad_struct) {
   dmem_controller_t dc;
   memset(&dc, 0, sizeof dc);
   dc.struct_size = 4;
-  CHECK_STATUS(dmem_set_controller(rt, &dc), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_controller_set(rt, &dc), DMEM_ERR_INVALID_ARGUMENT);
   dc.struct_size = sizeof dc;
   dc.store = store;
-  CHECK_STATUS(dmem_set_controller(rt, &dc), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_set_controller(NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_controller_set(rt, &dc), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_controller_set(NULL, NULL), DMEM_ERR_INVALID_ARGUMENT);
   dc.store = NULL;
-  CHECK_OK(dmem_set_controller(rt, &dc)); /* no callbacks at all is fine */
+  CHECK_OK(dmem_controller_set(rt, &dc)); /* no callbacks at all is fine */
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, 64, 0, &h));
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_OK(dmem_free(rt, h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 64, 0, &h));
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -637,12 +637,12 @@ TEST_CASE(controller_selects_victims) {
   ctl_init(&c, rt, &dc);
   dc.store = NULL;
   dc.retrieve = NULL;
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h[3];
-  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h[i]));
+  for (int i = 0; i < 3; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
   c.victim = h[2]; /* the newest, not what LRU would pick */
   dmem_handle_t x;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x));
   CHECK_EQ(c.select_calls, 1);
   CHECK_EQ(c.events[DMEM_EVENT_PRESSURE], 1);
   CHECK_UEQ(c.last_pressure, MiB);
@@ -650,24 +650,24 @@ TEST_CASE(controller_selects_victims) {
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
   /* a victim that is locked is skipped and the default policy frees the rest */
   void *p;
-  CHECK_OK(dmem_lock(rt, h[1], NULL, &p));
+  CHECK_OK(dmem_buffer_lock(rt, h[1], NULL, &p));
   c.victim = h[1];
   dmem_handle_t y;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &y));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
-  CHECK_OK(dmem_unlock(rt, h[1]));
+  CHECK_OK(dmem_buffer_unlock(rt, h[1]));
   /* a failing selection fails the allocation with CALLBACK */
   c.select_ret = DMEM_ERR_INVALID_ARGUMENT;
   dmem_handle_t z;
-  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &z), DMEM_ERR_CALLBACK);
+  CHECK_STATUS(dmem_buffer_alloc(rt, MiB, 0, &z), DMEM_ERR_CALLBACK);
   c.select_ret = DMEM_OK;
   c.victim = 0;
-  CHECK_OK(dmem_alloc(rt, MiB, 0, &z)); /* default policy */
-  for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[i]));
-  CHECK_OK(dmem_free(rt, x));
-  CHECK_OK(dmem_free(rt, y));
-  CHECK_OK(dmem_free(rt, z));
+  CHECK_OK(dmem_buffer_alloc(rt, MiB, 0, &z)); /* default policy */
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, y));
+  CHECK_OK(dmem_buffer_free(rt, z));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -678,18 +678,18 @@ TEST_CASE(controller_callback_reenters) {
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
   dc.select_victims = NULL;
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t a, b, x;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
   c.spill_on_pressure = b; /* the pressure callback spills b itself */
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &x));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &x));
   CHECK_OK(c.side_st);
   CHECK_EQ(state_of(rt, b), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, a), DMEM_STATE_RESIDENT); /* nothing else needed spilling */
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
-  CHECK_OK(dmem_free(rt, x));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, x));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -699,14 +699,14 @@ TEST_CASE(lock_during_spill_cancels_it) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 5);
   /* store runs after the device->host copy, before the commit: another
    * thread locks and writes new data meanwhile */
   c.lock_during_store = 1;
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_BUSY);
   CHECK_OK(c.side_st);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 777), 0); /* the new data, not the stale copy */
@@ -720,9 +720,9 @@ TEST_CASE(lock_during_spill_cancels_it) {
   CHECK_UEQ(info.spill_count, 0);
   c.lock_during_store = 0;
   /* and a later spill works and keeps the new data */
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 777), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -732,11 +732,11 @@ TEST_CASE(free_during_spill) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   c.free_during_store = 1;
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_OK(c.side_st);
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
@@ -755,22 +755,22 @@ TEST_CASE(callback_cannot_move_its_own_buffer) {
   ctl_t c;
   dmem_controller_t dc;
   ctl_init(&c, rt, &dc);
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   check_put(rt, h, MiB, 31);
   c.self_lock_in_store = 1;
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the device */
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the device */
   CHECK_STATUS(c.self_lock_st, DMEM_ERR_BUSY);
   CHECK_STATUS(c.self_unspill_st, DMEM_ERR_BUSY);
   CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   CHECK_UEQ(check_bad_bytes(rt, h, MiB, 31), 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   c.self_lock_st = c.self_unspill_st = DMEM_OK;
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the host tier */
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER)); /* from the host tier */
   CHECK_STATUS(c.self_lock_st, DMEM_ERR_BUSY);
   CHECK_STATUS(c.self_unspill_st, DMEM_ERR_BUSY);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -786,28 +786,28 @@ TEST_CASE(victims_already_spilled_are_skipped) {
   ctl_init(&c, rt, &dc);
   dc.store = NULL;
   dc.retrieve = NULL;
-  CHECK_OK(dmem_set_controller(rt, &dc));
+  CHECK_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t a, b, d;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &b));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &d)); /* spills a */
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &d)); /* spills a */
   CHECK_EQ(state_of(rt, a), DMEM_STATE_DEFERRED_HOST);
   void *p;
-  CHECK_OK(dmem_lock(rt, b, NULL, &p));
-  CHECK_OK(dmem_lock(rt, d, NULL, &p));
+  CHECK_OK(dmem_buffer_lock(rt, b, NULL, &p));
+  CHECK_OK(dmem_buffer_lock(rt, d, NULL, &p));
   c.victim = a; /* already on the host */
   dmem_handle_t x;
-  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_OUT_OF_MEMORY);
-  CHECK_OK(dmem_spill(rt, a, DMEM_TIER_DISK));
-  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &x), DMEM_ERR_OUT_OF_MEMORY); /* not INVALID_ARGUMENT */
-  CHECK_OK(dmem_unlock(rt, d));
-  CHECK_OK(dmem_alloc(rt, MiB, 0, &x)); /* the default policy spills d */
+  CHECK_STATUS(dmem_buffer_alloc(rt, MiB, 0, &x), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_DISK));
+  CHECK_STATUS(dmem_buffer_alloc(rt, MiB, 0, &x), DMEM_ERR_OUT_OF_MEMORY); /* not INVALID_ARGUMENT */
+  CHECK_OK(dmem_buffer_unlock(rt, d));
+  CHECK_OK(dmem_buffer_alloc(rt, MiB, 0, &x)); /* the default policy spills d */
   CHECK_EQ(state_of(rt, d), DMEM_STATE_DEFERRED_HOST);
-  CHECK_OK(dmem_unlock(rt, b));
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
-  CHECK_OK(dmem_free(rt, d));
-  CHECK_OK(dmem_free(rt, x));
+  CHECK_OK(dmem_buffer_unlock(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, d));
+  CHECK_OK(dmem_buffer_free(rt, x));
   dmem_runtime_destroy(rt);
   ctl_fini(&c);
 }
@@ -817,10 +817,10 @@ TEST_CASE(victims_already_spilled_are_skipped) {
 #define KiB ((size_t)1 << 10)
 #define NB 200 /* more than three batches of DMEM__SPILL_BATCH_MAX (64) */
 
-/* One dmem_evict of 200 small buffers: every one is in the host tier
+/* One dmem_runtime_evict of 200 small buffers: every one is in the host tier
  * afterwards with its own bytes (each is a 64 KiB copy into its own
- * staging, ordered by the batch's one event); dmem_unspill and
- * dmem_prefetch bring them back intact. A second eviction right after the
+ * staging, ordered by the batch's one event); dmem_buffer_unspill and
+ * dmem_buffer_prefetch bring them back intact. A second eviction right after the
  * prefetch, before any poll, spills buffers whose unspill copy may still
  * be in flight (their staging is reused, ordered after unspill_event), and
  * the data survive that too. */
@@ -829,11 +829,11 @@ TEST_CASE(evict_batch_data_intact) {
   static dmem_handle_t h[NB];
   const size_t size = 64 * KiB;
   for (int i = 0; i < NB; i++) {
-    REQUIRE_OK(dmem_alloc(rt, size, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[i]));
     check_put(rt, h[i], size, 1000 + (uint64_t)i);
   }
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, NB * size, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, NB * size, &freed));
   CHECK_UEQ(freed, NB * size);
   int deferred = 0;
   for (int i = 0; i < NB; i++) deferred += state_of(rt, h[i]) == DMEM_STATE_DEFERRED_HOST;
@@ -849,13 +849,13 @@ TEST_CASE(evict_batch_data_intact) {
   CHECK_UEQ(info.spill_count, 1);
   dmem_stream_t st;
   REQUIRE_OK(dmem_stream_create(rt, &st));
-  for (int i = 0; i < NB / 2; i++) CHECK_OK(dmem_unspill(rt, h[i], st));
-  CHECK_OK(dmem_prefetch(rt, h + NB / 2, NB - NB / 2, st));
+  for (int i = 0; i < NB / 2; i++) CHECK_OK(dmem_buffer_unspill(rt, h[i], st));
+  CHECK_OK(dmem_buffer_prefetch(rt, h + NB / 2, NB - NB / 2, st));
   CHECK_OK(dmem_stream_synchronize(rt, st));
   /* no poll: the unspill copies' flags and staging are still there */
-  CHECK_OK(dmem_evict(rt, NB * size, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, NB * size, &freed));
   CHECK_UEQ(freed, NB * size);
-  CHECK_OK(dmem_prefetch(rt, h, NB, st));
+  CHECK_OK(dmem_buffer_prefetch(rt, h, NB, st));
   CHECK_OK(dmem_stream_synchronize(rt, st));
   size_t bad = 0;
   for (int i = 0; i < NB; i++) bad += check_bad_bytes(rt, h[i], size, 1000 + (uint64_t)i);
@@ -863,7 +863,7 @@ TEST_CASE(evict_batch_data_intact) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.spill_count, 2 * NB);
   CHECK_UEQ(s.host_used, 0);
-  for (int i = 0; i < NB; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < NB; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_OK(dmem_runtime_poll(rt));
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.device_used, 0);
@@ -880,12 +880,12 @@ TEST_CASE(evict_batch_host_limit_goes_one_by_one) {
   static dmem_handle_t h[64];
   const size_t size = 64 * KiB;
   for (int i = 0; i < 64; i++) {
-    REQUIRE_OK(dmem_alloc(rt, size, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[i]));
     check_put(rt, h[i], size, 7 + (uint64_t)i);
   }
-  for (int i = 0; i < 64; i += 8) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 64; i += 8) CHECK_OK(dmem_buffer_free(rt, h[i]));
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, 64 * size, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, 64 * size, &freed));
   CHECK_UEQ(freed, 56 * size);
   int on_disk = 0, on_host = 0;
   for (int i = 0; i < 64; i++) {
@@ -901,7 +901,7 @@ TEST_CASE(evict_batch_host_limit_goes_one_by_one) {
     if (i % 8) bad += check_bad_bytes(rt, h[i], size, 7 + (uint64_t)i);
   CHECK_UEQ(bad, 0);
   for (int i = 0; i < 64; i++)
-    if (i % 8) CHECK_OK(dmem_free(rt, h[i]));
+    if (i % 8) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_stats_t s;
   CHECK_OK(dmem_runtime_poll(rt));
   CHECK_OK(dmem_stats(rt, &s));
@@ -944,17 +944,17 @@ static void *race_locker(void *arg) {
     pthread_mutex_lock(&r->mu[i]);
     uint64_t seed = atomic_load_explicit(&r->seed[i], memory_order_relaxed);
     void *p;
-    dmem_status_t st = dmem_lock(r->rt, r->h[i], NULL, &p);
+    dmem_status_t st = dmem_buffer_lock(r->rt, r->h[i], NULL, &p);
     if (st == DMEM_OK) {
-      dmem_copy(r->rt, tmp, p, size, NULL);
+      dmem_stream_copy(r->rt, tmp, p, size, NULL);
       dmem_stream_synchronize(r->rt, NULL);
       me->bad += check_verify(tmp, size, seed);
       seed += RB; /* a new pattern, written while locked */
       check_fill(tmp, size, seed);
-      dmem_copy(r->rt, p, tmp, size, NULL);
+      dmem_stream_copy(r->rt, p, tmp, size, NULL);
       dmem_stream_synchronize(r->rt, NULL);
       atomic_store_explicit(&r->seed[i], seed, memory_order_relaxed);
-      dmem_unlock(r->rt, r->h[i]);
+      dmem_buffer_unlock(r->rt, r->h[i]);
       atomic_fetch_add_explicit(&me->locks, 1, memory_order_relaxed);
     } else {
       fprintf(stderr, "race lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
@@ -972,7 +972,7 @@ TEST_CASE(lock_races_evict_batch) {
   r.rt = check_runtime(64 * MiB);
   const size_t size = 16 * KiB;
   for (int i = 0; i < RB; i++) {
-    REQUIRE_OK(dmem_alloc(r.rt, size, 0, &r.h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(r.rt, size, 0, &r.h[i]));
     atomic_store_explicit(&r.seed[i], (uint64_t)i, memory_order_relaxed);
     check_put(r.rt, r.h[i], size, (uint64_t)i);
     pthread_mutex_init(&r.mu[i], NULL);
@@ -989,9 +989,9 @@ TEST_CASE(lock_races_evict_batch) {
   time_t t_end = time(NULL) + 20;
   for (int pass = 0; time(NULL) < t_end; pass++) {
     size_t freed = 0;
-    CHECK_OK(dmem_evict(r.rt, RB * size, &freed));
+    CHECK_OK(dmem_runtime_evict(r.rt, RB * size, &freed));
     total += freed;
-    CHECK_OK(dmem_prefetch(r.rt, r.h, RB, st));
+    CHECK_OK(dmem_buffer_prefetch(r.rt, r.h, RB, st));
     CHECK_OK(dmem_stream_synchronize(r.rt, st));
     if (pass % 16 == 0) CHECK_OK(dmem_runtime_poll(r.rt));
     if (atomic_load_explicit(&a.locks, memory_order_relaxed) >= 300 &&
@@ -999,7 +999,7 @@ TEST_CASE(lock_races_evict_batch) {
       break;
   }
   size_t last = 0;
-  CHECK_OK(dmem_evict(r.rt, RB * size, &last)); /* end with a batch racing them */
+  CHECK_OK(dmem_runtime_evict(r.rt, RB * size, &last)); /* end with a batch racing them */
   atomic_store_explicit(&r.stop, 1, memory_order_relaxed);
   pthread_join(ta, NULL);
   pthread_join(tb, NULL);
@@ -1027,7 +1027,7 @@ TEST_CASE(lock_races_evict_batch) {
     bad += check_bad_bytes(r.rt, r.h[i], size, atomic_load_explicit(&r.seed[i], memory_order_relaxed));
   CHECK_UEQ(bad, 0);
   for (int i = 0; i < RB; i++) {
-    CHECK_OK(dmem_free(r.rt, r.h[i]));
+    CHECK_OK(dmem_buffer_free(r.rt, r.h[i]));
     pthread_mutex_destroy(&r.mu[i]);
   }
   CHECK_OK(dmem_stream_destroy(r.rt, st));

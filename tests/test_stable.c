@@ -57,7 +57,7 @@ static size_t device_used(dmem_runtime_t *rt) {
 /* Lock h and return its pointer (NULL on failure, status printed). */
 static void *lock_ptr(dmem_runtime_t *rt, dmem_handle_t h) {
   void *p = NULL;
-  dmem_status_t st = dmem_lock(rt, h, NULL, &p);
+  dmem_status_t st = dmem_buffer_lock(rt, h, NULL, &p);
   if (st != DMEM_OK) {
     fprintf(stderr, "lock: %s (%s)\n", dmem_status_name(st), dmem_last_error_detail());
     return NULL;
@@ -72,10 +72,10 @@ TEST_CASE(address_survives_host_and_disk) {
   dmem_runtime_t *rt = runtime_with(16 * g, 0, dir);
   size_t n = g + g / 2 + 123; /* rounded: 2 granules */
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, n, DMEM_BUFFER_STABLE_ADDRESS, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, n, DMEM_BUFFER_STABLE_ADDRESS, &h));
   void *p0 = lock_ptr(rt, h);
   REQUIRE_TRUE(p0 != NULL);
-  CHECK_OK(dmem_unlock(rt, h));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
   CHECK_UEQ((uintptr_t)p0 % g, 0);
   CHECK_UEQ(device_used(rt), 2 * g); /* the rounded size is charged */
   dmem_buffer_info_t info;
@@ -85,22 +85,22 @@ TEST_CASE(address_survives_host_and_disk) {
     uint64_t seed = 100 + (uint64_t)round;
     check_put(rt, h, n, seed);
     dmem_tier_t tier = round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST;
-    CHECK_OK(dmem_spill(rt, h, tier));
+    CHECK_OK(dmem_buffer_spill(rt, h, tier));
     CHECK_EQ(state_of(rt, h),
              tier == DMEM_TIER_DISK ? DMEM_STATE_DEFERRED_DISK : DMEM_STATE_DEFERRED_HOST);
     CHECK_UEQ(device_used(rt), 0); /* unmapped and released */
     CHECK_TRUE(!dmem__stable_mapped(p0));
-    if (round == 2) CHECK_OK(dmem_spill(rt, h, DMEM_TIER_DISK)); /* host -> disk (round 2: host) */
-    if (round % 3 == 0) CHECK_OK(dmem_unspill(rt, h, NULL));
+    if (round == 2) CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK)); /* host -> disk (round 2: host) */
+    if (round % 3 == 0) CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
     void *p = lock_ptr(rt, h);
     CHECK_TRUE(p == p0);
     CHECK_UEQ(device_used(rt), 2 * g);
-    if (p) CHECK_OK(dmem_unlock(rt, h));
+    if (p) CHECK_OK(dmem_buffer_unlock(rt, h));
     CHECK_UEQ(check_bad_bytes(rt, h, n, seed), 0);
   }
   CHECK_OK(dmem_buffer_info(rt, h, &info));
   CHECK_UEQ(info.spill_count, 6 + 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_UEQ(device_used(rt), 0);
   CHECK_UEQ(dmem__stable_size(p0), 0); /* the range is gone */
   dmem_runtime_destroy(rt);
@@ -110,29 +110,29 @@ TEST_CASE(bad_flags_and_sizes) {
   size_t g = backend_granule();
   dmem_runtime_t *rt = runtime_with(4 * g, 0, NULL);
   dmem_handle_t h = 42;
-  CHECK_STATUS(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS | DMEM_ALLOC_PINNED, &h),
+  CHECK_STATUS(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS | DMEM_ALLOC_PINNED, &h),
                DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, g, 1u << 7, &h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, 0, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(dmem_alloc(rt, 4 * g + 1, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_OUT_OF_MEMORY);
-  CHECK_STATUS(dmem_alloc(rt, SIZE_MAX, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(rt, g, 1u << 7, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 0, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 4 * g + 1, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(rt, SIZE_MAX, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_UEQ(h, 42); /* untouched on failure */
   CHECK_UEQ(device_used(rt), 0);
   /* a full limit of locked stable buffers: the next one cannot be mapped */
   dmem_handle_t a, b;
-  REQUIRE_OK(dmem_alloc(rt, 2 * g, DMEM_BUFFER_STABLE_ADDRESS, &a));
-  REQUIRE_OK(dmem_alloc(rt, 2 * g, DMEM_BUFFER_STABLE_ADDRESS, &b));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * g, DMEM_BUFFER_STABLE_ADDRESS, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * g, DMEM_BUFFER_STABLE_ADDRESS, &b));
   void *pa = lock_ptr(rt, a), *pb = lock_ptr(rt, b);
-  CHECK_STATUS(dmem_alloc(rt, 1, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_alloc(rt, 1, DMEM_BUFFER_STABLE_ADDRESS, &h), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_UEQ(h, 42);
   CHECK_UEQ(device_used(rt), 4 * g);
-  if (pa) CHECK_OK(dmem_unlock(rt, a));
-  if (pb) CHECK_OK(dmem_unlock(rt, b));
-  CHECK_OK(dmem_alloc(rt, 1, DMEM_BUFFER_STABLE_ADDRESS, &h)); /* spills a or b */
+  if (pa) CHECK_OK(dmem_buffer_unlock(rt, a));
+  if (pb) CHECK_OK(dmem_buffer_unlock(rt, b));
+  CHECK_OK(dmem_buffer_alloc(rt, 1, DMEM_BUFFER_STABLE_ADDRESS, &h)); /* spills a or b */
   CHECK_UEQ(device_used(rt), 3 * g); /* one of 2 granules, and 1 byte's granule */
-  CHECK_OK(dmem_free(rt, a));
-  CHECK_OK(dmem_free(rt, b));
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_UEQ(device_used(rt), 0);
   dmem_runtime_destroy(rt);
 }
@@ -144,30 +144,30 @@ TEST_CASE(remap_out_of_memory_keeps_bytes) {
   size_t g = backend_granule();
   dmem_runtime_t *rt = runtime_with(4 * g, 0, NULL);
   dmem_handle_t s, o1, o2;
-  REQUIRE_OK(dmem_alloc(rt, 2 * g, DMEM_BUFFER_STABLE_ADDRESS, &s));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * g, DMEM_BUFFER_STABLE_ADDRESS, &s));
   check_put(rt, s, 2 * g, 7);
   void *p0 = lock_ptr(rt, s);
   REQUIRE_TRUE(p0 != NULL);
-  CHECK_OK(dmem_unlock(rt, s));
-  CHECK_OK(dmem_spill(rt, s, DMEM_TIER_HOST));
-  REQUIRE_OK(dmem_alloc(rt, 2 * g, 0, &o1));
-  REQUIRE_OK(dmem_alloc(rt, 2 * g, 0, &o2));
+  CHECK_OK(dmem_buffer_unlock(rt, s));
+  CHECK_OK(dmem_buffer_spill(rt, s, DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * g, 0, &o1));
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * g, 0, &o2));
   void *q1 = lock_ptr(rt, o1), *q2 = lock_ptr(rt, o2);
   void *p = NULL;
-  CHECK_STATUS(dmem_lock(rt, s, NULL, &p), DMEM_ERR_OUT_OF_MEMORY);
-  CHECK_STATUS(dmem_unspill(rt, s, NULL), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_lock(rt, s, NULL, &p), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_STATUS(dmem_buffer_unspill(rt, s, NULL), DMEM_ERR_OUT_OF_MEMORY);
   CHECK_EQ(state_of(rt, s), DMEM_STATE_DEFERRED_HOST);
   CHECK_TRUE(!dmem__stable_mapped(p0));
   CHECK_UEQ(device_used(rt), 4 * g);
-  if (q1) CHECK_OK(dmem_unlock(rt, o1));
+  if (q1) CHECK_OK(dmem_buffer_unlock(rt, o1));
   p = lock_ptr(rt, s); /* evicts o1 */
   CHECK_TRUE(p == p0);
-  if (p) CHECK_OK(dmem_unlock(rt, s));
+  if (p) CHECK_OK(dmem_buffer_unlock(rt, s));
   CHECK_UEQ(check_bad_bytes(rt, s, 2 * g, 7), 0);
-  if (q2) CHECK_OK(dmem_unlock(rt, o2));
-  CHECK_OK(dmem_free(rt, s));
-  CHECK_OK(dmem_free(rt, o1));
-  CHECK_OK(dmem_free(rt, o2));
+  if (q2) CHECK_OK(dmem_buffer_unlock(rt, o2));
+  CHECK_OK(dmem_buffer_free(rt, s));
+  CHECK_OK(dmem_buffer_free(rt, o1));
+  CHECK_OK(dmem_buffer_free(rt, o2));
   CHECK_UEQ(device_used(rt), 0);
   dmem_runtime_destroy(rt);
 }
@@ -189,13 +189,13 @@ TEST_CASE(many_mixed_under_pressure) {
   for (int i = 0; i < N; i++) {
     bool stable = i % 3 != 2;
     sz[i] = stable ? g / 2 + (size_t)i * 97 : g / 3 + (size_t)i * 31;
-    REQUIRE_OK(dmem_alloc(rt, sz[i], stable ? DMEM_BUFFER_STABLE_ADDRESS : 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz[i], stable ? DMEM_BUFFER_STABLE_ADDRESS : 0, &h[i]));
     seed[i] = 1000 + (uint64_t)i;
     check_put(rt, h[i], sz[i], seed[i]);
     addr[i] = stable ? lock_ptr(rt, h[i]) : NULL;
     if (stable) {
       REQUIRE_TRUE(addr[i] != NULL);
-      CHECK_OK(dmem_unlock(rt, h[i]));
+      CHECK_OK(dmem_buffer_unlock(rt, h[i]));
     }
     CHECK_TRUE(device_used(rt) <= 16 * g);
   }
@@ -207,7 +207,7 @@ TEST_CASE(many_mixed_under_pressure) {
     CHECK_TRUE(p != NULL);
     if (!p) continue;
     if (addr[i]) CHECK_TRUE(p == addr[i]);
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
     CHECK_UEQ(check_bad_bytes(rt, h[i], sz[i], seed[i]), 0);
     if (step % 5 == 0) { /* new content, then moved again */
       seed[i] += N;
@@ -219,7 +219,7 @@ TEST_CASE(many_mixed_under_pressure) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_GT(s.spill_count, N);
   for (int i = 0; i < N; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], sz[i], seed[i]), 0);
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_UEQ(device_used(rt), 0);
   dmem_runtime_destroy(rt);
 }
@@ -232,34 +232,34 @@ TEST_CASE(eviction_of_stable_only) {
   dmem_handle_t h[10];
   void *a[10];
   for (int i = 0; i < 10; i++) {
-    REQUIRE_OK(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
     check_put(rt, h[i], g, (uint64_t)i + 1);
     a[i] = lock_ptr(rt, h[i]);
     REQUIRE_TRUE(a[i] != NULL);
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
   }
   CHECK_UEQ(device_used(rt), 4 * g);
-  CHECK_OK(dmem_evict(rt, 2 * g, NULL));
+  CHECK_OK(dmem_runtime_evict(rt, 2 * g, NULL));
   CHECK_TRUE(device_used(rt) <= 2 * g);
   for (int i = 9; i >= 0; i--) {
     void *p = lock_ptr(rt, h[i]);
     CHECK_TRUE(p == a[i]);
-    if (p) CHECK_OK(dmem_unlock(rt, h[i]));
+    if (p) CHECK_OK(dmem_buffer_unlock(rt, h[i]));
     CHECK_UEQ(check_bad_bytes(rt, h[i], g, (uint64_t)i + 1), 0);
   }
   /* prefetch a batch of them back (three fit with room to spare) */
-  CHECK_OK(dmem_spill(rt, h[0], DMEM_TIER_HOST));
-  CHECK_OK(dmem_prefetch(rt, h, 3, NULL));
+  CHECK_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_prefetch(rt, h, 3, NULL));
   CHECK_OK(dmem_stream_synchronize(rt, NULL));
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_RESIDENT);
   CHECK_UEQ(check_bad_bytes(rt, h[0], g, 1), 0);
   /* read in place, spilled */
-  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[1], DMEM_TIER_HOST));
   unsigned char *buf = malloc(g);
   CHECK_OK(dmem_buffer_read(rt, h[1], 0, buf, g));
   CHECK_UEQ(check_verify(buf, g, 2), 0);
   free(buf);
-  for (int i = 0; i < 10; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 10; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_UEQ(device_used(rt), 0);
   dmem_runtime_destroy(rt);
 }
@@ -274,17 +274,17 @@ TEST_CASE(free_anywhere) {
   dmem_handle_t h[4];
   void *a[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
     a[i] = lock_ptr(rt, h[i]);
     REQUIRE_TRUE(a[i] != NULL);
-    if (i != 1) CHECK_OK(dmem_unlock(rt, h[i]));
+    if (i != 1) CHECK_OK(dmem_buffer_unlock(rt, h[i]));
   }
-  CHECK_OK(dmem_spill(rt, h[2], DMEM_TIER_HOST));
-  CHECK_OK(dmem_spill(rt, h[3], DMEM_TIER_DISK));
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  CHECK_OK(dmem_buffer_spill(rt, h[2], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[3], DMEM_TIER_DISK));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_UEQ(device_used(rt), g); /* h[1] stays locked */
   CHECK_UEQ(dmem__stable_size(a[1]), g);
-  CHECK_OK(dmem_unlock(rt, h[1])); /* reclaimed now */
+  CHECK_OK(dmem_buffer_unlock(rt, h[1])); /* reclaimed now */
   CHECK_UEQ(device_used(rt), 0);
   for (int i = 0; i < 4; i++) CHECK_UEQ(dmem__stable_size(a[i]), 0);
   dmem_stats_t s;
@@ -292,10 +292,10 @@ TEST_CASE(free_anywhere) {
   CHECK_UEQ(s.host_used, 0);
   CHECK_UEQ(s.disk_used, 0);
   /* left live at destroy: destroy gives them back */
-  REQUIRE_OK(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[0]));
-  REQUIRE_OK(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[1]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[0]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[1]));
   void *p0 = lock_ptr(rt, h[0]);
-  CHECK_OK(dmem_spill(rt, h[1], DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h[1], DMEM_TIER_HOST));
   dmem_runtime_destroy(rt);
   CHECK_UEQ(dmem__stable_size(p0), 0);
 }
@@ -308,12 +308,12 @@ TEST_CASE(unmapped_range_faults) {
   size_t g = backend_granule();
   dmem_runtime_t *rt = runtime_with(4 * g, 0, NULL);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h));
   check_put(rt, h, g, 3);
   volatile unsigned char *p = lock_ptr(rt, h);
   REQUIRE_TRUE(p != NULL);
-  CHECK_OK(dmem_unlock(rt, h));
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_unlock(rt, h));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   fflush(NULL);
   pid_t pid = fork();
   REQUIRE_TRUE(pid >= 0);
@@ -331,9 +331,9 @@ TEST_CASE(unmapped_range_faults) {
   if (q) {
     CHECK_OK(dmem_stream_synchronize(rt, NULL)); /* the unspill copy is ordered before it */
     CHECK_UEQ(check_verify(q, g, 3), 0); /* readable in place again */
-    CHECK_OK(dmem_unlock(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
   }
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -365,7 +365,7 @@ static void *race_locker(void *arg) {
     x = x * 1103515245u + 12345u;
     int i = (int)((x >> 8) % RN);
     void *p = NULL;
-    dmem_status_t st = dmem_lock(r->rt, r->h[i], s, &p);
+    dmem_status_t st = dmem_buffer_lock(r->rt, r->h[i], s, &p);
     if (!documented_lock(st)) atomic_fetch_add(&r->bad_status, 1);
     if (st != DMEM_OK) continue;
     atomic_fetch_add(&r->locks, 1);
@@ -376,12 +376,12 @@ static void *race_locker(void *arg) {
     memcpy(want, full, 8);
     memcpy(want + 8, full + n - 8, 8);
     free(full);
-    dmem_status_t c1 = dmem_copy(r->rt, got, p, 8, s);
-    dmem_status_t c2 = dmem_copy(r->rt, got + 8, (char *)p + n - 8, 8, s);
+    dmem_status_t c1 = dmem_stream_copy(r->rt, got, p, 8, s);
+    dmem_status_t c2 = dmem_stream_copy(r->rt, got + 8, (char *)p + n - 8, 8, s);
     dmem_status_t sy = dmem_stream_synchronize(r->rt, s);
     if (c1 != DMEM_OK || c2 != DMEM_OK || sy != DMEM_OK || memcmp(want, got, 16) != 0)
       atomic_fetch_add(&r->wrong_bytes, 1);
-    if (dmem_unlock(r->rt, r->h[i]) != DMEM_OK) atomic_fetch_add(&r->bad_status, 1);
+    if (dmem_buffer_unlock(r->rt, r->h[i]) != DMEM_OK) atomic_fetch_add(&r->bad_status, 1);
   }
   dmem_stream_destroy(r->rt, s);
   return NULL;
@@ -395,10 +395,10 @@ static void *race_mover(void *arg) {
     int i = (int)((x >> 8) % RN);
     dmem_status_t st;
     switch ((x >> 20) % 4) {
-      case 0: st = dmem_spill(r->rt, r->h[i], DMEM_TIER_HOST); break;
-      case 1: st = dmem_spill(r->rt, r->h[i], DMEM_TIER_DISK); break;
-      case 2: st = dmem_unspill(r->rt, r->h[i], NULL); break;
-      default: st = dmem_evict(r->rt, r->size[i], NULL); break;
+      case 0: st = dmem_buffer_spill(r->rt, r->h[i], DMEM_TIER_HOST); break;
+      case 1: st = dmem_buffer_spill(r->rt, r->h[i], DMEM_TIER_DISK); break;
+      case 2: st = dmem_buffer_unspill(r->rt, r->h[i], NULL); break;
+      default: st = dmem_runtime_evict(r->rt, r->size[i], NULL); break;
     }
     /* BUSY: locked or moving; INVALID_ARGUMENT: disk -> host is no move */
     if (st != DMEM_OK && st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT &&
@@ -417,11 +417,11 @@ TEST_CASE(races_lock_spill_evict) {
   r.rt = runtime_with(8 * g, 0, dir);
   for (int i = 0; i < RN; i++) {
     r.size[i] = i % 4 == 3 ? g / 2 : g; /* a quarter ordinary */
-    REQUIRE_OK(dmem_alloc(r.rt, r.size[i], i % 4 == 3 ? 0 : DMEM_BUFFER_STABLE_ADDRESS, &r.h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(r.rt, r.size[i], i % 4 == 3 ? 0 : DMEM_BUFFER_STABLE_ADDRESS, &r.h[i]));
     check_put(r.rt, r.h[i], r.size[i], (uint64_t)i + 77);
     void *p = lock_ptr(r.rt, r.h[i]);
     REQUIRE_TRUE(p != NULL);
-    CHECK_OK(dmem_unlock(r.rt, r.h[i]));
+    CHECK_OK(dmem_buffer_unlock(r.rt, r.h[i]));
     /* ordinary buffers move: their address is not checked */
     r.addr[i] = i % 4 == 3 ? NULL : p;
   }
@@ -437,7 +437,7 @@ TEST_CASE(races_lock_spill_evict) {
   CHECK_EQ(atomic_load(&r.bad_status), 0);
   CHECK_EQ(atomic_load(&r.wrong_addr), 0);
   for (int i = 0; i < RN; i++) CHECK_UEQ(check_bad_bytes(r.rt, r.h[i], r.size[i], (uint64_t)i + 77), 0);
-  for (int i = 0; i < RN; i++) CHECK_OK(dmem_free(r.rt, r.h[i]));
+  for (int i = 0; i < RN; i++) CHECK_OK(dmem_buffer_free(r.rt, r.h[i]));
   CHECK_UEQ(device_used(r.rt), 0);
   dmem_runtime_destroy(r.rt);
 }
@@ -463,7 +463,7 @@ static dmem_status_t replay(void *user, dmem_stream_t s, void *const *ptrs, size
     if (ptrs[i] != gr->captured[i]) gr->mismatches++;
   /* the "graph": captured pointers, not the ones passed */
   for (size_t i = 1; i < n; i++) {
-    dmem_status_t st = dmem_copy(gr->rt, gr->captured[i], gr->captured[i - 1], gr->n, s);
+    dmem_status_t st = dmem_stream_copy(gr->rt, gr->captured[i], gr->captured[i - 1], gr->n, s);
     if (st != DMEM_OK) return st;
   }
   return DMEM_OK;
@@ -480,10 +480,10 @@ TEST_CASE(graph_replay_after_spills) {
   gr.n = g;
   dmem_handle_t h[4];
   for (int i = 0; i < 4; i++) {
-    REQUIRE_OK(dmem_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, g, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
     gr.captured[i] = lock_ptr(rt, h[i]);
     REQUIRE_TRUE(gr.captured[i] != NULL);
-    CHECK_OK(dmem_unlock(rt, h[i]));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
   }
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
@@ -491,7 +491,7 @@ TEST_CASE(graph_replay_after_spills) {
     uint64_t seed = 500 + (uint64_t)round;
     check_put(rt, h[0], g, seed);
     for (int i = 0; i < 4; i++)
-      CHECK_OK(dmem_spill(rt, h[i], round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+      CHECK_OK(dmem_buffer_spill(rt, h[i], round % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
     CHECK_UEQ(device_used(rt), 0);
     CHECK_OK(dmem_launch_async(rt, s, h, 4, replay, &gr));
     CHECK_OK(dmem_sync_and_unlock(rt, s));
@@ -499,6 +499,6 @@ TEST_CASE(graph_replay_after_spills) {
   }
   CHECK_EQ(gr.mismatches, 0);
   CHECK_OK(dmem_stream_destroy(rt, s));
-  for (int i = 0; i < 4; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < 4; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }

@@ -34,7 +34,7 @@ static void *other_thread(void *arg) {
   (void)arg;
   dmem_runtime_t *rt = check_runtime(1 << 20);
   dmem_handle_t h;
-  (void)dmem_alloc(rt, 0, 0, &h); /* fails: records a detail on this thread */
+  (void)dmem_buffer_alloc(rt, 0, 0, &h); /* fails: records a detail on this thread */
   dmem_runtime_destroy(rt);
   return NULL;
 }
@@ -42,7 +42,7 @@ static void *other_thread(void *arg) {
 TEST_CASE(detail_is_thread_local) {
   dmem_runtime_t *rt = check_runtime(1 << 20);
   dmem_handle_t h = 0;
-  CHECK_STATUS(dmem_free(rt, (dmem_handle_t)0x1234), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_free(rt, (dmem_handle_t)0x1234), DMEM_ERR_STALE_HANDLE);
   CHECK_TRUE(strstr(dmem_last_error_detail(), "0x0000000000001234") != NULL);
   char saved[256];
   snprintf(saved, sizeof saved, "%s", dmem_last_error_detail());
@@ -51,8 +51,8 @@ TEST_CASE(detail_is_thread_local) {
   pthread_join(t, NULL);
   CHECK_STR(dmem_last_error_detail(), saved);
   /* a success leaves the detail as it was */
-  CHECK_OK(dmem_alloc(rt, 64, 0, &h));
+  CHECK_OK(dmem_buffer_alloc(rt, 64, 0, &h));
   CHECK_STR(dmem_last_error_detail(), saved);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }

@@ -120,12 +120,12 @@ static void *spiller(void *arg) {
     dmem_handle_t h = atomic_load_explicit(&sl->h_pub, memory_order_relaxed); /* may be stale */
     dmem_status_t st;
     switch (rnd(&x) % 4) {
-      case 0: st = dmem_spill(w->rt, h, DMEM_TIER_HOST); break;
-      case 1: st = dmem_spill(w->rt, h, DMEM_TIER_DISK); break;
-      case 2: st = dmem_unspill(w->rt, h, NULL); break;
+      case 0: st = dmem_buffer_spill(w->rt, h, DMEM_TIER_HOST); break;
+      case 1: st = dmem_buffer_spill(w->rt, h, DMEM_TIER_DISK); break;
+      case 2: st = dmem_buffer_unspill(w->rt, h, NULL); break;
       default: {
         size_t freed;
-        st = dmem_evict(w->rt, 64 * KiB, &freed);
+        st = dmem_runtime_evict(w->rt, 64 * KiB, &freed);
       }
     }
     if (st == DMEM_OK) atomic_fetch_add(&w->spills, 1);
@@ -147,32 +147,32 @@ static void *churner(void *arg) {
     if (sl->live) {
       /* verify through a plain lock + copy before freeing */
       void *p;
-      dmem_status_t st = dmem_lock(rt, sl->h, NULL, &p);
+      dmem_status_t st = dmem_buffer_lock(rt, sl->h, NULL, &p);
       if (st == DMEM_OK) {
         void *tmp = malloc(sl->size);
-        dmem_copy(rt, tmp, p, sl->size, NULL);
+        dmem_stream_copy(rt, tmp, p, sl->size, NULL);
         dmem_stream_synchronize(rt, NULL);
         if (check_verify(tmp, sl->size, sl->seed)) atomic_fetch_add(&w->bad, 1);
         free(tmp);
-        dmem_unlock(rt, sl->h);
+        dmem_buffer_unlock(rt, sl->h);
       } else if (st != DMEM_ERR_OUT_OF_MEMORY) {
         fail_status(w, "churn lock", st);
       }
-      if (dmem_free(rt, sl->h) != DMEM_OK) atomic_fetch_add(&w->errors, 1);
+      if (dmem_buffer_free(rt, sl->h) != DMEM_OK) atomic_fetch_add(&w->errors, 1);
       sl->live = 0;
     }
     size_t size = (16 + rnd(&x) % 240) * KiB;
     dmem_handle_t h;
-    dmem_status_t st = dmem_alloc(rt, size, 0, &h);
+    dmem_status_t st = dmem_buffer_alloc(rt, size, 0, &h);
     if (st == DMEM_OK) {
       void *p, *tmp = malloc(size);
       uint64_t seed = rnd(&x);
       check_fill(tmp, size, seed);
-      st = dmem_lock(rt, h, NULL, &p);
+      st = dmem_buffer_lock(rt, h, NULL, &p);
       if (st == DMEM_OK) {
-        dmem_copy(rt, p, tmp, size, NULL);
+        dmem_stream_copy(rt, p, tmp, size, NULL);
         dmem_stream_synchronize(rt, NULL);
-        dmem_unlock(rt, h);
+        dmem_buffer_unlock(rt, h);
         sl->h = h;
         atomic_store_explicit(&sl->h_pub, h, memory_order_relaxed);
         sl->size = size;
@@ -180,7 +180,7 @@ static void *churner(void *arg) {
         sl->live = 1;
         atomic_fetch_add(&w->churn, 1);
       } else {
-        dmem_free(rt, h);
+        dmem_buffer_free(rt, h);
       }
       free(tmp);
     } else if (st != DMEM_ERR_OUT_OF_MEMORY) {
@@ -213,14 +213,14 @@ TEST_CASE(threads_under_spilling_pressure) {
     pthread_mutex_init(&sl->mu, NULL);
     sl->size = (16 + rnd(&x) % 240) * KiB;
     sl->seed = rnd(&x);
-    REQUIRE_OK(dmem_alloc(rt, sl->size, 0, &sl->h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, sl->size, 0, &sl->h));
     atomic_store(&sl->h_pub, sl->h);
     void *p, *tmp = malloc(sl->size);
     check_fill(tmp, sl->size, sl->seed);
-    REQUIRE_OK(dmem_lock(rt, sl->h, NULL, &p));
-    dmem_copy(rt, p, tmp, sl->size, NULL);
+    REQUIRE_OK(dmem_buffer_lock(rt, sl->h, NULL, &p));
+    dmem_stream_copy(rt, p, tmp, sl->size, NULL);
     dmem_stream_synchronize(rt, NULL);
-    dmem_unlock(rt, sl->h);
+    dmem_buffer_unlock(rt, sl->h);
     free(tmp);
     sl->live = 1;
   }
@@ -245,13 +245,13 @@ TEST_CASE(threads_under_spilling_pressure) {
     slot_t *sl = &w.slots[i];
     if (!sl->live) continue;
     void *p, *tmp = malloc(sl->size);
-    REQUIRE_OK(dmem_lock(rt, sl->h, NULL, &p));
-    dmem_copy(rt, tmp, p, sl->size, NULL);
+    REQUIRE_OK(dmem_buffer_lock(rt, sl->h, NULL, &p));
+    dmem_stream_copy(rt, tmp, p, sl->size, NULL);
     dmem_stream_synchronize(rt, NULL);
-    dmem_unlock(rt, sl->h);
+    dmem_buffer_unlock(rt, sl->h);
     if (check_verify(tmp, sl->size, sl->seed)) final_bad++;
     free(tmp);
-    CHECK_OK(dmem_free(rt, sl->h));
+    CHECK_OK(dmem_buffer_free(rt, sl->h));
     pthread_mutex_destroy(&sl->mu);
   }
   dmem_stats_t s;

@@ -234,17 +234,17 @@ TEST_CASE(tier_every_row_keeps_the_bytes_through_spill_and_retrieve) {
   static keeper_t k = {.mu = PTHREAD_MUTEX_INITIALIZER};
   dmem_controller_t c = {.struct_size = sizeof c, .user = &k, .store = keep_store,
                          .retrieve = keep_retrieve};
-  REQUIRE_OK(dmem_set_controller(rt, &c));
+  REQUIRE_OK(dmem_controller_set(rt, &c));
   size_t n;
   const dmem__tier_row_t *rows = rows_of_build(&n);
   for (size_t i = 0; i < n; i++) {
     const dmem__tier_ops_t *t = rows[i].ops;
     const size_t size = 3 * MiB + 123; /* several disk chunks, and a ragged end */
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, size, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h));
     check_put(rt, h, size, 100 + i);
     /* the lock path: spill into the tier, lock brings it back */
-    CHECK_OK(dmem_spill(rt, h, t->tier));
+    CHECK_OK(dmem_buffer_spill(rt, h, t->tier));
     CHECK_EQ((int)state_of(rt, h), (int)t->state);
     if (t->read) {
       char head[64];
@@ -256,9 +256,9 @@ TEST_CASE(tier_every_row_keeps_the_bytes_through_spill_and_retrieve) {
     CHECK_EQ((int)state_of(rt, h), (int)DMEM_STATE_RESIDENT);
     /* the unspill path, twice (staging of the last unspill reused) */
     for (int round = 0; round < 2; round++) {
-      CHECK_OK(dmem_spill(rt, h, t->tier));
+      CHECK_OK(dmem_buffer_spill(rt, h, t->tier));
       CHECK_EQ((int)state_of(rt, h), (int)t->state);
-      CHECK_OK(dmem_unspill(rt, h, NULL));
+      CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
       CHECK_OK(dmem_stream_synchronize(rt, NULL));
       CHECK_EQ((int)state_of(rt, h), (int)DMEM_STATE_RESIDENT);
       CHECK_UEQ(check_bad_bytes(rt, h, size, 100 + i), 0);
@@ -266,21 +266,21 @@ TEST_CASE(tier_every_row_keeps_the_bytes_through_spill_and_retrieve) {
     /* a tier change from a tier that keeps the bytes pinned, to each next
      * tier down the chain */
     if (t->adopts_staging) {
-      CHECK_OK(dmem_spill(rt, h, t->tier));
+      CHECK_OK(dmem_buffer_spill(rt, h, t->tier));
       for (const dmem__tier_ops_t *d = rows[i].next; d; d = dmem__tier_row(d)->next) {
-        CHECK_OK(dmem_spill(rt, h, d->tier));
+        CHECK_OK(dmem_buffer_spill(rt, h, d->tier));
         CHECK_EQ((int)state_of(rt, h), (int)d->state);
         if (!d->adopts_staging) break; /* no tier change from there */
       }
       CHECK_UEQ(check_bad_bytes(rt, h, size, 100 + i), 0);
     }
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
   dmem_stats_t s;
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.host_used, 0);
   CHECK_UEQ(s.disk_used, 0);
-  CHECK_OK(dmem_set_controller(rt, NULL));
+  CHECK_OK(dmem_controller_set(rt, NULL));
   dmem_runtime_destroy(rt);
   keeper_free(&k);
 }
@@ -295,12 +295,12 @@ TEST_CASE(tier_full_store_goes_on_to_the_next_tier) {
   REQUIRE_UEQ(top->ops->limit(rt), 1 * MiB);
   dmem_handle_t h;
   const size_t size = 2 * MiB; /* larger than the limit: refused */
-  REQUIRE_OK(dmem_alloc(rt, size, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h));
   check_put(rt, h, size, 7);
-  CHECK_OK(dmem_spill(rt, h, top->ops->tier));
+  CHECK_OK(dmem_buffer_spill(rt, h, top->ops->tier));
   CHECK_EQ((int)state_of(rt, h), (int)top->next->state);
   CHECK_UEQ(check_bad_bytes(rt, h, size, 7), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   dmem_runtime_destroy(rt);
 }
 
@@ -315,10 +315,10 @@ TEST_CASE(tier_pushdown_walks_to_the_next_tier) {
   dmem_handle_t h[N];
   const size_t size = 1 * MiB;
   for (int i = 0; i < N; i++) {
-    REQUIRE_OK(dmem_alloc(rt, size, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[i]));
     check_put(rt, h[i], size, 200 + (uint64_t)i);
   }
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_spill(rt, h[i], top->ops->tier));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], top->ops->tier));
   dmem__io_quiesce(rt->io);
   CHECK_LE(top->ops->used(rt), 4 * MiB);
   int below = 0;
@@ -327,7 +327,7 @@ TEST_CASE(tier_pushdown_walks_to_the_next_tier) {
   CHECK_EQ((int)state_of(rt, h[0]), (int)top->next->state); /* the least recently used */
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->tier_pushing[top->ops->tier]), 0);
   for (int i = 0; i < N; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], size, 200 + (uint64_t)i), 0);
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
 
@@ -342,19 +342,19 @@ TEST_CASE(tier_eviction_batch_goes_to_the_batch_row) {
   dmem_handle_t h[N];
   const size_t size = 64 * KiB;
   for (int i = 0; i < N; i++) {
-    REQUIRE_OK(dmem_alloc(rt, size, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[i]));
     check_put(rt, h[i], size, 300 + (uint64_t)i);
   }
   dmem_stats_t before, after;
   REQUIRE_OK(dmem_stats(rt, &before));
   size_t freed = 0;
-  CHECK_OK(dmem_evict(rt, N * size, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, N * size, &freed));
   CHECK_UEQ(freed, N * size);
   REQUIRE_OK(dmem_stats(rt, &after));
   CHECK_UEQ(after.host_used, before.host_used + N * size);
   for (int i = 0; i < N; i++) CHECK_EQ((int)state_of(rt, h[i]), (int)top->ops->state);
   for (int i = 0; i < N; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], size, 300 + (uint64_t)i), 0);
-  for (int i = 0; i < N; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   dmem_runtime_destroy(rt);
 }
 

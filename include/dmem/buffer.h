@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-/** dmem_alloc flags. */
+/** dmem_buffer_alloc flags. */
 enum {
   DMEM_ALLOC_DEFAULT = 0,
   /** Never spillable (for memory whose address is handed out for good). */
@@ -67,7 +67,7 @@ typedef struct dmem_buffer_info {
  * Allocate a spillable buffer of `size` bytes, resident on the device. Its
  * contents are uninitialised. If the allocation would pass the device limit,
  * or the backend runs out of memory, unlocked buffers are spilled (lowest
- * priority first, then by the eviction policy: dmem_set_priority) and the
+ * priority first, then by the eviction policy: dmem_buffer_set_priority) and the
  * allocation retried.
  *
  * @param flags  0, DMEM_ALLOC_PINNED or DMEM_BUFFER_STABLE_ADDRESS.
@@ -96,12 +96,12 @@ typedef struct dmem_buffer_info {
  *         With DMEM_BUFFER_STABLE_ADDRESS, `size` rounded up to the
  *         granularity is what must fit the limit.
  */
-DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
-                                  dmem_handle_t *h_out);
+DMEM_API dmem_status_t dmem_buffer_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
+                                         dmem_handle_t *h_out);
 
 /**
  * Free a buffer. The handle is stale at once for every call except
- * dmem_unlock: if the buffer is locked, its memory is reclaimed at the last
+ * dmem_buffer_unlock: if the buffer is locked, its memory is reclaimed at the last
  * unlock (and the locks taken before the free stay valid until then).
  * A buffer in a spill or unspill is reclaimed when that move finishes. The
  * controller's FREE event is sent here, or, for a buffer freed while the
@@ -113,7 +113,7 @@ DMEM_API dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flag
  *         DMEM_ERR_STALE_HANDLE (zero, freed - including a double free -,
  *         forged or another runtime's handle).
  */
-DMEM_API dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h);
+DMEM_API dmem_status_t dmem_buffer_free(dmem_runtime_t *rt, dmem_handle_t h);
 
 /**
  * Snapshot of a buffer's size, state, lock count, flags and counters.
@@ -134,7 +134,7 @@ DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
  * copied back on another stream, `stream` waits for that copy's event. A lock
  * on a buffer being spilled cancels the spill.
  *
- * The address is valid until the matching dmem_unlock. The caller must not
+ * The address is valid until the matching dmem_buffer_unlock. The caller must not
  * unlock before the device work that uses the address has completed (use
  * dmem_sync_and_unlock or dmem_stream_release to have dmem do it).
  *
@@ -150,7 +150,7 @@ DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
  *                                    up the stack made the callback run (at
  *                                    once, see dmem/controller.h);
  *         DMEM_ERR_OUT_OF_MEMORY     no device memory for the retrieve (see
- *                                    dmem_alloc);
+ *                                    dmem_buffer_alloc);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY no host memory for the retrieve's
  *                                    staging (a disk or controller copy) or
  *                                    for the spills that make room;
@@ -160,8 +160,8 @@ DMEM_API dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h,
  *         DMEM_ERR_FORKED            an inherited runtime in a forked child
  *                                    (see dmem/runtime.h).
  */
-DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
-                                 dmem_stream_t stream, void **dev_ptr_out);
+DMEM_API dmem_status_t dmem_buffer_lock(dmem_runtime_t *rt, dmem_handle_t h,
+                                        dmem_stream_t stream, void **dev_ptr_out);
 
 /**
  * Release one lock. At the last unlock the buffer becomes spillable again, and
@@ -177,7 +177,7 @@ DMEM_API dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h,
  *         handle); DMEM_ERR_NOT_LOCKED (lock count is 0: an unlock without a
  *         lock changes nothing); DMEM_ERR_FORKED (see above).
  */
-DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
+DMEM_API dmem_status_t dmem_buffer_unlock(dmem_runtime_t *rt, dmem_handle_t h);
 
 /**
  * Copy bytes [offset, offset + n) of a buffer into host memory at `dst`,
@@ -191,13 +191,13 @@ DMEM_API dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
  * policy (only unlocks do).
  *
  * While the bytes are copied the buffer is owned by the read as by a move:
- * dmem_spill of it gives DMEM_ERR_BUSY and eviction passes it over; a lock
+ * dmem_buffer_spill of it gives DMEM_ERR_BUSY and eviction passes it over; a lock
  * of a resident buffer proceeds at once, a lock of a deferred one waits for
  * the read; a free marks it and it is reclaimed when the read ends. A read
  * that finds the buffer being moved (spilled, unspilled, pushed down to
  * disk) waits for the move and reads from where it ended. Bytes written by
  * device work still running on a locked buffer are not ordered before the
- * read (as for dmem_copy): read after that work, or after the unlock.
+ * read (as for dmem_stream_copy): read after that work, or after the unlock.
  *
  * Thread-safe. Reads of one buffer from several threads run one after the
  * other.
@@ -235,8 +235,8 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
  * DMEM_EVICTION_REUSE (the default). An unlock that brings a buffer's lock
  * count to 0 marks the buffer; the policy reads and clears marks when it
  * looks at a buffer, and counts time in victims taken. A buffer is "cold"
- * from its arrival (its allocation, or the lock, dmem_unspill or
- * dmem_prefetch that brought it back to the device) until it is unlocked
+ * from its arrival (its allocation, or the lock, dmem_buffer_unspill or
+ * dmem_buffer_prefetch that brought it back to the device) until it is unlocked
  * twice: the first unlock after the arrival is the arrival's own use, the
  * second makes it "hot". A buffer brought back that had been unused longer
  * (in victims taken since the policy last saw it used) than every resident
@@ -257,7 +257,7 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
  * memory that other threads or buffers share. Within one tick (no victim
  * taken between two unlocks) recency is not ordered further.
  *
- * A dmem_prefetch of a resident buffer is not a use: it moves the buffer to
+ * A dmem_buffer_prefetch of a resident buffer is not a use: it moves the buffer to
  * its list's newest end (a loop buffer to the window's).
  *
  * DMEM_EVICTION_LRU. Least recently unlocked first. "Least recently" is
@@ -273,8 +273,25 @@ DMEM_API dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, siz
  * @return DMEM_OK; DMEM_ERR_INVALID_ARGUMENT (rt NULL);
  *         DMEM_ERR_STALE_HANDLE.
  */
-DMEM_API dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h,
-                                         int priority);
+DMEM_API dmem_status_t dmem_buffer_set_priority(dmem_runtime_t *rt, dmem_handle_t h,
+                                                int priority);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_buffer_alloc)
+dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags,
+                         dmem_handle_t *h_out);
+DMEM_DEPRECATED_API(dmem_buffer_free)
+dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h);
+DMEM_DEPRECATED_API(dmem_buffer_lock)
+dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream,
+                        void **dev_ptr_out);
+DMEM_DEPRECATED_API(dmem_buffer_unlock)
+dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h);
+DMEM_DEPRECATED_API(dmem_buffer_set_priority)
+dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority);
 
 #ifdef __cplusplus
 }

@@ -116,7 +116,7 @@ typedef enum dmem_host_pin {
  *  (lower priorities always go first, and a controller's select_victims
  *  before either): dmem_config_t.eviction_policy, DMEM_EVICTION_POLICY.
  *  docs/design.md, "The eviction policy", says how each works and what it
- *  costs; dmem_set_priority (buffer.h) states what each promises. */
+ *  costs; dmem_buffer_set_priority (buffer.h) states what each promises. */
 typedef enum dmem_eviction_policy {
   DMEM_EVICTION_DEFAULT = 0, /**< DMEM_EVICTION_REUSE */
   /** Least recently unlocked first: an LRU stamp per unlock, victims

@@ -21,27 +21,27 @@
  *   call from a store, retrieve,      on an own buffer        on any other buffer
  *   select_victims or on_event
  *   --------------------------------  ----------------------  ----------------------
- *   dmem_lock, dmem_unspill,          DMEM_ERR_BUSY at once;  as from any thread
- *   dmem_prefetch, dmem_launch_async, the buffer untouched    (waits for another
+ *   dmem_buffer_lock, dmem_buffer_unspill,          DMEM_ERR_BUSY at once;  as from any thread
+ *   dmem_buffer_prefetch, dmem_launch_async, the buffer untouched    (waits for another
  *   dmem_lock_and_launch              (launches: nothing      thread's move of it)
  *                                     locked, fn not called)
- *   dmem_spill                        DMEM_ERR_BUSY at once   as from any thread
+ *   dmem_buffer_spill                        DMEM_ERR_BUSY at once   as from any thread
  *   dmem_buffer_read                  DMEM_ERR_BUSY at once   as from any thread
- *   dmem_free                         DMEM_OK: the move ends  as from any thread
+ *   dmem_buffer_free                         DMEM_OK: the move ends  as from any thread
  *                                     first (see FREE below)
  *   dmem_buffer_info,                 DMEM_OK (state          as from any thread
- *   dmem_set_priority                 SPILLING, UNSPILLING or
+ *   dmem_buffer_set_priority                 SPILLING, UNSPILLING or
  *                                     the tier it leaves)
- *   dmem_evict                        passed over             spilled by policy
+ *   dmem_runtime_evict                        passed over             spilled by policy
  *
  *   call from any callback            returns
  *   --------------------------------  ---------------------------------------------
- *   dmem_alloc, dmem_device_malloc,   makes room by spilling other buffers and
+ *   dmem_buffer_alloc, dmem_device_malloc,   makes room by spilling other buffers and
  *   a lock that needs room            waits (oom_wait_ms) for other threads'
  *                                     moves; DMEM_ERR_OUT_OF_MEMORY at once when
  *                                     only this thread's own moves (the spill a
  *                                     store is part of) could make room
- *   dmem_set_controller               DMEM_ERR_BUSY if it would remove or replace
+ *   dmem_controller_set               DMEM_ERR_BUSY if it would remove or replace
  *                                     a controller that holds bytes or whose
  *                                     store is running (a store: always, unless
  *                                     the same store/retrieve/user); else DMEM_OK
@@ -146,7 +146,14 @@ typedef struct dmem_controller {
  *         store without retrieve or the reverse); DMEM_ERR_BUSY (see above);
  *         DMEM_ERR_FORKED (in a forked child, see dmem/runtime.h).
  */
-DMEM_API dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c);
+DMEM_API dmem_status_t dmem_controller_set(dmem_runtime_t *rt, const dmem_controller_t *c);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_controller_set)
+dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c);
 
 #ifdef __cplusplus
 }

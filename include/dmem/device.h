@@ -27,14 +27,14 @@
 extern "C" {
 #endif
 
-/** Size of the buffer dmem_ipc_handle writes (a CUipcMemHandle). */
+/** Size of the buffer dmem_device_ipc_handle writes (a CUipcMemHandle). */
 #define DMEM_IPC_HANDLE_SIZE 64
 
 /**
  * Allocate `size` bytes of device memory for use in stream order on
  * `stream` (NULL: the default stream). The memory is never spilled; it
  * counts against the device limit, and when the limit or the device is full
- * unlocked spillable buffers are spilled to make room (as for dmem_alloc).
+ * unlocked spillable buffers are spilled to make room (as for dmem_buffer_alloc).
  * If the block was last used by another stream, `stream` is made to wait for
  * that use (no host synchronisation): work enqueued on `stream` after this
  * call may use the memory at once. Blocks are 256-byte aligned.
@@ -43,7 +43,7 @@ extern "C" {
  * @return DMEM_OK (*ptr_out written);
  *         DMEM_ERR_INVALID_ARGUMENT  rt or ptr_out NULL, size 0;
  *         DMEM_ERR_OUT_OF_MEMORY     nothing more could be spilled or freed
- *                                    (as for dmem_alloc: from a controller
+ *                                    (as for dmem_buffer_alloc: from a controller
  *                                    callback at once when only the caller's
  *                                    own move could make room);
  *         DMEM_ERR_CALLBACK          the controller's select_victims failed;
@@ -59,7 +59,7 @@ DMEM_API dmem_status_t dmem_device_malloc(dmem_runtime_t *rt, size_t size, dmem_
  * allocation (cudaMalloc) that begins at *ptr_out and holds nothing else.
  * cuMemGetAddressRange on the pointer gives the block (its size rounded up
  * to dmem's size classes, at most 1/4 more for sizes up to 1 MiB, 256 bytes
- * above), and dmem_ipc_handle gives offset 0. The first allocation of a size
+ * above), and dmem_device_ipc_handle gives offset 0. The first allocation of a size
  * costs a cudaMalloc; freed blocks are cached (at most an eighth of the
  * limit, in stream order as pool blocks are) and reused by later requests
  * of the same rounded size. Cached blocks are given back under memory
@@ -94,11 +94,11 @@ DMEM_API dmem_status_t dmem_device_free(dmem_runtime_t *rt, void *ptr, dmem_stre
  * allocation and becomes the device memory of a new buffer of the block's
  * size (the size asked of dmem_device_malloc), at the same address with the
  * same bytes. The buffer comes back locked once on `stream`, as
- * dmem_lock(rt, *h_out, stream, &p) would leave it (p == ptr): it cannot
- * move until the caller's dmem_unlock (which, as for every lock, must come
+ * dmem_buffer_lock(rt, *h_out, stream, &p) would leave it (p == ptr): it cannot
+ * move until the caller's dmem_buffer_unlock (which, as for every lock, must come
  * after the device work that uses the address has completed). From then on
  * it is an ordinary buffer: spilled and brought back (to another address)
- * like any, freed with dmem_free (dmem_device_free(ptr) is refused). Lockers
+ * like any, freed with dmem_buffer_free (dmem_device_free(ptr) is refused). Lockers
  * on other streams, spills and the final release are ordered after the
  * work enqueued on `stream` before this call (an event recorded there; no
  * host synchronisation). The bytes move in the statistics from raw_used to
@@ -132,7 +132,7 @@ DMEM_API dmem_status_t dmem_device_adopt(dmem_runtime_t *rt, void *ptr, dmem_str
 
 /**
  * Forget `stream` before the caller destroys it itself: a stream that was
- * passed to dmem_device_malloc / dmem_device_free (or dmem_lock,
+ * passed to dmem_device_malloc / dmem_device_free (or dmem_buffer_lock,
  * dmem_launch_async ...) may still be named by the pool as the last user of
  * free blocks, and the pool records events on it when another stream wants
  * them. This records what is pending on it now; afterwards the stream is not
@@ -175,8 +175,8 @@ DMEM_API dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_
  *         DMEM_ERR_NO_DEVICE         the host backend, which has no IPC;
  *         DMEM_ERR_DEVICE            the driver refused.
  */
-DMEM_API dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
-                                       size_t *offset_out);
+DMEM_API dmem_status_t dmem_device_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
+                                              size_t *offset_out);
 
 /**
  * Give empty pool slabs and cached (freed) dedicated blocks back to the
@@ -257,6 +257,14 @@ DMEM_API dmem_status_t dmem_runtime_default_configure(const dmem_config_t *cfg);
  */
 DMEM_API void *dmem_torch_alloc(size_t size, int device, void *stream);
 DMEM_API void dmem_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_device_ipc_handle)
+dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
+                              size_t *offset_out);
 
 #ifdef __cplusplus
 }

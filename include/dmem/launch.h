@@ -48,7 +48,7 @@ extern "C" {
  *                                    memory can hold);
  *         DMEM_ERR_STALE_HANDLE      a zero, freed, forged or another
  *                                    runtime's handle in hs;
- *         any other status of dmem_lock (then fn is not called and nothing
+ *         any other status of dmem_buffer_lock (then fn is not called and nothing
  *         stays locked); DMEM_ERR_DEVICE / DMEM_ERR_DEVICE_FATAL from the
  *         synchronisation.
  */
@@ -69,7 +69,7 @@ DMEM_API dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handl
  * @return fn's status; DMEM_ERR_INVALID_ARGUMENT (rt or fn NULL, hs NULL with
  *         n > 0, n > SIZE_MAX / 16); DMEM_ERR_STALE_HANDLE (a zero, freed,
  *         forged or another runtime's handle in hs: fn not called, nothing
- *         locked); any other status of dmem_lock (likewise), including
+ *         locked); any other status of dmem_buffer_lock (likewise), including
  *         DMEM_ERR_HOST_OUT_OF_MEMORY (the lock set of n > 16 handles could
  *         not be allocated, or no host memory to retrieve a spilled buffer;
  *         nothing locked).
@@ -99,8 +99,8 @@ DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t st
  * `stream` after them has completed. No host stall, and no background
  * thread: a completed release unlocks its buffers as soon as anyone can
  * tell that it completed: dmem_stream_synchronize (of any stream),
- * dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,
- * dmem_stats, dmem_free, an allocation that needs room, dmem_runtime_poll.
+ * dmem_sync_and_unlock, dmem_buffer_spill, dmem_runtime_evict, dmem_buffer_info,
+ * dmem_stats, dmem_buffer_free, an allocation that needs room, dmem_runtime_poll.
  * Each of these looks at finished releases before it looks at lock counts;
  * when none is pending that costs one relaxed load.
  *

@@ -11,7 +11,7 @@
  * DMEM_ERR_FORKED, at once, without taking a mutex, calling the device or
  * waiting for anything (argument checks that need no runtime state, such as
  * a NULL output, may give DMEM_ERR_INVALID_ARGUMENT first). The exceptions:
- *   - dmem_unlock of a buffer that is not freed drops the lock in the
+ *   - dmem_buffer_unlock of a buffer that is not freed drops the lock in the
  *     child's own copy of the runtime (one atomic operation on memory the
  *     child owns: the lock fast path has no room for a check); the last
  *     unlock of a buffer freed while locked returns DMEM_ERR_FORKED;
@@ -72,7 +72,7 @@ DMEM_API dmem_status_t dmem_runtime_create(const dmem_config_t *cfg,
 
 /**
  * Destroy a runtime: first tells the controller (if it listens to events) of
- * every buffer still alive, with the DMEM_EVENT_FREE that dmem_free would
+ * every buffer still alive, with the DMEM_EVENT_FREE that dmem_buffer_free would
  * give (the tier its bytes are in: a controller holding the bytes of some
  * drops them then; the callback must not call the runtime), then stops and
  * joins its I/O threads (a push-down to disk in

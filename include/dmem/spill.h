@@ -34,7 +34,7 @@ extern "C" {
  * @return DMEM_OK;
  *         DMEM_ERR_INVALID_ARGUMENT  rt NULL, tier not one of those three
  *                                    (DMEM_TIER_DEVICE included: that is
- *                                    dmem_unspill), controller tier without
+ *                                    dmem_buffer_unspill), controller tier without
  *                                    such a controller, or moving from
  *                                    disk/controller back to host;
  *         DMEM_ERR_STALE_HANDLE      zero, freed, forged or another
@@ -51,7 +51,7 @@ extern "C" {
  *                                    buffer stays where it was, data intact);
  *         DMEM_ERR_DEVICE, DMEM_ERR_DEVICE_FATAL.
  */
-DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier);
+DMEM_API dmem_status_t dmem_buffer_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier);
 
 /**
  * Bring a deferred buffer back to the device, with the host->device copy
@@ -65,13 +65,14 @@ DMEM_API dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier
  *         DMEM_ERR_STALE_HANDLE; DMEM_ERR_BUSY (called from a controller
  *         callback on a buffer the calling thread is moving, at once: see
  *         dmem/controller.h; a move by another thread is waited for);
- *         DMEM_ERR_OUT_OF_MEMORY (as for dmem_alloc); DMEM_ERR_HOST_OUT_OF_MEMORY
+ *         DMEM_ERR_OUT_OF_MEMORY (as for dmem_buffer_alloc); DMEM_ERR_HOST_OUT_OF_MEMORY
  *         (no host memory for the staging of a disk or controller copy, or
  *         for the spills that make room); DMEM_ERR_IO; DMEM_ERR_CALLBACK;
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL; DMEM_ERR_FORKED (see
  *         dmem/runtime.h). On failure the bytes stay where they were.
  */
-DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
+DMEM_API dmem_status_t dmem_buffer_unspill(dmem_runtime_t *rt, dmem_handle_t h,
+                                           dmem_stream_t stream);
 
 /**
  * Start bringing buffers back to the device that the caller will lock soon,
@@ -88,7 +89,7 @@ DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_st
  * others first (DMEM_EVICTION_LRU: its LRU position is that of a buffer
  * unlocked now; the default policy: a buffer brought back is the newest
  * arrival of its class, one resident already is marked as by an unlock:
- * dmem_set_priority); it may still be spilled again before it is locked
+ * dmem_buffer_set_priority); it may still be spilled again before it is locked
  * (the lock then brings it back as usual). A lock that arrives while the
  * prefetch copy is in flight orders its stream after that copy.
  *
@@ -108,13 +109,13 @@ DMEM_API dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_st
  *         controller callback on a buffer the calling thread is moving, at
  *         once: see dmem/controller.h);
  *         DMEM_ERR_OUT_OF_MEMORY (no room even after spilling; as for
- *         dmem_alloc);
+ *         dmem_buffer_alloc);
  *         DMEM_ERR_HOST_OUT_OF_MEMORY; DMEM_ERR_IO; DMEM_ERR_CALLBACK;
  *         DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. A buffer that failed stays
  *         where it was, data intact.
  */
-DMEM_API dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
-                                     dmem_stream_t stream);
+DMEM_API dmem_status_t dmem_buffer_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs,
+                                            size_t n, dmem_stream_t stream);
 
 /**
  * Spill unlocked buffers by policy (or by the controller's victim selection)
@@ -134,7 +135,21 @@ DMEM_API dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs
  *         for the list of victims); DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL;
  *         DMEM_ERR_FORKED (see dmem/runtime.h).
  */
-DMEM_API dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
+DMEM_API dmem_status_t dmem_runtime_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_buffer_spill)
+dmem_status_t dmem_spill(dmem_runtime_t *rt, dmem_handle_t h, dmem_tier_t tier);
+DMEM_DEPRECATED_API(dmem_buffer_unspill)
+dmem_status_t dmem_unspill(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream);
+DMEM_DEPRECATED_API(dmem_buffer_prefetch)
+dmem_status_t dmem_prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
+                            dmem_stream_t stream);
+DMEM_DEPRECATED_API(dmem_runtime_evict)
+dmem_status_t dmem_evict(dmem_runtime_t *rt, size_t bytes, size_t *freed_out);
 
 #ifdef __cplusplus
 }

@@ -74,7 +74,7 @@ typedef struct dmem_stats {
   uint64_t ahead_passes;            /**< passes of the spill-ahead thread */
   uint64_t ahead_evictions;         /**< buffers it spilled */
   uint64_t ahead_bytes;             /**< bytes it spilled */
-  uint64_t prefetch_count;          /**< buffers brought back by dmem_prefetch */
+  uint64_t prefetch_count;          /**< buffers brought back by dmem_buffer_prefetch */
   uint64_t prefetch_bytes;
   size_t spill_ahead_high;          /**< the marks in bytes (0: spill-ahead off) */
   size_t spill_ahead_low;
@@ -91,7 +91,7 @@ typedef struct dmem_stats {
   uint64_t host_pageable_allocs;
   /* ---- the disk tier: host -> disk and disk -> device moves ---------------- */
   /** Buffers written to the disk tier: pushed down from the host tier by the
-   *  host limit, moved there by dmem_spill(DMEM_TIER_DISK), or spilled from
+   *  host limit, moved there by dmem_buffer_spill(DMEM_TIER_DISK), or spilled from
    *  the device straight to disk (their bytes go through pinned staging, so
    *  every disk write is a host -> disk move). */
   uint64_t host_to_disk_count;
@@ -104,7 +104,7 @@ typedef struct dmem_stats {
    *  threads move the least recently used host-tier buffers to disk while
    *  the host tier holds more than host_limit). */
   uint64_t host_to_disk_pushdowns;
-  /** Retrieves from the disk tier: a lock (or dmem_unspill) reads the bytes
+  /** Retrieves from the disk tier: a lock (or dmem_buffer_unspill) reads the bytes
    *  into pinned staging and copies them to the device; they never become a
    *  host-tier copy. */
   uint64_t disk_to_device_count;

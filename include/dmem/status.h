@@ -24,6 +24,23 @@ extern "C" {
 #define DMEM_API __attribute__((visibility("default")))
 #endif
 
+/* DMEM_DEPRECATED_API(new_name) declares a public function under the name it
+ * had before it was renamed to new_name (dmem_noun_verb), kept for one
+ * version: still exported with the same signature and behaviour (it calls
+ * new_name), so programs built against older headers keep running, and a
+ * call compiles with a -Wdeprecated-declarations warning "use new_name".
+ * Define DMEM_NO_DEPRECATION_WARNINGS before including dmem's headers to
+ * silence the warnings. */
+#if defined(DMEM_NO_DEPRECATION_WARNINGS)
+#define DMEM_DEPRECATED_API(new_name) DMEM_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define DMEM_DEPRECATED_API(new_name) DMEM_API __attribute__((deprecated("use " #new_name)))
+#elif defined(_MSC_VER)
+#define DMEM_DEPRECATED_API(new_name) DMEM_API __declspec(deprecated("use " #new_name))
+#else
+#define DMEM_DEPRECATED_API(new_name) DMEM_API
+#endif
+
 /* X(name, value, message): the single table that generates the enum, the
  * names and the messages. */
 #define DMEM_STATUS_MAP(X)                                                        \

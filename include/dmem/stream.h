@@ -69,8 +69,16 @@ DMEM_API dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_
  *         DMEM_ERR_DEVICE_FATAL. dmem cannot check that the n bytes are
  *         memory the caller owns: copying past a buffer's end is undefined.
  */
-DMEM_API dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n,
-                                 dmem_stream_t s);
+DMEM_API dmem_status_t dmem_stream_copy(dmem_runtime_t *rt, void *dst, const void *src,
+                                        size_t n, dmem_stream_t s);
+
+/* ---- Names before dmem_noun_verb (deprecated) ----------------------------------
+ * Kept for one version: exported, same signature and behaviour as the
+ * function named in DMEM_DEPRECATED_API (they call it); a call warns
+ * (-Wdeprecated-declarations). See dmem/status.h. */
+DMEM_DEPRECATED_API(dmem_stream_copy)
+dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n,
+                        dmem_stream_t s);
 
 #ifdef __cplusplus
 }

@@ -22,13 +22,19 @@ CuPy's current device and stream through the C functions CuPy exports (Cython
 C API) and builds ``MemoryPointer(UnownedMemory(ptr, size, owner, device),
 0)`` without a Python frame; the owner frees the block when CuPy lets go.
 
+Recognising dmem's memory: ``device_memory(mem)`` / ``device_memory_of(array)``
+give the ``dmem.DeviceMemory`` behind CuPy memory that this allocator made
+(the ``owner`` of its ``UnownedMemory``), by type, or None for any other
+memory (``dmem.arrays.adopt`` uses it to take such an array without a copy).
+
 Importing this module imports neither CuPy nor CUDA; ``allocator`` is made on
 first access and raises ImportError naming CuPy when it is missing.
 """
 
 from . import _dmem
 
-__all__ = ["allocator", "make_allocator", "use_dmem_for_cupy"]
+__all__ = ["allocator", "make_allocator", "use_dmem_for_cupy", "device_memory",
+           "device_memory_of"]
 
 _default = None
 
@@ -73,6 +79,32 @@ def make_allocator(runtime=None):
             if get_device is slow[0]:
                 raise
     raise AssertionError("unreachable")
+
+
+def device_memory(mem):
+    """The ``dmem.DeviceMemory`` that owns the CuPy memory object `mem` (what
+    ``array.data.mem`` is: a ``cupy.cuda.UnownedMemory``) when dmem's
+    allocator made it, else None (CuPy's own pool, another allocator, None,
+    any other object). Recognised by type: the owner must be a
+    ``dmem.DeviceMemory`` of this extension; an object of another class is
+    never taken for one, whatever its class is called. Needs no CuPy; never
+    raises; thread-safe."""
+    try:
+        owner = getattr(mem, "_owner", None)  # CuPy's UnownedMemory keeps its owner there
+    except Exception:
+        return None
+    return owner if isinstance(owner, _dmem.DeviceMemory) else None
+
+
+def device_memory_of(array):
+    """``device_memory(array.data.mem)`` for a CuPy array (``array.data`` is
+    its ``MemoryPointer``), or None when the array's memory is not dmem's or
+    the object has no such attributes. Never raises; thread-safe."""
+    try:
+        mem = getattr(getattr(array, "data", None), "mem", None)
+    except Exception:
+        return None
+    return device_memory(mem)
 
 
 def use_dmem_for_cupy():

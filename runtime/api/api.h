@@ -11,7 +11,7 @@
 /* ---- API layer internals -------------------------------------------------------- */
 
 /* The most handles one call takes (dmem_lock_and_launch, dmem_launch_async,
- * dmem_prefetch): an array of more could not be in memory, and the entry
+ * dmem_buffer_prefetch): an array of more could not be in memory, and the entry
  * points' lock sets (16 bytes a handle) would overflow. */
 #define DMEM__HANDLES_MAX (SIZE_MAX / 16)
 _Static_assert(sizeof(dmem__reg_entry_t) <= 16, "DMEM__HANDLES_MAX assumes 16-byte entries");

@@ -1,10 +1,10 @@
 /*
- * runtime/api/buffer.c - the buffer calls: dmem_alloc (and the publication of a
- * new buffer it shares with dmem_device_adopt), dmem_free,
- * dmem_buffer_info, dmem_set_priority, dmem_buffer_read (the state machine
+ * runtime/api/buffer.c - the buffer calls: dmem_buffer_alloc (and the publication of a
+ * new buffer it shares with dmem_device_adopt), dmem_buffer_free,
+ * dmem_buffer_info, dmem_buffer_set_priority, dmem_buffer_read (the state machine
  * is spill/read.c), and the lock fast path (one CAS on a
  * resident buffer; everything else goes to the retrieve state machine in
- * spill/retrieve.c) with dmem_unlock.
+ * spill/retrieve.c) with dmem_buffer_unlock.
  */
 #include "api/api.h"
 #include <string.h>
@@ -27,14 +27,14 @@ static dmem_status_t alloc_stable(dmem_runtime_t *rt, size_t size, unsigned flag
   return DMEM_OK;
 }
 
-dmem_status_t dmem_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_handle_t *h_out) {
-  if (!rt || !h_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: NULL argument");
-  if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: size 0");
+dmem_status_t dmem_buffer_alloc(dmem_runtime_t *rt, size_t size, unsigned flags, dmem_handle_t *h_out) {
+  if (!rt || !h_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: NULL argument");
+  if (size == 0) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: size 0");
   if (flags & ~(unsigned)(DMEM_ALLOC_PINNED | DMEM_BUFFER_STABLE_ADDRESS))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_alloc: unknown flags 0x%x", flags);
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_alloc: unknown flags 0x%x", flags);
   if ((flags & DMEM_ALLOC_PINNED) && (flags & DMEM_BUFFER_STABLE_ADDRESS))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "dmem_alloc: DMEM_ALLOC_PINNED with DMEM_BUFFER_STABLE_ADDRESS");
+                       "dmem_buffer_alloc: DMEM_ALLOC_PINNED with DMEM_BUFFER_STABLE_ADDRESS");
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
   if (flags & DMEM_BUFFER_STABLE_ADDRESS) return alloc_stable(rt, size, flags, h_out);
@@ -83,7 +83,7 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
   dmem_atomic_add_relaxed(&rt->buffer_count, 1);
   uint64_t gen = dmem__w_gen(dmem_atomic_load_relaxed(&b->word));
   /* release: publishes the fields above; partner is the acquire load in
-   * dmem_lock and every other handle-taking call */
+   * dmem_buffer_lock and every other handle-taking call */
   dmem_atomic_store_release(&b->word, (gen << DMEM__GEN_SHIFT) |
                                           ((uint64_t)DMEM_STATE_RESIDENT << DMEM__STATE_SHIFT) |
                                           (ready ? DMEM__F_UNSPILL_COPY : 0) | locks);
@@ -95,14 +95,14 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
   return h;
 }
 
-dmem_status_t dmem_free(dmem_runtime_t *rt, dmem_handle_t h) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_free: rt is NULL");
+dmem_status_t dmem_buffer_free(dmem_runtime_t *rt, dmem_handle_t h) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_free: rt is NULL");
   dmem_status_t fk = dmem__check_forked(rt);
   if (fk != DMEM_OK) return fk;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   dmem__pending_poll(rt, false); /* finished releases first: reclaim at once */
-  /* acquire: partner is the release in dmem_alloc / dmem__transit_end */
+  /* acquire: partner is the release in dmem_buffer_alloc / dmem__transit_end */
   uint64_t w = dmem_atomic_load_acquire(&b->word), nw;
   do {
     if (!dmem__word_live(w, h)) return dmem__stale(h);
@@ -126,7 +126,7 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   dmem__pending_poll(rt, false); /* lock counts as of now, finished releases done */
-  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_buffer_alloc's release */
   if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_buffer_info_t info;
   memset(&info, 0, sizeof info);
@@ -143,13 +143,13 @@ dmem_status_t dmem_buffer_info(dmem_runtime_t *rt, dmem_handle_t h, dmem_buffer_
   return DMEM_OK;
 }
 
-dmem_status_t dmem_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_set_priority: rt is NULL");
+dmem_status_t dmem_buffer_set_priority(dmem_runtime_t *rt, dmem_handle_t h, int priority) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_set_priority: rt is NULL");
   dmem_status_t fk = dmem__check_forked(rt);
   if (fk != DMEM_OK) return fk;
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
-  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+  uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_buffer_alloc's release */
   if (!dmem__word_live(w, h)) return dmem__stale(h);
   dmem_atomic_store_relaxed(&b->priority, priority);
   /* the next eviction pass moves it to its new class's lists */
@@ -177,7 +177,7 @@ static inline bool lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   *b_out = b;
   if (!b) return false;
-  /* acquire: partner is the release in dmem_alloc / dmem__transit_end, which
+  /* acquire: partner is the release in dmem_buffer_alloc / dmem__transit_end, which
    * published b->dev */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   const uint64_t slow_bits =
@@ -227,14 +227,15 @@ dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void
   return st;
 }
 
-dmem_status_t dmem_lock(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream,
+dmem_status_t dmem_buffer_lock(dmem_runtime_t *rt, dmem_handle_t h, dmem_stream_t stream,
                         void **dev_ptr_out) {
-  if (!rt || !dev_ptr_out) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock: NULL argument");
+  if (!rt || !dev_ptr_out)
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_lock: NULL argument");
   return dmem__lock(rt, h, stream, dev_ptr_out, NULL);
 }
 
-dmem_status_t dmem_unlock(dmem_runtime_t *rt, dmem_handle_t h) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_unlock: rt is NULL");
+dmem_status_t dmem_buffer_unlock(dmem_runtime_t *rt, dmem_handle_t h) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_buffer_unlock: rt is NULL");
   dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
   if (!b) return dmem__stale(h);
   return dmem__unlock_buffer(rt, b, h);

@@ -3,7 +3,7 @@
  * dmem_device_malloc / dmem_device_free (never spilled; charged against the
  * same limit as buffers, and spilling buffers when memory runs short),
  * dmem_device_adopt (a raw pool block becomes a spillable buffer in place),
- * dmem_device_memory_info, dmem_ipc_handle and dmem_device_trim; and
+ * dmem_device_memory_info, dmem_device_ipc_handle and dmem_device_trim; and
  * dmem_host_trim, its counterpart for the pinned host pool.
  */
 #include "api/api.h"
@@ -63,7 +63,7 @@ dmem_status_t dmem_device_adopt(dmem_runtime_t *rt, void *ptr, dmem_stream_t str
    * after the block's last use on `stream` (and after the wait the pool
    * enqueued there when it handed the block out): lockers on other
    * streams, spills and the reclaim are ordered after it (UNSPILL_COPY), as
-   * dmem_alloc's are after the order stream. */
+   * dmem_buffer_alloc's are after the order stream. */
   void *ready = NULL;
   uint32_t slot = 0;
   dmem__buffer_t *b = NULL;
@@ -100,7 +100,7 @@ static size_t spillable_bytes(dmem_runtime_t *rt) {
   for (uint32_t slot = 0; slot < hw; slot++) {
     dmem__buffer_t *b = dmem__table_slot(rt->table, slot);
     if (!b) break;
-    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_alloc's release */
+    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: dmem_buffer_alloc's release */
     if (dmem__w_state(w) == DMEM_STATE_RESIDENT && dmem__w_count(w) == 0 &&
         !(w & DMEM__F_FREED) && !(dmem__bflags(b) & DMEM_ALLOC_PINNED))
       total += dmem__bsize(b);
@@ -130,10 +130,10 @@ dmem_status_t dmem_device_memory_info(dmem_runtime_t *rt, size_t *free_out, size
   return DMEM_OK;
 }
 
-dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
+dmem_status_t dmem_device_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
                               size_t *offset_out) {
   if (!rt || !ptr || !handle_out || !offset_out)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_ipc_handle: NULL argument");
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_device_ipc_handle: NULL argument");
   dmem_status_t fk = dmem__check_forked(rt);
   if (fk != DMEM_OK) return fk;
   void *base = NULL;
@@ -146,7 +146,7 @@ dmem_status_t dmem_ipc_handle(dmem_runtime_t *rt, void *ptr, void *handle_out,
     if (st != DMEM_OK) return st;
   }
   if (rt->be->kind != DMEM_BACKEND_CUDA)
-    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_ipc_handle: the %s backend has no CUDA IPC",
+    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem_device_ipc_handle: the %s backend has no CUDA IPC",
                        rt->be->name);
   unsigned char h[DMEM_IPC_HANDLE_SIZE];
   st = dmem__fatal_keep(rt, rt->be->ipc_handle(rt->be, base, h));

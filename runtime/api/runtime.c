@@ -341,7 +341,7 @@ fail_rt:
   return st;
 }
 
-/* The FREE event of every buffer still alive at destroy, as dmem_free gives
+/* The FREE event of every buffer still alive at destroy, as dmem_buffer_free gives
  * it (the tier its bytes are in), so that a controller holding the bytes of
  * some can drop them. Nothing is torn down yet: the callbacks see a whole
  * runtime (the caller's guarantee that no other thread uses it holds). */

@@ -58,13 +58,15 @@ dmem_status_t dmem_stream_enqueue_host(dmem_runtime_t *rt, dmem_stream_t s, void
   return dmem__fatal_keep(rt, rt->be->launch_host_func(rt->be, s, fn, user));
 }
 
-dmem_status_t dmem_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n, dmem_stream_t s) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: rt is NULL");
+dmem_status_t dmem_stream_copy(dmem_runtime_t *rt, void *dst, const void *src, size_t n,
+                               dmem_stream_t s) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_copy: rt is NULL");
   if (n == 0) return DMEM_OK;
-  if (!dst || !src) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_copy: NULL address");
+  if (!dst || !src) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_copy: NULL address");
   if (n > UINTPTR_MAX - (uintptr_t)dst || n > UINTPTR_MAX - (uintptr_t)src)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "dmem_copy(%p, %p, %zu): the range passes the end of the address space",
+                       "dmem_stream_copy(%p, %p, %zu): the range passes the end of the "
+                       "address space",
                        dst, src, n);
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;

@@ -8,8 +8,8 @@
  * Threads: every function may be called from any host thread. Each call makes
  * the backend's primary context current for its duration and puts the
  * caller's context back before returning, so the caller's own current device
- * is never changed behind its back (dmem__cuda_make_current binds it for
- * good, for code that launches work itself).
+ * is never changed behind its back (be->make_current binds it for good,
+ * for code that launches work itself).
  *
  * Errors: one mapping (cuda_fail / cuda_cu_fail) records the detail
  * "call: cudaErrorX (message)" where the failure is detected. Sticky context
@@ -46,21 +46,6 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
 int dmem__backend_cuda_available(void) {
   (void)dmem__error(DMEM_ERR_NO_DEVICE, "this build of dmem has no CUDA support");
   return 0;
-}
-
-const dmem__cuda_driver_t *dmem__cuda_driver(dmem__backend_t *be) {
-  (void)be;
-  return NULL;
-}
-
-int dmem__backend_cuda_is_fatal(dmem__backend_t *be) {
-  (void)be;
-  return 0;
-}
-
-dmem_status_t dmem__cuda_make_current(dmem__backend_t *be) {
-  (void)be;
-  return dmem__error(DMEM_ERR_NO_DEVICE, "CUDA backend: built without CUDA support");
 }
 
 #else /* DMEM_HAVE_CUDA */
@@ -780,7 +765,7 @@ static dmem_status_t cuda_mem_unmap(dmem__backend_t *be, void *va, size_t size) 
 
 /* ---- memory information, teardown --------------------------------------------------- */
 
-_Static_assert(sizeof(CUipcMemHandle) == 64, "dmem_ipc_handle writes DMEM_IPC_HANDLE_SIZE bytes");
+_Static_assert(sizeof(CUipcMemHandle) == 64, "dmem_device_ipc_handle writes DMEM_IPC_HANDLE_SIZE bytes");
 
 static dmem_status_t cuda_ipc_handle(dmem__backend_t *be, void *base, void *handle_out) {
   cuda_backend_t *cb = cuda_of(be);
@@ -795,6 +780,13 @@ static dmem_status_t cuda_ipc_handle(dmem__backend_t *be, void *base, void *hand
   cuda_leave(cb, &sc);
   if (st == DMEM_OK) memcpy(handle_out, &h, sizeof h);
   return st;
+}
+
+/* be->make_current: the backend's primary context made current on the calling
+ * thread and left current (no cuda_leave), for code that launches work itself. */
+static dmem_status_t cuda_make_current(dmem__backend_t *be) {
+  cuda_scope_t sc;
+  return cuda_enter(cuda_of(be), "cuCtxSetCurrent", &sc);
 }
 
 static dmem_status_t cuda_mem_info(dmem__backend_t *be, size_t *free_out, size_t *total_out) {
@@ -865,7 +857,7 @@ static dmem_status_t cuda_lookup(const char *symbol, void **fn_out) {
   return DMEM_OK;
 }
 
-/* Fill the driver table's entry points and driver version. */
+/* Fill the driver table's entry points. */
 static dmem_status_t cuda_load_driver(dmem__cuda_driver_t *drv) {
   dmem_status_t st;
   void *fn = NULL;
@@ -881,10 +873,6 @@ static dmem_status_t cuda_load_driver(dmem__cuda_driver_t *drv) {
   CUDA_LOAD(get_error_string, "cuGetErrorString");
   CUDA_LOAD(ctx_get_current, "cuCtxGetCurrent");
   CUDA_LOAD(ctx_set_current, "cuCtxSetCurrent");
-  CUDA_LOAD(ctx_get_device, "cuCtxGetDevice");
-  CUDA_LOAD(pointer_get_attribute, "cuPointerGetAttribute");
-  CUDA_LOAD(pointer_get_attributes, "cuPointerGetAttributes");
-  CUDA_LOAD(mem_get_address_range, "cuMemGetAddressRange");
   CUDA_LOAD(ipc_get_mem_handle, "cuIpcGetMemHandle");
   CUDA_LOAD(mem_address_reserve, "cuMemAddressReserve");
   CUDA_LOAD(mem_address_free, "cuMemAddressFree");
@@ -895,8 +883,6 @@ static dmem_status_t cuda_load_driver(dmem__cuda_driver_t *drv) {
   CUDA_LOAD(mem_set_access, "cuMemSetAccess");
   CUDA_LOAD(mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
 #undef CUDA_LOAD
-  cudaError_t e = cudaDriverGetVersion(&drv->driver_version);
-  if (e != cudaSuccess) return cuda_fail(NULL, e, "cudaDriverGetVersion");
   return DMEM_OK;
 }
 
@@ -993,7 +979,7 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
   be->event_record = cuda_event_record;
   be->event_query = cuda_event_query;
   be->event_synchronize = cuda_event_synchronize;
-  be->make_current = dmem__cuda_make_current;
+  be->make_current = cuda_make_current;
   be->ipc_handle = cuda_ipc_handle;
   be->mem_info = cuda_mem_info;
   be->vmm_granularity = cuda_vmm_granularity;
@@ -1014,29 +1000,6 @@ fail_free:
   pthread_mutex_destroy(&cb->reg_mu);
   free(cb);
   return st;
-}
-
-/* ---- cuda_driver.h ------------------------------------------------------------------- */
-
-const dmem__cuda_driver_t *dmem__cuda_driver(dmem__backend_t *be) {
-  if (be == NULL || be->kind != DMEM_BACKEND_CUDA) return NULL;
-  return &cuda_of(be)->drv;
-}
-
-int dmem__backend_cuda_is_fatal(dmem__backend_t *be) {
-  if (be == NULL || be->kind != DMEM_BACKEND_CUDA) return 0;
-  return cuda_is_fatal(cuda_of(be));
-}
-
-dmem_status_t dmem__cuda_driver_error(dmem__backend_t *be, CUresult r, const char *call) {
-  return cuda_cu_fail(cuda_of(be), r, call);
-}
-
-dmem_status_t dmem__cuda_make_current(dmem__backend_t *be) {
-  if (be == NULL || be->kind != DMEM_BACKEND_CUDA)
-    return dmem__error(DMEM_ERR_NO_DEVICE, "dmem__cuda_make_current: not a CUDA backend");
-  cuda_scope_t sc;
-  return cuda_enter(cuda_of(be), "cuCtxSetCurrent", &sc); /* no cuda_leave: stays current */
 }
 
 #endif /* DMEM_HAVE_CUDA */

@@ -1,14 +1,12 @@
 /*
- * runtime/backend/cuda_driver.h - the CUDA backend's Driver API table and
- * helpers for code that needs more than struct dmem__backend (IPC handles,
- * pointer attributes, allocation ranges).
+ * runtime/backend/cuda_driver.h - the CUDA backend's Driver API table (error
+ * names, contexts, IPC handles), filled and used by runtime/backend/cuda.c.
  *
  * Nothing links libcuda: the Driver API functions are looked up once, at
  * dmem__backend_cuda_create, through cudaGetDriverEntryPointByVersion (ABI of
  * CUDA 12.0), so the same binary starts on machines without a driver.
  *
- * In builds without DMEM_HAVE_CUDA the table is an incomplete type and every
- * function here answers "not CUDA" (NULL, 0, DMEM_ERR_NO_DEVICE).
+ * In builds without DMEM_HAVE_CUDA the table is an incomplete type.
  */
 #ifndef DMEM_CUDA_DRIVER_H
 #define DMEM_CUDA_DRIVER_H
@@ -25,15 +23,6 @@ typedef CUresult(CUDAAPI *dmem__pfn_cuGetErrorName_t)(CUresult error, const char
 typedef CUresult(CUDAAPI *dmem__pfn_cuGetErrorString_t)(CUresult error, const char **str);
 typedef CUresult(CUDAAPI *dmem__pfn_cuCtxGetCurrent_t)(CUcontext *ctx);
 typedef CUresult(CUDAAPI *dmem__pfn_cuCtxSetCurrent_t)(CUcontext ctx);
-typedef CUresult(CUDAAPI *dmem__pfn_cuCtxGetDevice_t)(CUdevice *device);
-typedef CUresult(CUDAAPI *dmem__pfn_cuPointerGetAttribute_t)(void *data,
-                                                             CUpointer_attribute attribute,
-                                                             CUdeviceptr ptr);
-typedef CUresult(CUDAAPI *dmem__pfn_cuPointerGetAttributes_t)(unsigned int num_attributes,
-                                                              CUpointer_attribute *attributes,
-                                                              void **data, CUdeviceptr ptr);
-typedef CUresult(CUDAAPI *dmem__pfn_cuMemGetAddressRange_t)(CUdeviceptr *base, size_t *size,
-                                                            CUdeviceptr ptr);
 typedef CUresult(CUDAAPI *dmem__pfn_cuIpcGetMemHandle_t)(CUipcMemHandle *handle,
                                                          CUdeviceptr ptr);
 /* Virtual memory management (the backend's vmm ops) */
@@ -59,16 +48,11 @@ typedef CUresult(CUDAAPI *dmem__pfn_cuMemGetAllocationGranularity_t)(
  * thread may read it without synchronisation). Every pointer is non-NULL. */
 struct dmem__cuda_driver {
   int device;          /* CUDA device ordinal of the backend */
-  int driver_version;  /* cudaDriverGetVersion, e.g. 12080 */
   CUcontext context;   /* the device's primary context */
   dmem__pfn_cuGetErrorName_t get_error_name;
   dmem__pfn_cuGetErrorString_t get_error_string;
   dmem__pfn_cuCtxGetCurrent_t ctx_get_current;
   dmem__pfn_cuCtxSetCurrent_t ctx_set_current;
-  dmem__pfn_cuCtxGetDevice_t ctx_get_device;
-  dmem__pfn_cuPointerGetAttribute_t pointer_get_attribute;
-  dmem__pfn_cuPointerGetAttributes_t pointer_get_attributes;
-  dmem__pfn_cuMemGetAddressRange_t mem_get_address_range;
   dmem__pfn_cuIpcGetMemHandle_t ipc_get_mem_handle;
   dmem__pfn_cuMemAddressReserve_t mem_address_reserve;
   dmem__pfn_cuMemAddressFree_t mem_address_free;
@@ -80,31 +64,6 @@ struct dmem__cuda_driver {
   dmem__pfn_cuMemGetAllocationGranularity_t mem_get_allocation_granularity;
 };
 
-/* Map a Driver API result to a dmem status and record the detail
- * ("call: CUDA_ERROR_X (message)"), exactly as the backend does for its own
- * Runtime API calls: sticky context errors give DMEM_ERR_DEVICE_FATAL and
- * mark the backend fatal. `r` must not be CUDA_SUCCESS; `be` must be a CUDA
- * backend. Thread-safe. */
-dmem_status_t dmem__cuda_driver_error(dmem__backend_t *be, CUresult r, const char *call);
 #endif /* DMEM_HAVE_CUDA */
-
-/* The Driver API table of a CUDA backend; NULL when `be` is NULL or not the
- * CUDA backend (be->kind != DMEM_BACKEND_CUDA). Thread-safe. Driver calls
- * made through it act on the calling thread's current context: call
- * dmem__cuda_make_current first. */
-const dmem__cuda_driver_t *dmem__cuda_driver(dmem__backend_t *be);
-
-/* Whether the backend has seen a sticky context error (it then refuses every
- * call with DMEM_ERR_DEVICE_FATAL, frees are no-ops). 0 for other backends.
- * Thread-safe. */
-int dmem__backend_cuda_is_fatal(dmem__backend_t *be);
-
-/* Make the backend's primary context current on the calling thread and leave
- * it current (the backend's own functions restore the caller's context when
- * they return; code that launches work itself, e.g. around a user launch
- * function, calls this first).
- * Returns DMEM_OK; DMEM_ERR_NO_DEVICE (not a CUDA backend, or built without
- * CUDA); DMEM_ERR_DEVICE; DMEM_ERR_DEVICE_FATAL. Thread-safe. */
-dmem_status_t dmem__cuda_make_current(dmem__backend_t *be);
 
 #endif /* DMEM_CUDA_DRIVER_H */

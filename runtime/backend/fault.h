@@ -43,8 +43,7 @@
  *
  * The wrapper copies the wrapped backend's name and kind: code must not
  * cast a backend of kind DMEM_BACKEND_CUDA to the CUDA backend's struct
- * (the helpers of cuda_driver.h take the CUDA backend itself; nothing in the
- * runtime calls them with rt->be).
+ * (only runtime/backend/cuda.c does, on the backend it made).
  *
  * Enabled by DMEM_FAULT_INJECT=<call>:<n>[:fatal][:persistent] (read by
  * dmem_runtime_create; counting is process-wide) or by dmem__fault_arm

@@ -37,10 +37,9 @@ void dmem__log(dmem_log_level_t level, const char *fmt, ...) DMEM_PRINTF(2, 3);
 
 /* Names for messages (never numbers): "resident", "spilling", "host",
  * "disk", "controller", "unspilling" for a dmem_state_t; "device", "host",
- * "disk", "controller" for a dmem_tier_t; "off" .. "debug" for a log level.
+ * "disk", "controller" for a dmem_tier_t.
  * An unknown value gives "unknown". */
 const char *dmem__state_name(unsigned state);
 const char *dmem__tier_name(int tier);
-const char *dmem__log_level_name(int level);
 
 #endif /* DMEM_ERROR_H */

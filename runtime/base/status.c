@@ -60,11 +60,6 @@ const char *dmem__tier_name(int tier) {
   return tier >= 0 && tier < 4 ? names[tier] : "unknown";
 }
 
-const char *dmem__log_level_name(int level) {
-  static const char *const names[] = {"off", "error", "warn", "info", "debug"};
-  return level >= 0 && level <= 4 ? names[level] : "unknown";
-}
-
 void dmem__log(dmem_log_level_t level, const char *fmt, ...) {
   static const char *const names[] = {"off", "error", "warn", "info", "debug"};
   char line[768];

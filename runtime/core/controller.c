@@ -7,16 +7,16 @@
 #include <string.h>
 
 
-dmem_status_t dmem_set_controller(dmem_runtime_t *rt, const dmem_controller_t *c) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_set_controller: rt is NULL");
+dmem_status_t dmem_controller_set(dmem_runtime_t *rt, const dmem_controller_t *c) {
+  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_controller_set: rt is NULL");
   dmem_status_t fk = dmem__check_forked(rt);
   if (fk != DMEM_OK) return fk;
   if (c && c->struct_size < sizeof *c)
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "dmem_set_controller: struct_size %zu < %zu", c->struct_size, sizeof *c);
+                       "dmem_controller_set: struct_size %zu < %zu", c->struct_size, sizeof *c);
   if (c && (!c->store) != (!c->retrieve))
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT,
-                       "dmem_set_controller: store and retrieve go together");
+                       "dmem_controller_set: store and retrieve go together");
   dmem__mutex_lock(&rt->ctl_mu, DMEM__RANK_CONTROL);
   /* The bytes the controller holds, and those its stores in flight are
    * about to hold (they are added to controller_used under ctl_mu before
@@ -76,7 +76,7 @@ bool dmem__store_watch(dmem__buffer_t *b, dmem_handle_t h) {
   DMEM_ASSERT(dmem_atomic_load_relaxed(&b->store_watch) == 0);
   dmem_atomic_store_relaxed(&b->store_watch, DMEM__WATCH_STORING);
   DMEM_SCHED_POINT(); /* a free may come between: the fences decide */
-  /* partner: the fence in dmem__store_hand_over. Either dmem_free's
+  /* partner: the fence in dmem__store_hand_over. Either dmem_buffer_free's
    * hand-over sees STORING, or this load sees its FREED (store buffering:
    * not both miss). */
   dmem_atomic_fence_seq_cst();

@@ -10,7 +10,7 @@
  *
  *   bits  0..23  lock count
  *   bits 24..27  state (dmem_state_t, or DMEM__STATE_FREE for an empty slot)
- *   bit  28      FREED        dmem_free was called; stale for all but unlock
+ *   bit  28      FREED        dmem_buffer_free was called; stale for all but unlock
  *   bit  29      UNSPILL_COPY an unspill copy may still be in flight: lockers
  *                             order their stream after b->unspill_event until
  *                             the staging poller sees it complete and
@@ -24,7 +24,7 @@
  *   bits 32..63  generation (never 0; part of the handle)
  *
  * Reclaim (memory freed, slot recycled) happens exactly once, by whichever
- * party's CAS makes "FREED && count == 0 && !TRANSIT" true: dmem_free, the
+ * party's CAS makes "FREED && count == 0 && !TRANSIT" true: dmem_buffer_free, the
  * last unlock, or the TRANSIT owner when it ends its move (spill/reclaim.c).
  *
  * Lock order of the internal mutexes (a thread holding one may only take
@@ -206,7 +206,7 @@ typedef struct dmem__buffer {
    * policy: the policy's tick of the last reference it knows of, written
    * under the policy's mutex (relaxed; the push-down reads it too). */
   _Atomic uint64_t last_use;
-  /* Written by dmem_set_priority (relaxed), read by policy. */
+  /* Written by dmem_buffer_set_priority (relaxed), read by policy. */
   _Atomic int priority;
   /* The default policy's mark (spill/reuse.c): set to 0 when the buffer
    * comes to the device; each unlock that brings the count to 0 adds 1,
@@ -221,7 +221,7 @@ typedef struct dmem__buffer {
   uint16_t pcls;
   /* Completed spills; written by the TRANSIT owner (relaxed). */
   _Atomic uint64_t spill_count;
-  /* Set at alloc before the word is published (release in dmem_alloc).
+  /* Set at alloc before the word is published (release in dmem_buffer_alloc).
    * Atomic (relaxed) because the policy and info readers may look at a slot
    * that is being recycled; they validate the word around the read. */
   _Atomic size_t size;
@@ -253,7 +253,7 @@ typedef struct dmem__buffer {
    * writer clears it when it starts. */
   _Atomic uint32_t io_cancel;
   /* DMEM__WATCH_STORING while the TRANSIT owner calls the controller's
-   * store, DMEM__WATCH_FREED once dmem_free has left the FREE event to it
+   * store, DMEM__WATCH_FREED once dmem_buffer_free has left the FREE event to it
    * (core/controller.c: dmem__store_watch); 0 otherwise. */
   _Atomic uint32_t store_watch;
   uint32_t slot;      /* index in the table; set once when the chunk is made */
@@ -419,7 +419,7 @@ void dmem__event_pool_fini(dmem_runtime_t *rt);
 /* Copy the installed controller; false when none is installed. */
 bool dmem__controller_get(dmem_runtime_t *rt, dmem_controller_t *c_out);
 /* The controller's store for a buffer whose TRANSIT the caller owns,
- * counted as in flight (dmem_set_controller refuses to remove or replace a
+ * counted as in flight (dmem_controller_set refuses to remove or replace a
  * controller while a store runs or it holds bytes): copies the controller
  * into *c_out and returns false (nothing counted) when none with store is
  * installed. dmem__controller_store_end ends the count, adding `kept` bytes
@@ -431,8 +431,8 @@ void dmem__controller_store_end(dmem_runtime_t *rt, size_t kept);
  * dmem__store_watch before the controller's store: false when b was freed
  * already (the store is then skipped). It calls dmem__store_unwatch after
  * store() returns (or is skipped), still owning TRANSIT: true when
- * dmem_free ran meanwhile and left the FREE event to the owner, who sends
- * it once its move has ended. dmem_free, after setting FREED on a
+ * dmem_buffer_free ran meanwhile and left the FREE event to the owner, who sends
+ * it once its move has ended. dmem_buffer_free, after setting FREED on a
  * word with TRANSIT, calls dmem__store_hand_over: true when the owner will
  * send the event. So the one FREE event of a buffer freed during its store
  * comes after store() returns. */

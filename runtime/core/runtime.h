@@ -14,7 +14,7 @@
  *   memory   runtime/memory/   device memory, pinned host pool
  *   spill    runtime/spill/    tiers, spill and retrieve, victim policy,
  *                              making room, pending stream releases
- *   api      runtime/api/      dmem_alloc/free/lock/unlock, entry points,
+ *   api      runtime/api/      dmem_buffer_alloc/free/lock/unlock, entry points,
  *                              registry, streams, stats, explicit moves
  *
  * Each layer has one header that includes the one below it:
@@ -171,7 +171,7 @@ struct dmem_runtime {
   bool ahead_started;
   _Atomic int ahead_stop; /* written under ahead_mu; read by the thread */
   _Atomic int ahead_kick; /* set (exchange) by allocations past ahead_high */
-  /* Buffers allocated without a stream (dmem_alloc) get pool blocks in this
+  /* Buffers allocated without a stream (dmem_buffer_alloc) get pool blocks in this
    * stream's order; it carries nothing but the waits the pool enqueues. */
   void *order_stream;
 
@@ -274,7 +274,7 @@ struct dmem_runtime {
    * to the next tier now (relaxed: accounting). */
   _Atomic size_t tier_pushing[DMEM__NTIERS];
   /* Disk-tier moves (relaxed counters): buffers written (pushed down from
-   * the host tier, moved there by dmem_spill, or spilled straight to
+   * the host tier, moved there by dmem_buffer_spill, or spilled straight to
    * disk), of which push-downs; buffers read back for a retrieve; failed
    * writes. */
   _Atomic uint64_t disk_writes, disk_bytes_written, ns_disk_writing, disk_pushdowns;

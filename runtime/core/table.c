@@ -121,7 +121,7 @@ dmem_status_t dmem__table_take(dmem__table_t *t, uint32_t *slot_out, dmem__buffe
 dmem_status_t dmem__table_check_all(dmem__table_t *t, const dmem_handle_t *hs, size_t n) {
   for (size_t i = 0; i < n; i++) {
     dmem__buffer_t *b = dmem__table_lookup(t, hs[i]);
-    /* acquire: partner is the release in dmem_alloc / dmem__table_give */
+    /* acquire: partner is the release in dmem_buffer_alloc / dmem__table_give */
     if (!b || !dmem__word_live(dmem_atomic_load_acquire(&b->word), hs[i]))
       return dmem__stale(hs[i]);
   }

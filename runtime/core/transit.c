@@ -58,7 +58,7 @@ bool dmem__transit_take(dmem__buffer_t *b, uint64_t *w, unsigned state, uint32_t
   DMEM_ASSERT(dmem__w_count(*w) + locks <= DMEM__COUNT_MASK);
   uint64_t nw = (dmem__w_with_state(*w, state) | DMEM__F_TRANSIT) + locks;
   /* acquire: partner is the releasing CAS of the previous owner
-   * (dmem__transit_end) or dmem_alloc's release store */
+   * (dmem__transit_end) or dmem_buffer_alloc's release store */
   if (!dmem_atomic_cas_strong_acq_rel(&b->word, w, nw)) return false;
   *w = nw;
   return true;

@@ -145,7 +145,6 @@ dmem_status_t dmem__raw_remove(dmem__raw_t *raw, void *ptr, size_t *size_out,
  * (DMEM_ERR_INVALID_ARGUMENT, detail saying it cannot be adopted), as does
  * anything that is not a live raw allocation. */
 dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *raw, void *ptr, size_t *size_out);
-size_t dmem__raw_count(dmem__raw_t *raw);
 /* Bytes of the live raw allocations (the sizes asked; dmem_stats' raw_used):
  * a snapshot, no lock taken. */
 size_t dmem__raw_bytes(dmem__raw_t *raw);

@@ -156,7 +156,7 @@ dmem_status_t dmem__pool_alloc_ex(dmem__pool_t *p, size_t size, void *stream, vo
  * wait for the block's last use, or that last use was on `stream` itself and
  * may still be pending. When false, every earlier use of the block is known
  * complete and any stream may use it at once. For callers that allocate on
- * one stream on behalf of others (dmem_alloc, which has no stream: it then
+ * one stream on behalf of others (dmem_buffer_alloc, which has no stream: it then
  * records an event for the buffer's lockers).
  */
 dmem_status_t dmem__pool_alloc_ordered(dmem__pool_t *p, size_t size, void *stream, void **ptr_out,

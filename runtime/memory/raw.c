@@ -180,16 +180,6 @@ dmem_status_t dmem__raw_remove_pooled(dmem__raw_t *t, void *ptr, size_t *size_ou
   return raw_remove(t, ptr, true, size_out, &src);
 }
 
-size_t dmem__raw_count(dmem__raw_t *t) {
-  size_t n = 0;
-  for (unsigned i = 0; i < RAW_SHARDS; i++) {
-    dmem__mutex_lock(&t->shards[i].mu, DMEM__RANK_RAW);
-    n += t->shards[i].n;
-    dmem__mutex_unlock(&t->shards[i].mu, DMEM__RANK_RAW);
-  }
-  return n;
-}
-
 size_t dmem__raw_bytes(dmem__raw_t *t) {
   size_t n = 0;
   for (unsigned i = 0; i < RAW_SHARDS; i++) n += dmem_atomic_load_relaxed(&t->shards[i].bytes);

@@ -3,7 +3,7 @@
  * memory source of buffers allocated with DMEM_BUFFER_STABLE_ADDRESS.
  *
  * Each such buffer owns a range of device address space, reserved at
- * dmem_alloc and given back at its reclaim (backend va_reserve / va_free).
+ * dmem_buffer_alloc and given back at its reclaim (backend va_reserve / va_free).
  * While the buffer is resident, physical memory of the range's whole
  * (granularity-rounded) size is mapped there (mem_create, mem_map,
  * mem_set_access) and charged against the runtime's device limit like a
@@ -16,7 +16,7 @@
  * addresses are unique in a process), sharded; a shard's mutex guards its
  * chain only and nothing is called under it (innermost, like the pool's).
  * A record's other fields are written by whoever owns its buffer's move
- * (TRANSIT), or by dmem_alloc before the buffer is published, or by its
+ * (TRANSIT), or by dmem_buffer_alloc before the buffer is published, or by its
  * reclaim: never by two threads at once.
  *
  * Failures: a failed map leaves nothing mapped or charged; a failed unmap

@@ -24,9 +24,9 @@ static void record_spill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, dmem_
 }
 
 /* dest->store of h's bytes at data. For a tier that watches frees (the
- * controller), the FREE event's handshake with dmem_free (core.h:
+ * controller), the FREE event's handshake with dmem_buffer_free (core.h:
  * dmem__store_watch): a buffer freed before the store is not stored
- * (DMEM_ERR_STALE_HANDLE: dmem_free has told the controller already);
+ * (DMEM_ERR_STALE_HANDLE: dmem_buffer_free has told the controller already);
  * *tell_free is set when it was freed during the store, and the caller then
  * sends its FREE event once its move has ended, after store() returned. */
 static dmem_status_t tier_store(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
@@ -221,7 +221,7 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
     st = dest->ready(rt);
     if (st != DMEM_OK) return st;
   }
-  /* acquire: partner is the release of the last mover / dmem_alloc */
+  /* acquire: partner is the release of the last mover / dmem_buffer_alloc */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   for (;;) {
     if (!dmem__word_live(w, h)) return dmem__stale(h);
@@ -300,7 +300,7 @@ static size_t batch_take(const dmem__victim_t *v, size_t n, size_t need, batch_i
     if (!b || (dmem__bflags(b) & DMEM_ALLOC_PINNED)) continue;
     /* a stable buffer is spilled on its own (dmem__spill_batch) */
     if (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) break;
-    /* acquire: partner is the release of the last mover / dmem_alloc */
+    /* acquire: partner is the release of the last mover / dmem_buffer_alloc */
     uint64_t w = dmem_atomic_load_acquire(&b->word);
     for (;;) {
       /* as dmem__spill_buffer by policy: another thread's move, a lock, a

@@ -4,8 +4,8 @@
  * has finished. Nothing waits for that in the background; the list is polled
  * (one relaxed load when it is empty) by every call that could otherwise see
  * a finished release's buffers still locked: dmem_stream_synchronize,
- * dmem_sync_and_unlock, dmem_spill, dmem_evict, dmem_buffer_info,
- * dmem_stats, dmem_free, the search for spill victims (spill/pressure.c),
+ * dmem_sync_and_unlock, dmem_buffer_spill, dmem_runtime_evict, dmem_buffer_info,
+ * dmem_stats, dmem_buffer_free, the search for spill victims (spill/pressure.c),
  * dmem_runtime_poll, and at destroy.
  *
  * Grouped releases. Recording an event costs about as much as a kernel

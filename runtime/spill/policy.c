@@ -154,7 +154,7 @@ static void note_freed_since_scan(dmem_runtime_t *rt, const dmem__victim_t *cand
   bool any = false;
   for (size_t i = 0; i < n; i++) {
     if (!cand[i].b) continue;
-    /* acquire: partner is dmem_free's CAS / the table's release of the slot */
+    /* acquire: partner is dmem_buffer_free's CAS / the table's release of the slot */
     uint64_t w = dmem_atomic_load_acquire(&cand[i].b->word);
     if (dmem__word_live(w, cand[i].h)) continue;
     any = true;

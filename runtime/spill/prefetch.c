@@ -1,5 +1,5 @@
 /*
- * spill/prefetch.c - dmem_prefetch's batch: buffers brought back on the
+ * spill/prefetch.c - dmem_buffer_prefetch's batch: buffers brought back on the
  * host->device copy stream without being locked, and the caller's stream
  * ordered after the whole batch by one event. Each counts as just used (its
  * LRU stamp renewed, or under the default policy the newest arrival or

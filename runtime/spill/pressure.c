@@ -81,7 +81,7 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
   dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, waited);
   if (DMEM__TRACE_ON()) {
-    /* the runtime's own streams (dmem_alloc's order, the retrieves') are
+    /* the runtime's own streams (dmem_buffer_alloc's order, the retrieves') are
      * no user's: their waits go on the device's track */
     if (stream == rt->unspill_stream)
       dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_DEVICE, "retrieve waited for room", t0,

@@ -42,7 +42,7 @@ dmem_status_t dmem__read(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                          void *dst, size_t n) {
   dmem_status_t st = dmem__check_live(rt);
   if (st != DMEM_OK) return st;
-  /* acquire: partner is the releasing CAS of the TRANSIT owner / dmem_alloc */
+  /* acquire: partner is the releasing CAS of the TRANSIT owner / dmem_buffer_alloc */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   for (;;) {
     if (!dmem__word_live(w, h)) return dmem__stale(h);

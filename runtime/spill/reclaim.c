@@ -1,7 +1,7 @@
 /*
  * spill/reclaim.c - the end of a buffer's life and of a move. A freed
  * buffer's memory goes back exactly once, by whichever party's CAS makes
- * "FREED && count == 0 && !TRANSIT" true: dmem_free (runtime/api/buffer.c), the
+ * "FREED && count == 0 && !TRANSIT" true: dmem_buffer_free (runtime/api/buffer.c), the
  * last unlock (here), or the TRANSIT owner ending its move (here).
  */
 #include "spill/spill.h"

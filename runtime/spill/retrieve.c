@@ -1,6 +1,6 @@
 /*
  * spill/retrieve.c - bringing a buffer back: the one state machine behind
- * dmem_lock's slow path and dmem_unspill. It waits out other movers, cancels
+ * dmem_buffer_lock's slow path and dmem_buffer_unspill. It waits out other movers, cancels
  * a spill whose copy is in flight (the device copy is still intact), or takes
  * TRANSIT on a deferred buffer and copies it back on the caller's stream, so
  * that the caller's next work is ordered after the copy without a host
@@ -37,7 +37,7 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
  * runs on the runtime's host->device stream (rt->unspill_stream), so that
  * it starts at once rather than behind the caller's queued kernels and
  * overlaps the spill copies on the device->host stream; `stream` is then
- * made to wait for it (not in DMEM__RETRIEVE_PREFETCH mode: dmem_prefetch
+ * made to wait for it (not in DMEM__RETRIEVE_PREFETCH mode: dmem_buffer_prefetch
  * orders the caller's stream once after the whole batch). `from` is the
  * deferred state; the lock (if locking) was taken with TRANSIT and is
  * dropped again on failure. A tier whose row says pipelined now (the disk,

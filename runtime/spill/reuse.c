@@ -331,7 +331,7 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
   if (kind == DMEM__ARRIVE_BACK) {
     /* Back after as many victims as the class's oldest buffer has been
      * unused, or more: LRU would have evicted it too. (Not when no victim
-     * was taken since its last known use: a dmem_spill and the lock or
+     * was taken since its last known use: a dmem_buffer_spill and the lock or
      * prefetch that brought it back say nothing about loops.) */
     dmem__pclass_t *c = &p->cls[cid];
     uint64_t reuse = p->tick - dmem_atomic_load_relaxed(&b->last_use), w2;

@@ -31,7 +31,7 @@ typedef struct dmem__tier_ops {
    * while the buffer is held there (SPILL_COPY). */
   bool adopts_staging;
   /* The store hands the bytes to code outside dmem that learns of frees
-   * from the FREE event (the controller): it runs inside dmem_free's
+   * from the FREE event (the controller): it runs inside dmem_buffer_free's
    * handshake (core.h: dmem__store_watch), and a buffer freed before it is
    * not stored. */
   bool watch_free;
@@ -380,8 +380,8 @@ dmem_status_t dmem__spill_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_han
                                  dmem_tier_t tier, bool by_policy);
 
 typedef enum dmem__retrieve_mode {
-  DMEM__RETRIEVE_LOCK,    /* bring back and lock (dmem_lock's slow path) */
-  DMEM__RETRIEVE_ONLY,    /* bring back, no lock (dmem_unspill) */
+  DMEM__RETRIEVE_LOCK,    /* bring back and lock (dmem_buffer_lock's slow path) */
+  DMEM__RETRIEVE_ONLY,    /* bring back, no lock (dmem_buffer_unspill) */
   DMEM__RETRIEVE_PREFETCH /* bring back, no lock, and leave `stream` alone:
                              the caller orders it after the whole batch */
 } dmem__retrieve_mode_t;
@@ -470,7 +470,7 @@ dmem_status_t dmem__victims_sorted(dmem_runtime_t *rt,
 /* What brought a buffer to the policy's notice. */
 typedef enum dmem__arrival {
   DMEM__ARRIVE_NEW = 1,  /* allocated (or adopted) */
-  DMEM__ARRIVE_BACK = 2, /* retrieved from a tier (a lock, dmem_unspill, a prefetch) */
+  DMEM__ARRIVE_BACK = 2, /* retrieved from a tier (a lock, dmem_buffer_unspill, a prefetch) */
   DMEM__ARRIVE_PRIO = 3, /* its priority changed */
   DMEM__ARRIVE_SOON = 4  /* resident, prefetched: about to be locked */
 } dmem__arrival_t;
@@ -497,7 +497,7 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
 
 /* Why an eviction pass runs (stats and the DMEM_LOG=info line). */
 typedef enum dmem__evict_reason {
-  DMEM__EVICT_EXPLICIT, /* dmem_evict */
+  DMEM__EVICT_EXPLICIT, /* dmem_runtime_evict */
   DMEM__EVICT_ON_DEMAND, /* an allocation needed room */
   DMEM__EVICT_AHEAD      /* the spill-ahead thread: use above the high-water mark */
 } dmem__evict_reason_t;
@@ -525,7 +525,7 @@ dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream
 /* The same for a stable buffer's range `va` (memory/stable.c): physical
  * memory mapped there, making room as above. */
 dmem_status_t dmem__pressure_map(dmem_runtime_t *rt, void *va, void *stream);
-/* A new stable buffer's range, reserved and mapped (dmem_alloc with
+/* A new stable buffer's range, reserved and mapped (dmem_buffer_alloc with
  * DMEM_BUFFER_STABLE_ADDRESS); nothing is left reserved on failure. */
 dmem_status_t dmem__pressure_stable_alloc(dmem_runtime_t *rt, size_t size, void **va_out);
 /* Complete what finished in the background: stream releases, staging. */

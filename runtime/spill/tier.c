@@ -17,9 +17,9 @@
  * refuses as full goes on to `next`, and past the tier's limit (ops->limit)
  * the push-down moves its least recently used buffers to `next` on the I/O
  * threads. A tier that is not next of any row (the controller) is reached
- * only by an explicit dmem_spill to it.
+ * only by an explicit dmem_buffer_spill to it.
  *
- *   device -> host -> disk           controller (dmem_spill only)
+ *   device -> host -> disk           controller (dmem_buffer_spill only)
  *
  * Adding a tier takes one file and one row here:
  *  1. spill/tier_<name>.c defines `const dmem__tier_ops_t dmem__tier_<name>`
@@ -31,7 +31,7 @@
  *     pipelined predicate (only with ops->load_device). A tier with a limit
  *     (pushed down to its next) must keep its bytes pinned (adopts_staging).
  * Its dmem_tier_t value and DMEM_STATE_DEFERRED_* state are public
- * (include/dmem/types.h), so a tier callers can name (dmem_spill, events,
+ * (include/dmem/types.h), so a tier callers can name (dmem_buffer_spill, events,
  * statistics) also needs a new value of each there (tier values below
  * DMEM__NTIERS, runtime/core/runtime.h), and, to be seen outside, its bytes in
  * dmem_stats_t (runtime/api/stats.c) and its name in Python (pybridge/py_args.c,

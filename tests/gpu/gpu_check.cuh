@@ -295,7 +295,7 @@ static inline void gpu_poison_free_memory(size_t bytes) {
 
 /* A buffer freed while a background move holds it (the I/O threads' push-down
  * to disk, the spill-ahead thread) is reclaimed when that move ends
- * (include/dmem/buffer.h, dmem_free). After the last free, wait up to
+ * (include/dmem/buffer.h, dmem_buffer_free). After the last free, wait up to
  * `seconds` for the runtime to hold no buffer, and give the stats then: a
  * buffer that is never reclaimed still fails the caller's checks. */
 static inline dmem_stats_t gpu_stats_once_reclaimed(dmem_runtime_t *rt, double seconds) {
@@ -325,15 +325,15 @@ static inline size_t gpu_host_verify_into(dmem_runtime_t *rt, dmem_handle_t h, s
                                           uint32_t seed, uint32_t gen, dmem_stream_t s,
                                           uint32_t *host) {
   void *dev = NULL;
-  dmem_status_t st = dmem_lock(rt, h, s, &dev);
+  dmem_status_t st = dmem_buffer_lock(rt, h, s, &dev);
   if (st != DMEM_OK) {
-    fprintf(stderr, "gpu_host_verify: dmem_lock: %s (%s)\n", dmem_status_name(st),
+    fprintf(stderr, "gpu_host_verify: dmem_buffer_lock: %s (%s)\n", dmem_status_name(st),
             dmem_last_error_detail());
     return (size_t)-1;
   }
   CUDA_DIE(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)s));
   CUDA_DIE(cudaStreamSynchronize((cudaStream_t)s));
-  DMEM_DIE(dmem_unlock(rt, h));
+  DMEM_DIE(dmem_buffer_unlock(rt, h));
   size_t bad = 0, n = bytes / 4;
   for (size_t i = 0; i < n; i++) bad += host[i] != gpu_pat(seed, i) + gen;
   return bad;

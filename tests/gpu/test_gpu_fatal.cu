@@ -23,17 +23,17 @@ static void expect_refused(dmem_runtime_t *rt, dmem_handle_t h) {
   dmem_handle_t h2 = 0;
   void *p;
   dmem_stream_t s2;
-  CHECK_STATUS(dmem_alloc(rt, MiB, 0, &h2), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_buffer_alloc(rt, MiB, 0, &h2), DMEM_ERR_DEVICE_FATAL);
   CHECK_EQ(h2, 0);
-  CHECK_STATUS(dmem_lock(rt, h, NULL, &p), DMEM_ERR_DEVICE_FATAL);
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_DEVICE_FATAL);
-  CHECK_STATUS(dmem_unspill(rt, h, NULL), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_buffer_lock(rt, h, NULL, &p), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_buffer_unspill(rt, h, NULL), DMEM_ERR_DEVICE_FATAL);
   CHECK_STATUS(dmem_stream_create(rt, &s2), DMEM_ERR_DEVICE_FATAL);
   CHECK_STATUS(dmem_runtime_poll(rt), DMEM_ERR_DEVICE_FATAL);
   CHECK_STATUS(dmem_stream_synchronize(rt, NULL), DMEM_ERR_DEVICE_FATAL);
   CHECK_STATUS(dmem_lock_and_launch(rt, &h, 1, launch_wild, NULL), DMEM_ERR_DEVICE_FATAL);
   size_t freed = 0;
-  CHECK_STATUS(dmem_evict(rt, MiB, &freed), DMEM_ERR_DEVICE_FATAL);
+  CHECK_STATUS(dmem_runtime_evict(rt, MiB, &freed), DMEM_ERR_DEVICE_FATAL);
   /* what needs no device still answers */
   dmem_buffer_info_t info;
   CHECK_OK(dmem_buffer_info(rt, h, &info));
@@ -48,9 +48,9 @@ TEST_CASE(illegal_address_is_sticky) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h, other;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &other));
-  REQUIRE_OK(dmem_spill(rt, other, DMEM_TIER_HOST)); /* bytes held on the host */
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &other));
+  REQUIRE_OK(dmem_buffer_spill(rt, other, DMEM_TIER_HOST)); /* bytes held on the host */
   CHECK_OK(dmem_launch_async(rt, s, &h, 1, launch_wild, NULL)); /* the launch itself succeeds */
   CHECK_STATUS(dmem_sync_and_unlock(rt, s), DMEM_ERR_DEVICE_FATAL);
   const char *d = dmem_last_error_detail();
@@ -60,7 +60,7 @@ TEST_CASE(illegal_address_is_sticky) {
   expect_refused(rt, h);
   CHECK_STATUS(dmem_sync_and_unlock(rt, s), DMEM_ERR_DEVICE_FATAL);
   CHECK_STATUS(dmem_stream_release(rt, s), DMEM_ERR_DEVICE_FATAL);
-  CHECK_OK(dmem_free(rt, other));
+  CHECK_OK(dmem_buffer_free(rt, other));
   dmem_runtime_destroy(rt); /* the buffers, the host pool, the registry: no crash, no hang */
 }
 
@@ -70,7 +70,7 @@ TEST_CASE(illegal_address_found_by_release_poll) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   CHECK_OK(dmem_launch_async(rt, s, &h, 1, launch_wild, NULL));
   CHECK_OK(dmem_stream_release(rt, s));
   dmem_status_t st = DMEM_OK;

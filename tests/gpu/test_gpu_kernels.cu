@@ -124,13 +124,13 @@ static void *cyc_worker(void *p) {
       DMEM_DIE(dmem_stream_synchronize(rt, s));
       DMEM_DIE(dmem_runtime_poll(rt)); /* our released locks are gone now */
       dmem_tier_t tier = (c + k) % 8 < 5 ? DMEM_TIER_HOST : DMEM_TIER_DISK;
-      dmem_status_t st = dmem_spill(rt, w->h[i], tier);
+      dmem_status_t st = dmem_buffer_spill(rt, w->h[i], tier);
       /* BUSY: the spiller thread is moving it; INVALID_ARGUMENT: it is on
        * disk already and tier is the host */
       if (st != DMEM_OK && st != DMEM_ERR_BUSY && st != DMEM_ERR_INVALID_ARGUMENT)
-        cyc_fail(w, "dmem_spill", st);
-      st = dmem_unspill(rt, w->h[i], s);
-      if (st != DMEM_OK && st != DMEM_ERR_BUSY) cyc_fail(w, "dmem_unspill", st);
+        cyc_fail(w, "dmem_buffer_spill", st);
+      st = dmem_buffer_unspill(rt, w->h[i], s);
+      if (st != DMEM_OK && st != DMEM_ERR_BUSY) cyc_fail(w, "dmem_buffer_unspill", st);
       size_t bad = gpu_host_verify_into(rt, w->h[i], w->bytes, w->seed[i], w->gen[i], s, host);
       if (bad) {
         fprintf(stderr, "buffer %d cycle %d: %zu bad words after spill+unspill\n", i, c, bad);
@@ -159,12 +159,12 @@ static void *cyc_spiller(void *p) {
     dmem_handle_t h = w->h[x % CYC_NBUF];
     dmem_status_t st;
     switch ((x >> 8) % 4) {
-      case 0: st = dmem_spill(w->rt, h, DMEM_TIER_HOST); break;
-      case 1: st = dmem_spill(w->rt, h, DMEM_TIER_DISK); break;
-      case 2: st = dmem_unspill(w->rt, h, NULL); break;
+      case 0: st = dmem_buffer_spill(w->rt, h, DMEM_TIER_HOST); break;
+      case 1: st = dmem_buffer_spill(w->rt, h, DMEM_TIER_DISK); break;
+      case 2: st = dmem_buffer_unspill(w->rt, h, NULL); break;
       default: {
         size_t freed = 0;
-        st = dmem_evict(w->rt, 2 * w->bytes, &freed);
+        st = dmem_runtime_evict(w->rt, 2 * w->bytes, &freed);
       }
     }
     if (st == DMEM_OK) w->spiller_moves++;
@@ -188,7 +188,7 @@ TEST_CASE(kernels_through_spill_cycles_4_streams) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   for (int i = 0; i < CYC_NBUF; i++) {
     w.seed[i] = 1000u + (uint32_t)i;
-    REQUIRE_OK(dmem_alloc(rt, w.bytes, 0, &w.h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, w.bytes, 0, &w.h[i]));
     job_t j = job1(JOB_FILL, w.bytes, w.seed[i], 0, NULL);
     REQUIRE_OK(dmem_launch_async(rt, s, &w.h[i], 1, run_job, &j));
     REQUIRE_OK(dmem_sync_and_unlock(rt, s));
@@ -235,7 +235,7 @@ TEST_CASE(kernels_through_spill_cycles_4_streams) {
   CHECK_GT(st.spill_count, (uint64_t)CYC_NBUF);
   CHECK_GT(st.unspill_count, (uint64_t)CYC_NBUF);
   CHECK_GT(st.oom_evictions + st.ahead_evictions, 0);
-  for (int i = 0; i < CYC_NBUF; i++) CHECK_OK(dmem_free(rt, w.h[i]));
+  for (int i = 0; i < CYC_NBUF; i++) CHECK_OK(dmem_buffer_free(rt, w.h[i]));
   CHECK_OK(dmem_stream_destroy(rt, s));
   /* a push-down the I/O threads were writing when its buffer was freed
    * reclaims it as it ends */
@@ -266,10 +266,10 @@ TEST_CASE(stream_ordered_retrieve) {
   for (int r = 0; r < rounds; r++) {
     uint32_t seed = 77u + (uint32_t)r * 1000u;
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h));
     job_t fill = job1(JOB_FILL, bytes, seed, 3, NULL);
     REQUIRE_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &fill));
-    CHECK_OK(dmem_spill(rt, h, r % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+    CHECK_OK(dmem_buffer_spill(rt, h, r % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
     CHECK_EQ(gpu_state(rt, h), r % 2 ? DMEM_STATE_DEFERRED_DISK : DMEM_STATE_DEFERRED_HOST);
     gpu_poison_free_memory(bytes);
     job_t check = job1(JOB_CHECK, bytes, seed, 3, bad);
@@ -277,7 +277,7 @@ TEST_CASE(stream_ordered_retrieve) {
     CHECK_EQ(gpu_state(rt, h), DMEM_STATE_RESIDENT);
     CHECK_OK(dmem_sync_and_unlock(rt, s));
     CHECK_UEQ(gpu_counter_read(bad), 0);
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
   dmem_stats_t st;
   CHECK_OK(dmem_stats(rt, &st));
@@ -307,18 +307,18 @@ TEST_CASE(second_locker_waits_for_copy_event) {
   for (int r = 0; r < rounds; r++) {
     uint32_t seed = 5u + (uint32_t)r;
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h));
     job_t fill = job1(JOB_FILL, bytes, seed, 0, NULL);
     REQUIRE_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &fill));
-    CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+    CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
     gpu_poison_free_memory(bytes);
     double t_spin = gpu_now();
     REQUIRE_OK(gpu_spin(0.2, NULL, (cudaStream_t)s1));
     void *p1, *p2;
-    CHECK_OK(dmem_lock(rt, h, s1, &p1)); /* copy on the unspill stream; s1 waits */
+    CHECK_OK(dmem_buffer_lock(rt, h, s1, &p1)); /* copy on the unspill stream; s1 waits */
     double t_lock1 = gpu_now() - t_spin;
     double t0 = gpu_now();
-    CHECK_OK(dmem_lock(rt, h, s2, &p2)); /* s2 waits on the copy's event */
+    CHECK_OK(dmem_buffer_lock(rt, h, s2, &p2)); /* s2 waits on the copy's event */
     double lock_s = gpu_now() - t0;
     CHECK_TRUE(p1 == p2);
     REQUIRE_OK(gpu_check(p2, bytes, seed, 0, bad, (cudaStream_t)s2));
@@ -342,9 +342,9 @@ TEST_CASE(second_locker_waits_for_copy_event) {
      * kernels, so only outside them) */
     if (!gpu_small()) CHECK_TRUE(done_s < 0.15);
     CUDA_REQUIRE(cudaStreamSynchronize((cudaStream_t)s1));
-    CHECK_OK(dmem_unlock(rt, h));
-    CHECK_OK(dmem_unlock(rt, h));
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
   }
   CHECK_OK(dmem_stream_destroy(rt, s1));
   CHECK_OK(dmem_stream_destroy(rt, s2));
@@ -425,14 +425,14 @@ TEST_CASE(lock_during_spill_cancels_it) {
   dc.user = &c;
   dc.store = ctl_store;
   dc.retrieve = ctl_retrieve;
-  REQUIRE_OK(dmem_set_controller(rt, &dc));
+  REQUIRE_OK(dmem_controller_set(rt, &dc));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, c.bytes, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, c.bytes, 0, &h));
   job_t fill = job1(JOB_FILL, c.bytes, 17, 0, NULL);
   REQUIRE_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &fill));
   /* store runs after the device->host copy, before the commit */
   c.lock_during_store = 1;
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER), DMEM_ERR_BUSY);
   CHECK_OK(c.side_st);
   CHECK_EQ(gpu_state(rt, h), DMEM_STATE_RESIDENT);
   CHECK_UEQ(gpu_host_verify(rt, h, c.bytes, c.new_seed, 0, NULL), 0); /* the new data */
@@ -443,16 +443,16 @@ TEST_CASE(lock_during_spill_cancels_it) {
   CHECK_UEQ(st.spill_count, 0);
   /* a later spill to the controller keeps the new data, and a kernel sees it */
   c.lock_during_store = 0;
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_CONTROLLER));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_CONTROLLER));
   CHECK_EQ(gpu_state(rt, h), DMEM_STATE_DEFERRED_CONTROLLER);
   unsigned long long *bad = gpu_counters(1);
   job_t check = job1(JOB_CHECK, c.bytes, c.new_seed, 0, bad);
   CHECK_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &check));
   CHECK_UEQ(gpu_counter_read(bad), 0);
   CHECK_EQ(c.retrieves, 1);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CUDA_REQUIRE(cudaFree(bad));
-  CHECK_OK(dmem_set_controller(rt, NULL));
+  CHECK_OK(dmem_controller_set(rt, NULL));
   dmem_runtime_destroy(rt);
   free(c.val);
   pthread_mutex_destroy(&c.mu);
@@ -485,7 +485,7 @@ static void oversubscribe(size_t limit, size_t nbuf, size_t bytes, int rounds) {
   dmem_handle_t *h = (dmem_handle_t *)calloc(nbuf, sizeof *h);
   double t0 = gpu_now();
   for (size_t i = 0; i < nbuf; i++) {
-    REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h[i]));
     dmem_stream_t si = s[i % OVS_STREAMS];
     job_t j = job1(JOB_FILL, bytes, (uint32_t)i * 7919u, 0, NULL);
     REQUIRE_OK(dmem_launch_async(rt, si, &h[i], 1, run_job, &j));
@@ -527,7 +527,7 @@ static void oversubscribe(size_t limit, size_t nbuf, size_t bytes, int rounds) {
   CHECK_GT(st.oom_evictions + st.ahead_evictions, 0);
   CHECK_GT(st.unspill_count, 0);
   CHECK_LE(st.device_used, st.device_limit);
-  for (size_t i = 0; i < nbuf; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (size_t i = 0; i < nbuf; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   for (int i = 0; i < OVS_STREAMS; i++) CHECK_OK(dmem_stream_destroy(rt, s[i]));
   CHECK_OK(dmem_stats(rt, &st));
   CHECK_UEQ(st.buffer_count, 0);
@@ -586,7 +586,7 @@ TEST_CASE(stream_release_waits_for_long_kernel) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h));
   job_t fill = job1(JOB_FILL, bytes, 99, 0, NULL);
   REQUIRE_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &fill));
   job_t j = job1(JOB_SPIN_CHECK_INC, bytes, 99, 0, bad);
@@ -597,9 +597,9 @@ TEST_CASE(stream_release_waits_for_long_kernel) {
   CHECK_TRUE(gpu_now() - t0 < 0.1); /* returns at once */
   CHECK_OK(dmem_runtime_poll(rt));
   CHECK_EQ(gpu_lock_count(rt, h), 1); /* the kernel is still running */
-  CHECK_STATUS(dmem_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
+  CHECK_STATUS(dmem_buffer_spill(rt, h, DMEM_TIER_HOST), DMEM_ERR_BUSY);
   size_t freed = 1;
-  CHECK_OK(dmem_evict(rt, bytes, &freed));
+  CHECK_OK(dmem_runtime_evict(rt, bytes, &freed));
   CHECK_UEQ(freed, 0);
   double t_unlock = -1;
   while (gpu_now() - t0 < 10) {
@@ -617,8 +617,8 @@ TEST_CASE(stream_release_waits_for_long_kernel) {
   CHECK_EQ(cudaStreamQuery((cudaStream_t)s), cudaSuccess); /* found after it finished */
   CHECK_UEQ(gpu_counter_read(bad), 0);
   CHECK_UEQ(gpu_host_verify(rt, h, bytes, 99, 1, s), 0);
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST)); /* spillable again */
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST)); /* spillable again */
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_OK(dmem_stream_destroy(rt, s));
   CUDA_REQUIRE(cudaFree(bad));
   dmem_runtime_destroy(rt);
@@ -634,7 +634,7 @@ TEST_CASE(allocation_waits_for_released_kernel) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t ab[2], c;
-  for (int i = 0; i < 2; i++) REQUIRE_OK(dmem_alloc(rt, bytes, 0, &ab[i]));
+  for (int i = 0; i < 2; i++) REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &ab[i]));
   job_t fill = job1(JOB_FILL, bytes, 1, 0, NULL);
   fill.seed[1] = 2;
   REQUIRE_OK(dmem_lock_and_launch(rt, ab, 2, run_job, &fill));
@@ -644,7 +644,7 @@ TEST_CASE(allocation_waits_for_released_kernel) {
   double t0 = gpu_now();
   REQUIRE_OK(dmem_launch_async(rt, s, ab, 2, run_job, &j));
   REQUIRE_OK(dmem_stream_release(rt, s));
-  CHECK_OK(dmem_alloc(rt, bytes, 0, &c));
+  CHECK_OK(dmem_buffer_alloc(rt, bytes, 0, &c));
   double waited = gpu_now() - t0;
   fprintf(stderr, "allocation returned %.3f s after the launch of a 0.3 s kernel\n", waited);
   CHECK_TRUE(waited >= 0.2);
@@ -653,8 +653,8 @@ TEST_CASE(allocation_waits_for_released_kernel) {
   CHECK_UEQ(st.spill_count, 1);
   CHECK_UEQ(gpu_counter_read(bad), 0);
   for (int i = 0; i < 2; i++) CHECK_UEQ(gpu_host_verify(rt, ab[i], bytes, 1u + (uint32_t)i, 1, s), 0);
-  for (int i = 0; i < 2; i++) CHECK_OK(dmem_free(rt, ab[i]));
-  CHECK_OK(dmem_free(rt, c));
+  for (int i = 0; i < 2; i++) CHECK_OK(dmem_buffer_free(rt, ab[i]));
+  CHECK_OK(dmem_buffer_free(rt, c));
   CHECK_OK(dmem_stream_destroy(rt, s));
   CUDA_REQUIRE(cudaFree(bad));
   dmem_runtime_destroy(rt);
@@ -680,15 +680,15 @@ TEST_CASE(free_while_kernel_uses_buffer) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t hs[2]; /* source, destination */
-  for (int i = 0; i < 2; i++) REQUIRE_OK(dmem_alloc(rt, bytes, 0, &hs[i]));
+  for (int i = 0; i < 2; i++) REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &hs[i]));
   job_t fill = job1(JOB_FILL, bytes, 31, 0, NULL);
   REQUIRE_OK(dmem_lock_and_launch(rt, hs, 1, run_job, &fill));
   job_t j = job1(JOB_CHECK_INC, bytes, 31, 0, bad);
   REQUIRE_OK(dmem_launch_async(rt, s, hs, 2, inc_then_copy, &j));
-  CHECK_OK(dmem_free(rt, hs[0])); /* the kernel is still spinning */
+  CHECK_OK(dmem_buffer_free(rt, hs[0])); /* the kernel is still spinning */
   void *p;
   dmem_buffer_info_t info;
-  CHECK_STATUS(dmem_lock(rt, hs[0], s, &p), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_buffer_lock(rt, hs[0], s, &p), DMEM_ERR_STALE_HANDLE);
   CHECK_STATUS(dmem_buffer_info(rt, hs[0], &info), DMEM_ERR_STALE_HANDLE);
   dmem_stats_t st;
   CHECK_OK(dmem_stats(rt, &st));
@@ -702,7 +702,7 @@ TEST_CASE(free_while_kernel_uses_buffer) {
   CHECK_UEQ(st.buffer_count, 1);
   CHECK_UEQ(gpu_counter_read(bad), 0);
   CHECK_UEQ(gpu_host_verify(rt, hs[1], bytes, 31, 1, s), 0); /* the kernel's result */
-  CHECK_OK(dmem_free(rt, hs[1]));
+  CHECK_OK(dmem_buffer_free(rt, hs[1]));
   CHECK_OK(dmem_stream_destroy(rt, s));
   CUDA_REQUIRE(cudaFree(bad));
   dmem_runtime_destroy(rt);
@@ -717,18 +717,18 @@ TEST_CASE(lock_and_launch_runs_kernel_on_spilled_buffer) {
   const size_t bytes = gpu_small() ? MiB : 32 * MiB;
   unsigned long long *bad = gpu_counters(1);
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h));
   job_t fill = job1(JOB_FILL, bytes, 8, 10, NULL);
   REQUIRE_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &fill));
   for (uint32_t g = 10; g < 14; g++) {
-    CHECK_OK(dmem_spill(rt, h, g % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
+    CHECK_OK(dmem_buffer_spill(rt, h, g % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST));
     job_t j = job1(JOB_CHECK_INC, bytes, 8, g, bad);
     CHECK_OK(dmem_lock_and_launch(rt, &h, 1, run_job, &j));
     CHECK_EQ(gpu_lock_count(rt, h), 0);
   }
   CHECK_UEQ(gpu_counter_read(bad), 0);
   CHECK_UEQ(gpu_host_verify(rt, h, bytes, 8, 14, NULL), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CUDA_REQUIRE(cudaFree(bad));
   dmem_runtime_destroy(rt);
 }
@@ -740,7 +740,7 @@ TEST_CASE(launch_error_is_returned_not_sticky) {
   dmem_stream_t s;
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h;
-  REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
   job_t bad_cfg = job1(JOB_BAD_CONFIG, MiB, 0, 0, NULL);
   CHECK_STATUS(dmem_launch_async(rt, s, &h, 1, run_job, &bad_cfg), DMEM_ERR_DEVICE);
   CHECK_EQ(gpu_lock_count(rt, h), 1); /* registered all the same */
@@ -751,9 +751,9 @@ TEST_CASE(launch_error_is_returned_not_sticky) {
   job_t fill = job1(JOB_FILL, MiB, 3, 0, NULL);
   CHECK_OK(dmem_launch_async(rt, s, &h, 1, run_job, &fill));
   CHECK_OK(dmem_sync_and_unlock(rt, s));
-  CHECK_OK(dmem_spill(rt, h, DMEM_TIER_HOST));
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   CHECK_UEQ(gpu_host_verify(rt, h, MiB, 3, 0, s), 0);
-  CHECK_OK(dmem_free(rt, h));
+  CHECK_OK(dmem_buffer_free(rt, h));
   CHECK_OK(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
 }
@@ -790,15 +790,15 @@ TEST_CASE(device_selection) {
     REQUIRE_OK(create_on(-1, &rt));
     CHECK_EQ(dmem_runtime_backend(rt), DMEM_BACKEND_CUDA);
     dmem_handle_t h;
-    REQUIRE_OK(dmem_alloc(rt, MiB, 0, &h));
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
     void *p;
-    REQUIRE_OK(dmem_lock(rt, h, NULL, &p));
+    REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
     cudaPointerAttributes attr;
     CUDA_REQUIRE(cudaPointerGetAttributes(&attr, p));
     CHECK_EQ(attr.type, cudaMemoryTypeDevice);
     CHECK_EQ(attr.device, picks[k]);
-    CHECK_OK(dmem_unlock(rt, h));
-    CHECK_OK(dmem_free(rt, h));
+    CHECK_OK(dmem_buffer_unlock(rt, h));
+    CHECK_OK(dmem_buffer_free(rt, h));
     dmem_runtime_destroy(rt);
   }
   /* an ordinal past the last device */
@@ -875,7 +875,7 @@ TEST_CASE(raw_allocations_spill_buffers_with_kernels) {
   REQUIRE_OK(dmem_stream_create(rt, &s));
   dmem_handle_t h[16];
   for (size_t i = 0; i < nbuf; i++) {
-    REQUIRE_OK(dmem_alloc(rt, bytes, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h[i]));
     job_t j = job1(JOB_FILL, bytes, 300u + (uint32_t)i, 0, NULL);
     REQUIRE_OK(dmem_launch_async(rt, s, &h[i], 1, run_job, &j));
     REQUIRE_OK(dmem_stream_release(rt, s));
@@ -906,7 +906,7 @@ TEST_CASE(raw_allocations_spill_buffers_with_kernels) {
   CHECK_STATUS(dmem_device_free(rt, (char *)raw[0] + 256, r), DMEM_ERR_INVALID_ARGUMENT);
   for (int k = 0; k < 8; k++) CHECK_OK(dmem_device_free(rt, raw[k], r));
   CHECK_STATUS(dmem_device_free(rt, raw[0], r), DMEM_ERR_INVALID_ARGUMENT);
-  for (size_t i = 0; i < nbuf; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (size_t i = 0; i < nbuf; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_OK(dmem_stats(rt, &st));
   CHECK_UEQ(st.device_used, 0);
   CHECK_UEQ(st.raw_used, 0);

@@ -131,10 +131,10 @@ TEST_CASE(graph_replay_after_spilling_everything) {
   CUDA_REQUIRE(cudaMemset(g.bad, 0, sizeof *g.bad));
   dmem_handle_t h[SG_MAX];
   for (size_t i = 0; i < nd; i++) {
-    REQUIRE_OK(dmem_alloc(rt, bytes, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, bytes, DMEM_BUFFER_STABLE_ADDRESS, &h[i]));
     g.seed[i] = 0x51AB1Eu + (uint32_t)i;
   }
-  REQUIRE_OK(dmem_alloc(rt, 4, DMEM_BUFFER_STABLE_ADDRESS, &h[nd])); /* the generation */
+  REQUIRE_OK(dmem_buffer_alloc(rt, 4, DMEM_BUFFER_STABLE_ADDRESS, &h[nd])); /* the generation */
   size_t n = nd + 1;
   REQUIRE_OK(dmem_lock_and_launch(rt, h, n, fill_fn, &g));
   dmem_stream_t s;
@@ -143,7 +143,7 @@ TEST_CASE(graph_replay_after_spilling_everything) {
   REQUIRE_OK(dmem_sync_and_unlock(rt, s));
   for (int r = 0; r < rounds; r++) {
     dmem_tier_t tier = r % 2 ? DMEM_TIER_DISK : DMEM_TIER_HOST;
-    for (size_t i = 0; i < n; i++) CHECK_OK(dmem_spill(rt, h[i], tier));
+    for (size_t i = 0; i < n; i++) CHECK_OK(dmem_buffer_spill(rt, h[i], tier));
     dmem_stats_t st;
     CHECK_OK(dmem_stats(rt, &st));
     CHECK_UEQ(st.device_used, 0); /* every byte unmapped */
@@ -165,7 +165,7 @@ TEST_CASE(graph_replay_after_spilling_everything) {
           bytes >> 20, g.replays);
   cudaGraphExecDestroy(g.exec);
   CHECK_OK(dmem_stream_destroy(rt, s));
-  for (size_t i = 0; i < n; i++) CHECK_OK(dmem_free(rt, h[i]));
+  for (size_t i = 0; i < n; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CUDA_REQUIRE(cudaFree(g.bad));
   dmem_runtime_destroy(rt);
 }
@@ -190,10 +190,10 @@ TEST_CASE(graphs_round_robin_oversubscribed) {
     g[k].bytes = bytes;
     g[k].bad = bad;
     for (int i = 0; i < 2; i++) {
-      REQUIRE_OK(dmem_alloc(rt, bytes, DMEM_BUFFER_STABLE_ADDRESS, &h[k][i]));
+      REQUIRE_OK(dmem_buffer_alloc(rt, bytes, DMEM_BUFFER_STABLE_ADDRESS, &h[k][i]));
       g[k].seed[i] = 0xC0FFEEu + (uint32_t)(2 * k + i);
     }
-    REQUIRE_OK(dmem_alloc(rt, 4, DMEM_BUFFER_STABLE_ADDRESS, &h[k][2]));
+    REQUIRE_OK(dmem_buffer_alloc(rt, 4, DMEM_BUFFER_STABLE_ADDRESS, &h[k][2]));
     REQUIRE_OK(dmem_lock_and_launch(rt, h[k], 3, fill_fn, &g[k]));
     REQUIRE_OK(dmem_launch_async(rt, s, h[k], 3, sg_capture, &g[k]));
     REQUIRE_OK(dmem_sync_and_unlock(rt, s));
@@ -219,7 +219,7 @@ TEST_CASE(graphs_round_robin_oversubscribed) {
           (unsigned long long)st.spill_count);
   for (int k = 0; k < NP; k++) {
     cudaGraphExecDestroy(g[k].exec);
-    for (int i = 0; i < 3; i++) CHECK_OK(dmem_free(rt, h[k][i]));
+    for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, h[k][i]));
   }
   CHECK_OK(dmem_stream_destroy(rt, s));
   CUDA_REQUIRE(cudaFree(bad));

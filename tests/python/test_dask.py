@@ -14,6 +14,7 @@ import dmem
 pytest.importorskip("distributed")
 from distributed.protocol import deserialize, serialize  # noqa: E402
 
+import dmem.arrays  # noqa: E402
 import dmem.dask  # noqa: E402
 from dmem.dask import DmemValue, DmemWorkerData  # noqa: E402
 from dmem.dask import data as ddata  # noqa: E402
@@ -538,18 +539,18 @@ def test_adoption_of_a_block_from_the_runtimes_allocator(d):
     payload = np.arange(256, dtype=np.float64)  # 2 KiB at offset 1 KiB
     src = _Ns(data=_Ns(mem=_Ns(_owner=mem), ptr=mem.ptr + 1024), nbytes=payload.nbytes,
               shape=payload.shape, dtype=payload.dtype, strides=payload.strides)
-    leaf = dmem.dask._arrays._adopt(d.runtime, src, "cupy", None)
+    leaf = dmem.arrays.adopt(d.runtime, src, "cupy")
     assert leaf is not None and leaf.adopted and leaf.offset == 1024
     assert mem.adopted and leaf.buf.size == 4096 and leaf.buf.lock_count == 1
     assert d.runtime.stats()["raw_used"] == 0
     # a second array over the same block is not adopted twice (copied instead)
-    assert dmem.dask._arrays._adopt(d.runtime, src, "cupy", None) is None
+    assert dmem.arrays.adopt(d.runtime, src, "cupy") is None
     # another runtime's block is not adopted
     other = dmem.Runtime(backend="host", host_capacity=MiB)
     omem = other.device_malloc(4096)
     osrc = _Ns(data=_Ns(mem=_Ns(_owner=omem), ptr=omem.ptr), nbytes=8, shape=(1,),
                dtype=np.dtype("f8"), strides=(8,))
-    assert dmem.dask._arrays._adopt(d.runtime, osrc, "cupy", None) is None
+    assert dmem.arrays.adopt(d.runtime, osrc, "cupy") is None
     del osrc, omem
     other.close()
     leaf.buf.write(payload.tobytes(), 1024)

@@ -41,7 +41,7 @@ from hypothesis.stateful import (  # noqa: E402
 
 import dmem  # noqa: E402
 from dmem.dask import DmemValue, DmemWorkerData  # noqa: E402
-from dmem.dask import _arrays  # noqa: E402
+from dmem import arrays as _arrays  # noqa: E402
 from dmem.dask import data as ddata  # noqa: E402
 
 KiB = 1 << 10

@@ -22,7 +22,7 @@ from collections.abc import MutableMapping
 
 import dmem
 
-from . import _arrays
+from .. import arrays as _arrays
 from .ipc import Transfer
 
 __all__ = ["DmemWorkerData", "DmemValue", "RUNTIME_OPTIONS"]
@@ -97,7 +97,7 @@ class _Entry:
 
 def _free_entry(entry):
     for leaf in entry.leaves:
-        _arrays._free_quietly(leaf.buf)  # an exposed buffer goes when its arrays do
+        _arrays.discard(leaf)  # an exposed buffer goes when its arrays do
 
 
 def _release(lock, entry):
@@ -500,7 +500,7 @@ class DmemWorkerData(MutableMapping):
 
     def prefetch(self, keys):
         """Start bringing the spilled arrays of these keys back to the device
-        (dmem_prefetch: stream-ordered copies, nothing locked), so that the
+        (dmem_buffer_prefetch: stream-ordered copies, nothing locked), so that the
         tasks about to read them do not wait for the copies. Keys that are
         gone or hold host values are skipped. Returns the number of buffers
         asked for. Never raises: when the device has no room even after

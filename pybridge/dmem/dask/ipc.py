@@ -45,7 +45,7 @@ import time
 
 import dmem
 
-from . import _arrays
+from .. import arrays as _arrays
 
 __all__ = ["Transfer", "enabled_by_default", "export", "fetch", "peers_reachable", "same_host"]
 

@@ -23,7 +23,8 @@ from distributed.protocol import pickle
 from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from . import _arrays, ipc
+from .. import arrays as _arrays
+from . import ipc
 from .data import DmemValue
 
 __all__ = ["calls", "timing"]

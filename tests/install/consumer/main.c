@@ -46,10 +46,10 @@ static int same(const unsigned char *p, size_t n, unsigned seed) {
 /* Read a buffer's bytes back through lock / copy / unlock. */
 static void read_back(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, unsigned char *out) {
   void *dev = NULL;
-  TRY(dmem_lock(rt, h, s, &dev));
-  TRY(dmem_copy(rt, out, dev, SIZE, s));
+  TRY(dmem_buffer_lock(rt, h, s, &dev));
+  TRY(dmem_stream_copy(rt, out, dev, SIZE, s));
   TRY(dmem_stream_synchronize(rt, s));
-  TRY(dmem_unlock(rt, h));
+  TRY(dmem_buffer_unlock(rt, h));
 }
 
 static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
@@ -67,7 +67,7 @@ typedef struct overwrite_arg {
 static dmem_status_t overwrite(void *user, dmem_stream_t s, void *const *dev_ptrs, size_t n) {
   const overwrite_arg_t *a = (const overwrite_arg_t *)user;
   for (size_t i = 0; i < n; i++) {
-    dmem_status_t st = dmem_copy(a->rt, dev_ptrs[i], a->src, SIZE, s);
+    dmem_status_t st = dmem_stream_copy(a->rt, dev_ptrs[i], a->src, SIZE, s);
     if (st != DMEM_OK) return st;
   }
   return DMEM_OK;
@@ -91,21 +91,21 @@ int main(void) {
 
   /* alloc, lock, copy in, unlock */
   dmem_handle_t h = DMEM_HANDLE_NULL;
-  TRY(dmem_alloc(rt, SIZE, DMEM_ALLOC_DEFAULT, &h));
+  TRY(dmem_buffer_alloc(rt, SIZE, DMEM_ALLOC_DEFAULT, &h));
   EXPECT(h != DMEM_HANDLE_NULL);
   fill(host, SIZE, 1);
   void *dev = NULL;
-  TRY(dmem_lock(rt, h, s, &dev));
-  EXPECT(dmem_spill(rt, h, DMEM_TIER_HOST) == DMEM_ERR_BUSY); /* locked: not spillable */
-  TRY(dmem_copy(rt, dev, host, SIZE, s));
+  TRY(dmem_buffer_lock(rt, h, s, &dev));
+  EXPECT(dmem_buffer_spill(rt, h, DMEM_TIER_HOST) == DMEM_ERR_BUSY); /* locked: not spillable */
+  TRY(dmem_stream_copy(rt, dev, host, SIZE, s));
   TRY(dmem_stream_synchronize(rt, s));
-  TRY(dmem_unlock(rt, h));
-  EXPECT(dmem_unlock(rt, h) == DMEM_ERR_NOT_LOCKED);
+  TRY(dmem_buffer_unlock(rt, h));
+  EXPECT(dmem_buffer_unlock(rt, h) == DMEM_ERR_NOT_LOCKED);
 
   /* spill to host, unspill, check */
-  TRY(dmem_spill(rt, h, DMEM_TIER_HOST));
+  TRY(dmem_buffer_spill(rt, h, DMEM_TIER_HOST));
   EXPECT(state_of(rt, h) == DMEM_STATE_DEFERRED_HOST);
-  TRY(dmem_unspill(rt, h, s));
+  TRY(dmem_buffer_unspill(rt, h, s));
   TRY(dmem_stream_synchronize(rt, s));
   EXPECT(state_of(rt, h) == DMEM_STATE_RESIDENT);
   memset(other, 0, SIZE);
@@ -125,7 +125,7 @@ int main(void) {
   EXPECT(info.size == SIZE);
 
   /* spill to disk, then a lock brings it back */
-  TRY(dmem_spill(rt, h, DMEM_TIER_DISK));
+  TRY(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
   EXPECT(state_of(rt, h) == DMEM_STATE_DEFERRED_DISK);
   memset(other, 0, SIZE);
   read_back(rt, s, h, other);
@@ -140,8 +140,8 @@ int main(void) {
   EXPECT(st.buffer_count == 1);
   EXPECT(st.device_limit == 16 * SIZE);
 
-  TRY(dmem_free(rt, h));
-  EXPECT(dmem_free(rt, h) == DMEM_ERR_STALE_HANDLE);
+  TRY(dmem_buffer_free(rt, h));
+  EXPECT(dmem_buffer_free(rt, h) == DMEM_ERR_STALE_HANDLE);
   TRY(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
   free(host);

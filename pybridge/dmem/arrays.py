@@ -1,25 +1,62 @@
-"""Array leaves of dmem.dask: how a value's arrays become dmem buffers and
-come back as arrays.
+"""dmem.arrays: device arrays kept in dmem buffers, and arrays viewing them again.
 
-A stored value is a *tree*: tuples, lists and dicts (exact types) whose
-leaves are either :class:`Leaf` (one array kept in a dmem buffer) or any
-other object, kept as it is. What counts as an array depends on the
-runtime's backend:
+What any integration that stores arrays in dmem needs (``dmem.dask`` uses it;
+a new framework integration should too, instead of a copy of its own):
 
-- ``cuda``: CuPy arrays and Numba device arrays (``__cuda_array_interface__``).
-- ``host``: NumPy arrays (the host backend's "device" memory is host memory),
-  exposed again as NumPy arrays through ``__array_interface__``.
+Classification
+    ``array_kind(runtime, value)``: ``'numpy'``, ``'cupy'``, ``'numba'`` or
+    None: which arrays count as this runtime's device arrays:
 
-Arrays of object dtype and empty arrays are never leaves (their bytes are not
-the value). Nothing in this module takes a lock of the mapping.
+    - ``cuda`` backend: CuPy arrays and Numba device arrays
+      (``__cuda_array_interface__``);
+    - ``host`` backend: NumPy arrays (the host backend's "device" memory is
+      host memory), exposed again as NumPy arrays.
+
+    Arrays of object dtype and empty arrays are never device arrays (their
+    bytes are not the value).
+
+One array
+    ``store(runtime, value, kind, stream=None)`` -> :class:`Leaf`: the array
+    in a new dmem buffer (one copy; a non-contiguous array is stored
+    contiguous), or in place when ``adopt`` can take its allocation.
+    ``adopt(runtime, array, kind)`` -> :class:`Leaf` or None: a CuPy array
+    whose memory came from ``dmem.cupy``'s allocator over this runtime
+    (recognised by ``dmem.cupy.device_memory_of``, never by a class name)
+    becomes a buffer without a copy (``Runtime.adopt``), locked while the
+    allocation's ``DeviceMemory`` lives. ``expose(leaf, stream=None)``: an
+    array of the stored type viewing the locked buffer; the lock lasts exactly
+    as long as the array or any view of it lives. ``peek(leaf)``: the bytes,
+    read where they are (no unspill). ``discard(leaf)``: free the buffer,
+    ignoring errors (an exposed buffer goes when its arrays do).
+
+Values (trees)
+    A stored value is a *tree*: tuples, lists and dicts (exact types, nested
+    up to 64 levels) whose leaves are either a :class:`Leaf` or any other
+    object, kept as it is. ``pack(runtime, value, stream=None)`` ->
+    ``(tree, leaves)`` or ``(None, [])`` when the value holds no device array;
+    ``unpack(tree, stream=None)`` exposes every leaf; ``leaves_of(tree)``.
+
+Transfer form
+    ``skeleton(tree)``: the tree with each leaf replaced by its index and
+    metadata (picklable); ``rebuild(skeleton, frames, device)``: the value
+    again from one frame of bytes per leaf; ``materialize(tree, device)``:
+    the value as plain arrays read where the bytes are (no unspill).
+
+Errors: ``pack`` and ``store`` free the buffers they made before raising;
+the runtime's exceptions (``dmem.OutOfMemoryError``, ...) pass through.
+Thread safety: the functions keep no state of their own; concurrent calls on
+different leaves are safe, and a leaf's buffer is as thread-safe as any
+``dmem.Buffer``. Importing this module imports neither CuPy nor Numba.
 """
 
 import sys
 
 import numpy
 
-__all__ = ["Leaf", "pack", "unpack", "expose", "leaves_of", "peek", "materialize", "skeleton",
-           "rebuild"]
+from . import cupy as _dmem_cupy
+
+__all__ = ["Leaf", "array_kind", "store", "adopt", "expose", "peek", "discard", "pack",
+           "unpack", "leaves_of", "skeleton", "rebuild", "materialize"]
 
 
 class Leaf:
@@ -50,9 +87,9 @@ class Leaf:
         }
 
     def __reduce__(self):
-        # A Leaf names a buffer of this process: it never travels. The
-        # serializers of DmemValue send its bytes instead.
-        raise TypeError("a dmem.dask Leaf cannot be pickled; serialize its DmemValue")
+        # A Leaf names a buffer of this process: it never travels. Senders
+        # (dmem.dask's serializers) send its bytes instead.
+        raise TypeError("a dmem.arrays Leaf cannot be pickled; send its bytes (peek, skeleton)")
 
 
 # ---- classification --------------------------------------------------------------
@@ -111,7 +148,7 @@ def _pack(runtime, value, leaves, stream, depth):
     kind = array_kind(runtime, value)
     if kind is None:
         return ("obj", value)
-    leaf = _store(runtime, value, kind, stream)
+    leaf = store(runtime, value, kind, stream)
     leaves.append(leaf)
     return ("leaf", leaf)
 
@@ -122,7 +159,11 @@ def _contiguous(value, xp):
     return xp.ascontiguousarray(value)
 
 
-def _store(runtime, value, kind, stream):
+def store(runtime, value, kind, stream=None):
+    """A Leaf holding the array value (of kind ``array_kind(runtime, value)``)
+    in a dmem buffer of runtime: adopted in place when ``adopt`` can, else
+    copied into a new buffer (on stream, for device arrays). On an error the
+    new buffer is freed and the error raised."""
     if kind == "numpy":
         a = _contiguous(value, numpy)
         buf = runtime.alloc(a.nbytes)
@@ -135,12 +176,12 @@ def _store(runtime, value, kind, stream):
     cp = _cupy()
     if kind == "numba":
         if cp is None:
-            raise ImportError("dmem.dask needs CuPy to store Numba device arrays")
+            raise ImportError("dmem.arrays needs CuPy to store Numba device arrays")
         src = cp.asarray(value)  # zero-copy through __cuda_array_interface__
     else:
         src = value
     src = _contiguous(src, cp)
-    leaf = _adopt(runtime, src, kind, stream)
+    leaf = adopt(runtime, src, kind)
     if leaf is not None:
         return leaf
     buf = runtime.alloc(src.nbytes)
@@ -157,26 +198,34 @@ def _store(runtime, value, kind, stream):
     return Leaf(buf, 0, src.nbytes, src.shape, src.dtype, src.strides, kind)
 
 
-def _adopt(runtime, src, kind, stream):
-    """A Leaf over src's own allocation when it came from this runtime's
-    allocator (dmem.cupy), without a copy; else None."""
-    adopt = getattr(runtime, "adopt", None)
-    mem = getattr(getattr(src, "data", None), "mem", None)
-    owner = getattr(mem, "_owner", None)
-    if adopt is None or owner is None or type(owner).__name__ != "DeviceMemory":
+def adopt(runtime, array, kind="cupy"):
+    """A Leaf over the array's own allocation, without a copy, when that
+    allocation is a ``dmem.DeviceMemory`` of this runtime (made by
+    ``dmem.cupy``'s allocator: ``dmem.cupy.device_memory_of(array)``), not
+    adopted yet, and holds the array's bytes; else None. The buffer
+    (``Runtime.adopt``) is ordered after the block's own stream and stays
+    locked until that DeviceMemory is collected."""
+    rt_adopt = getattr(runtime, "adopt", None)
+    owner = _dmem_cupy.device_memory_of(array)
+    if rt_adopt is None or owner is None:
         return None
-    if getattr(owner, "runtime", None) is not runtime or owner.freed or getattr(owner, "adopted", True):
+    if owner.runtime is not runtime or owner.freed or owner.adopted:
         return None
-    offset = src.data.ptr - owner.ptr
-    if offset < 0 or offset + src.nbytes > owner.size:
+    offset = array.data.ptr - owner.ptr
+    if offset < 0 or offset + array.nbytes > owner.size:
         return None
     try:
-        # ordered after the block's own stream (where CuPy made the array);
-        # the buffer stays locked until that DeviceMemory is collected
-        buf = adopt(owner)
+        buf = rt_adopt(owner)
     except (ValueError, TypeError):
         return None
-    return Leaf(buf, offset, src.nbytes, src.shape, src.dtype, src.strides, kind, adopted=True)
+    return Leaf(buf, offset, array.nbytes, array.shape, array.dtype, array.strides, kind,
+                adopted=True)
+
+
+def discard(leaf):
+    """Free the leaf's buffer, ignoring errors (an exposed buffer goes when
+    its arrays do; a freed one stays freed)."""
+    _free_quietly(leaf.buf)
 
 
 def _free_quietly(buf):
@@ -187,6 +236,7 @@ def _free_quietly(buf):
 
 
 def leaves_of(tree):
+    """The Leafs of a tree, in order (the order skeleton numbers them)."""
     out = []
     _walk(tree, out)
     return out
@@ -246,6 +296,7 @@ def expose(leaf, stream=None):
 
 
 def unpack(tree, stream=None):
+    """The value of a tree, each leaf exposed (see expose)."""
     tag, body = tree
     if tag == "leaf":
         return expose(body, stream)
