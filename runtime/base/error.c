@@ -1,5 +1,5 @@
 /*
- * runtime/base/status.c - status names and messages (from the X-macro table),
+ * runtime/base/error.c - status names and messages (from the X-macro table),
  * the thread-local error detail, and the logger. This is the floor of the
  * layers: every layer, the backends included, records failures through it,
  * and it calls nothing else of dmem.
