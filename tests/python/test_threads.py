@@ -292,6 +292,9 @@ def test_gil_released_during_blocking_calls(spill_dir):
                  for t0, t1 in long_calls)
     print("the other thread ran in the middle of %d of %d calls of 20 ms or more (longest "
           "%.1f ms)" % (inside, len(long_calls), longest * 1e3))
-    assert inside * 2 >= len(long_calls), (
+    # A build that keeps the GIL gives 0; a loaded machine (CI's two cores
+    # running other tests) may starve the spinner in some calls, so a
+    # quarter of them (at least one) is enough to tell.
+    assert inside >= max(1, len(long_calls) // 4), (
         "the other thread ran in the middle of %d of %d calls of 20 ms or more"
         % (inside, len(long_calls)))
