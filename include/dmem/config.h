@@ -69,8 +69,8 @@
  *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
  *                      device use passes N % of the limit (on: 95 %), a
  *                      background thread spills by policy down to M %
- *                      (default N - 5). Default: on for the CUDA backend,
- *                      off for the host backend (deterministic tests).
+ *                      (default N - 5). Default: off on both backends
+ *                      (dmem_config_t.spill_ahead says why).
  *   DMEM_EVICTION_POLICY  reuse | lru: which unlocked buffers eviction
  *                      takes first within a priority class (see
  *                      dmem_config_t.eviction_policy; default reuse)

@@ -395,6 +395,13 @@ def test_host_limit_is_derived_from_the_workers_memory_limit():
     assert cluster.derived_host_options("16GiB", 1, "3GB", None) == ("3GB", None)
     assert cluster.derived_host_options("16GiB", 1, None, 0.5)[1] == 0.5
     assert cluster.derived_host_options(0, 1, None, None) == (None, None)
+    # a host_staging given to the runtimes is the staging of the bound
+    for staging in (4 * GiB, "4GiB"):
+        h = cluster.default_host_limit(16 * GiB, host_staging=staging)
+        bound = h * (1 + cluster.DERIVED_HOST_BURST) + 4 * GiB
+        assert 0.7 * 16 * GiB - 2 <= bound + cluster.PROCESS_RESERVE <= 0.7 * 16 * GiB + 1
+        assert cluster.derived_host_options("16GiB", 1, None, None, staging)[0] == h
+    assert cluster.default_host_limit(16 * GiB, host_staging=4 * GiB) < cluster.default_host_limit(16 * GiB)
     with dmem.dask.LocalCluster(n_workers=0, backend="host", dashboard_address=None,
                                 memory_limit="16GiB") as c:
         ((name, spec),) = c.new_worker_spec().items()

@@ -131,10 +131,12 @@ PROCESS_RESERVE = 2 << 30
 DERIVED_HOST_BURST = 0.2
 
 
-def default_host_limit(memory_limit, host_burst=None):
+def default_host_limit(memory_limit, host_burst=None, host_staging=None):
     """The host tier limit (bytes) of a dmem worker whose process may use
     memory_limit bytes (the worker's, as distributed resolves it; None or 0:
-    none, and then None: no host limit).
+    none, and then None: no host limit). host_staging: the runtime's option
+    of that name (bytes, or a size string), when given and not 0, is the
+    staging in the bound below (at least 64 MiB, as the runtime takes it).
 
     dmem's pinned pool grows, under sustained spilling, to the host tier's
     bound plus staging: ``H * (1 + host_burst) + min(H / 4, 1 GiB)``. Dask's
@@ -156,6 +158,11 @@ def default_host_limit(memory_limit, host_burst=None):
     budget = frac * memory_limit - PROCESS_RESERVE
     if budget <= 0:
         return 64 << 20  # a worker with next to no memory: disk it is
+    if host_staging:
+        staging = (dask.utils.parse_bytes(host_staging) if isinstance(host_staging, str)
+                   else int(host_staging))
+        staging = max(64 << 20, staging)
+        return max(64 << 20, int((budget - staging) / (1 + burst)))
     gib = float(1 << 30)
     h = (budget - gib) / (1 + burst)
     if h / 4 < gib:  # staging is a quarter of the limit below 4 GiB
@@ -163,11 +170,13 @@ def default_host_limit(memory_limit, host_burst=None):
     return max(64 << 20, int(h))
 
 
-def derived_host_options(memory_limit, nthreads, host_memory_limit, host_burst):
+def derived_host_options(memory_limit, nthreads, host_memory_limit, host_burst,
+                         host_staging=None):
     """(host_memory_limit, host_burst) for worker_options: those given, or
     when host_memory_limit is None, default_host_limit of the worker's
     memory_limit (as distributed's worker resolves it from memory_limit and
-    nthreads) with DERIVED_HOST_BURST unless a burst was given."""
+    nthreads; with the runtime's host_staging when given) with
+    DERIVED_HOST_BURST unless a burst was given."""
     if host_memory_limit is not None:
         return host_memory_limit, host_burst
     import logging
@@ -178,7 +187,7 @@ def derived_host_options(memory_limit, nthreads, host_memory_limit, host_burst):
         m = parse_memory_limit(memory_limit, nthreads, logger=logging.getLogger("dmem.dask"))
     except (ValueError, TypeError):
         return None, host_burst  # distributed will say what is wrong with it
-    h = default_host_limit(m, host_burst)
+    h = default_host_limit(m, host_burst, host_staging)
     if h is None:
         return None, host_burst
     return h, DERIVED_HOST_BURST if host_burst is None else host_burst
@@ -283,7 +292,7 @@ class LocalCluster(distributed.LocalCluster):
         self._n_requested = n_workers
         host_memory_limit, host_burst = derived_host_options(
             kwargs.get("memory_limit", "auto"), kwargs.get("threads_per_worker") or 1,
-            host_memory_limit, host_burst)
+            host_memory_limit, host_burst, kwargs.get("host_staging"))
         self.host_memory_limit = host_memory_limit
         runtime_options = {k: kwargs.pop(k) for k in RUNTIME_OPTIONS if k in kwargs}
         options = worker_options(backend, device_memory_limit, host_memory_limit, spill_dir,

@@ -121,7 +121,8 @@ async def _run(args):
 
     backend, plan = _plan(args)
     host_limit, host_burst = derived_host_options(args.memory_limit, args.nthreads,
-                                                  args.host_memory_limit, args.host_burst)
+                                                  args.host_memory_limit, args.host_burst,
+                                                  getattr(args, "rt_host_staging", None))
     runtime_options = {k[3:]: v for k, v in vars(args).items() if k.startswith("rt_")}
     opts = worker_options(backend, args.device_memory_limit, host_limit,
                           args.spill_dir, ipc=args.ipc, host_burst=host_burst,
