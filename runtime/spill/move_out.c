@@ -109,6 +109,11 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     copied = st == DMEM_OK;
   }
   if (st != DMEM_OK) goto undo;
+  /* A finished copy's event is nobody's to wait for: cleared now, while we
+   * own TRANSIT. After the commit's CAS the next mover may own the buffer
+   * and set spill_event for a spill of its own, which a late clear would
+   * wipe (SPILL_COPY with no event: a NULL wait, an event lost). */
+  if (copied) dmem_atomic_store_relaxed(&b->spill_event, NULL);
 
   /* Commit unless a lock cancelled the spill meanwhile. */
   w = dmem_atomic_load_acquire(&b->word); /* partner: lockers' CAS */
@@ -131,6 +136,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     if (stable) nw |= DMEM__F_TRANSIT;
     /* release: publishes b->host; partner is the next mover's acquire */
     if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
+      DMEM_SCHED_POINT(); /* the next mover may own the buffer from here */
       dmem_atomic_add_relaxed(&b->spill_count, 1);
       if (!dest->adopts_staging) dmem__hostpool_free(rt->hostpool, stage);
       /* the range is reusable once the copy that reads it is done */
@@ -141,8 +147,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
         dmem__device_release_after(rt, dev, size, copied ? NULL : ev);
       }
       if (copied) {
-        dmem_atomic_store_relaxed(&b->spill_event, NULL);
-        dmem__event_put(rt, ev);
+        dmem__event_put(rt, ev); /* spill_event was cleared before the CAS */
       } else {
         dmem__staging_push(rt, b, h); /* gives ev back once it completes */
       }
@@ -491,13 +496,15 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
         break;
       }
       DMEM_ASSERT((w & DMEM__F_TRANSIT) && dmem__w_count(w) == 0);
+      /* cleared while we own TRANSIT, as in spill_from_device */
+      if (copied) dmem_atomic_store_relaxed(&b->spill_event, NULL);
       uint64_t nw = (dmem__w_with_state(w, dest->state) &
                      ~(DMEM__F_TRANSIT | DMEM__F_SPILL_COPY | DMEM__F_UNSPILL_COPY)) |
                     keep;
       /* release: publishes b->host; partner is the next mover's acquire */
       if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
+        DMEM_SCHED_POINT(); /* the next mover may own the buffer from here */
         dmem_atomic_add_relaxed(&b->spill_count, 1);
-        if (copied) dmem_atomic_store_relaxed(&b->spill_event, NULL);
         done_b[m] = b;
         done_w[m] = nw;
         devs[m] = it[j].dev;
