@@ -51,8 +51,9 @@
  *  16 policy    rt->pol.mu       (the default eviction policy's lists,
  *                                 spill/reuse.c; nothing is taken under it)
  *
- * The device pool's mutexes (memory/pool*.c) and the backends' own are
- * innermost: neither calls up.
+ * The device pool's mutexes (memory/pool*.c), the stable ranges' shard
+ * mutexes (memory/stable.c: held only to find or unlink a range's record)
+ * and the backends' own are innermost: none calls up.
  */
 #ifndef DMEM_CORE_LAYER_H
 #define DMEM_CORE_LAYER_H
