@@ -75,7 +75,8 @@ def start_rss_sampler(client, period=0.02):
     """Start a thread in each worker that samples its RSS every `period` s
     and, at each new maximum, notes what the worker held: the keys in
     memory it computed and those it fetched from a peer (replicas), their
-    bytes, and dmem's device and host tiers. worker_at_peak_rss() reads it:
+    bytes, how many of those replicas no task of the worker needs any more,
+    and dmem's device and host tiers. worker_at_peak_rss() reads it:
     where a worker's peak host memory went."""
     def install(dask_worker, period=period):
         import threading
@@ -90,18 +91,22 @@ def start_rss_sampler(client, period=0.02):
             while not note.get("stop"):
                 r = rss()
                 if r > note["rss"]:
-                    computed = fetched = cb = fb = 0
+                    computed = fetched = cb = fb = unneeded = 0
                     for ts in list(dask_worker.state.tasks.values()):
                         if ts.state != "memory":
                             continue
                         if ts.run_spec is None:
                             fetched += 1
                             fb += ts.nbytes or 0
+                            # no task of this worker needs it any more
+                            unneeded += all(d.state in ("memory", "released", "forgotten",
+                                                        "error") for d in list(ts.dependents))
                         else:
                             computed += 1
                             cb += ts.nbytes or 0
                     n = {"rss": r, "keys_computed": computed, "bytes_computed": cb,
-                         "keys_fetched": fetched, "bytes_fetched": fb}
+                         "keys_fetched": fetched, "bytes_fetched": fb,
+                         "keys_fetched_unneeded": unneeded}
                     rt = getattr(dask_worker.data, "runtime", None)
                     if rt is not None:
                         s = rt.stats()

@@ -142,6 +142,31 @@ TEST_CASE(big_alloc_beside_a_pinning_block) {
   dmem_runtime_destroy(rt);
 }
 
+/* Twenty buffers of 4 MiB - 64 KiB fill a limit of exactly their sum. Each
+ * takes a slab rounded up to the 2 MiB grain (4 MiB), so nineteen slabs
+ * leave less than one under the limit: the twentieth used to spill one of
+ * the others although the live bytes fit (a Dask worker's 40 chunks of
+ * 2e8 bytes under 8e9 held 39). It now takes one slab past the cut; a
+ * twenty-first spills, and so does every later one (one slab past at most). */
+TEST_CASE(equal_blocks_fill_the_limit_without_a_spill) {
+  enum { N = 20 };
+  const size_t S = 4 * MiB - 64 * KiB;
+  dmem_runtime_t *rt = check_runtime(N * S);
+  dmem_handle_t h[N + 2];
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[i]));
+  dmem_stats_t st;
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_EQ(st.bytes_spilled, 0);
+  for (int i = 0; i < N; i++) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_RESIDENT);
+  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[N]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[N + 1]));
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_EQ(st.bytes_spilled, 2 * S);
+  CHECK_LE(st.device_used, N * S);
+  for (int i = 0; i < N + 2; i++) REQUIRE_OK(dmem_buffer_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
 /* ---- least recently unlocked first, across threads ---------------------------- */
 
 typedef struct {

@@ -247,6 +247,14 @@ dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, dmem__devsrc_t s
   return device_alloc(rt, s, true, size, stream, dev_out, ordered_out, short_by_out);
 }
 
+bool dmem__device_may_pass_cut(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size) {
+  if (src != DMEM__SRC_POOL || size > rt->limit / DMEM__PAST_CUT_DIV) return false;
+  if (dmem__device_used(rt) + size > rt->limit) return false; /* the limit is short, not the cut */
+  dmem__pool_stats_t ps;
+  dmem__pool_stats(rt->pool, &ps);
+  return ps.reserved <= rt->limit; /* no slab past the cut yet */
+}
+
 int dmem__device_fits(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size, void *stream) {
   const devsrc_t *s = &devsrc_table[src];
   return s->fits ? s->fits(rt, size, stream) : 1;

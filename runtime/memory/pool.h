@@ -76,7 +76,8 @@ typedef struct dmem__pool dmem__pool_t;
 
 /* Counters of a pool; written whole by dmem__pool_stats. */
 typedef struct dmem__pool_stats {
-  size_t reserved;       /* slab bytes held (never above the limit) */
+  size_t reserved;       /* slab bytes held (above the limit only after
+                            dmem__pool_alloc_past_limit) */
   size_t in_use;         /* bytes in live blocks (rounded sizes) */
   uint64_t hits;         /* allocations served from a cache or the free ranges */
   uint64_t misses;       /* allocations that needed a new slab */

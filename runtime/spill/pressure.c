@@ -110,7 +110,7 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
                                void **dev_out, bool *ordered_out, size_t need) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
-  bool told = false, trimmed = false, cut_trimmed = false;
+  bool told = false, trimmed = false, cut_trimmed = false, passed = false;
   /* acquire: partner is dmem__move_finished's / pending_poll's release */
   uint64_t seen = dmem_atomic_load_acquire(&rt->moves_done);
   for (bool first = true;; first = false) {
@@ -140,6 +140,15 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
       cut_trimmed = trimmed = true;
       size_t released = 0;
       if (dmem__device_trim(rt, 0, &released) == DMEM_OK && released > 0) continue;
+    }
+    /* The limit holds it, the pool's cut does not (requests rounded up to
+     * the slab grain): one slab past the cut rather than a spill. */
+    if (contig && !passed && src != FROM_STABLE &&
+        dmem__device_may_pass_cut(rt, (dmem__devsrc_t)src, size)) {
+      passed = true;
+      st = dmem__device_alloc_past_slabs(rt, (dmem__devsrc_t)src, size, stream, dev_out,
+                                         ordered_out, &need);
+      if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
     }
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
