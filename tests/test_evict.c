@@ -142,29 +142,41 @@ TEST_CASE(big_alloc_beside_a_pinning_block) {
   dmem_runtime_destroy(rt);
 }
 
-/* Twenty buffers of 4 MiB - 64 KiB fill a limit of exactly their sum. Each
- * takes a slab rounded up to the 2 MiB grain (4 MiB), so nineteen slabs
- * leave less than one under the limit: the twentieth used to spill one of
- * the others although the live bytes fit (a Dask worker's 40 chunks of
- * 2e8 bytes under 8e9 held 39). It now takes one slab past the cut; a
- * twenty-first spills, and so does every later one (one slab past at most). */
-TEST_CASE(equal_blocks_fill_the_limit_without_a_spill) {
-  enum { N = 20 };
-  const size_t S = 4 * MiB - 64 * KiB;
-  dmem_runtime_t *rt = check_runtime(N * S);
-  dmem_handle_t h[N + 2];
-  for (int i = 0; i < N; i++) REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[i]));
+/* n buffers of `size` bytes fill a limit of exactly their sum: none may
+ * spill (the limit counts live bytes, not how the slabs are cut), the
+ * slabs stay within a 16th past the limit, and the next two spill one
+ * each. */
+static void fill_the_limit(int n, size_t size) {
+  dmem_runtime_t *rt = check_runtime((size_t)n * size);
+  dmem_handle_t *h = calloc((size_t)n + 2, sizeof *h);
+  for (int i = 0; i < n; i++) REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[i]));
   dmem_stats_t st;
   REQUIRE_OK(dmem_stats(rt, &st));
   CHECK_EQ(st.bytes_spilled, 0);
-  for (int i = 0; i < N; i++) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_RESIDENT);
-  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[N]));
-  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[N + 1]));
+  CHECK_EQ(st.device_used, (size_t)n * size);
+  CHECK_LE(st.device_reserved, (size_t)n * size + (size_t)n * size / 16);
+  for (int i = 0; i < n; i++) CHECK_EQ(state_of(rt, h[i]), DMEM_STATE_RESIDENT);
+  REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[n]));
+  REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[n + 1]));
   REQUIRE_OK(dmem_stats(rt, &st));
-  CHECK_EQ(st.bytes_spilled, 2 * S);
-  CHECK_LE(st.device_used, N * S);
-  for (int i = 0; i < N + 2; i++) REQUIRE_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_EQ(st.bytes_spilled, 2 * size);
+  CHECK_LE(st.device_used, (size_t)n * size);
+  for (int i = 0; i < n + 2; i++) REQUIRE_OK(dmem_buffer_free(rt, h[i]));
+  free(h);
   dmem_runtime_destroy(rt);
+}
+
+/* A Dask worker's forty chunks of 2e8 bytes under a limit of 8e9 held 39:
+ * the geometric slabs (a 16th of the limit, doubling, the last one what the
+ * limit leaves) hold 2 + 5 + 10 + 20 + 2 of them, the tails too short for
+ * a 40th. Forty 2000128-byte buffers (2e6 rounded to the pool's 256 B) have
+ * the same geometry at a hundredth of the size, and the twentieth of twenty
+ * 4 MiB - 64 KiB buffers meets the slabs' 2 MiB grain. Each last one
+ * spilled another although the live bytes fit; it now takes a slab past the
+ * pool's cut. */
+TEST_CASE(equal_blocks_fill_the_limit_without_a_spill) {
+  fill_the_limit(40, 2000128);
+  fill_the_limit(20, 4 * MiB - 64 * KiB);
 }
 
 /* ---- least recently unlocked first, across threads ---------------------------- */

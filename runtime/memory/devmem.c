@@ -252,7 +252,8 @@ bool dmem__device_may_pass_cut(dmem_runtime_t *rt, dmem__devsrc_t src, size_t si
   if (dmem__device_used(rt) + size > rt->limit) return false; /* the limit is short, not the cut */
   dmem__pool_stats_t ps;
   dmem__pool_stats(rt->pool, &ps);
-  return ps.reserved <= rt->limit; /* no slab past the cut yet */
+  /* the slabs past the cut, this one's included, within a 16th of the limit */
+  return ps.reserved <= rt->limit + rt->limit / DMEM__PAST_CUT_DIV - size;
 }
 
 int dmem__device_fits(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size, void *stream) {

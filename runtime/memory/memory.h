@@ -56,18 +56,19 @@ dmem_status_t dmem__device_alloc_from(dmem_runtime_t *rt, dmem__devsrc_t src, si
 dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size,
                                             void *stream, void **dev_out, bool *ordered_out,
                                             size_t *short_by_out);
-/* The largest request, as a share of the limit (1/DMEM__PAST_CUT_DIV), that
- * may take a slab past the pool's cut before anything is spilled. */
+/* How far the pool's slabs may pass the limit before anything is spilled:
+ * limit / DMEM__PAST_CUT_DIV. */
 #define DMEM__PAST_CUT_DIV 16
 /* Whether spill/pressure.c may ask dmem__device_alloc_past_slabs for
  * `size` bytes from `src` before it spills anything: the source is the
  * pool, the live bytes and `size` fit the limit (the limit counts what
- * buffers hold, not how the slabs are cut), the request is at most
- * limit / DMEM__PAST_CUT_DIV, and no slab is past the cut yet. So the
- * slabs pass the limit by at most one such request: requests of one size
- * (a Dask worker's chunks) that each round up to the slab grain fill the
- * limit instead of stopping a request short of it. A racing snapshot:
- * the charge in dmem__device_alloc_past_slabs decides. Thread-safe. */
+ * allocations hold, not how the slabs are cut), and the slabs, with one of
+ * `size` bytes more, stay within limit + limit / DMEM__PAST_CUT_DIV. The
+ * slabs' tails (each slab rounded up to the 2 MiB grain, the geometric
+ * slabs' ends too short for one more request) then do not stop requests of
+ * one size (a Dask worker's chunks) short of filling the limit. A racing
+ * snapshot: the charge in dmem__device_alloc_past_slabs decides.
+ * Thread-safe. */
 bool dmem__device_may_pass_cut(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size);
 /* Whether a request of `size` from `src` could be served now without a
  * contiguous range being freed first (the pool: dmem__pool_fits; a source

@@ -141,8 +141,8 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
       size_t released = 0;
       if (dmem__device_trim(rt, 0, &released) == DMEM_OK && released > 0) continue;
     }
-    /* The limit holds it, the pool's cut does not (requests rounded up to
-     * the slab grain): one slab past the cut rather than a spill. */
+    /* The limit holds it, the pool's cut does not (the slabs' tails): a
+     * slab past the cut rather than a spill, within a 16th of the limit. */
     if (contig && !passed && src != FROM_STABLE &&
         dmem__device_may_pass_cut(rt, (dmem__devsrc_t)src, size)) {
       passed = true;

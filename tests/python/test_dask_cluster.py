@@ -142,6 +142,47 @@ def test_fetched_replicas_are_dropped_once_no_task_needs_them(cluster):
             client.amm.start()
 
 
+def test_the_fetched_copy_is_the_one_dropped(cluster):
+    """The same graph: once no task of a worker needs a key it fetched, the
+    scheduler drops that worker's copy, not the peer's original (which
+    ReduceReplicas may pick: it drops from the worker using the most
+    memory). Every key of x is left where it was computed, and no worker
+    holds a fetched copy; the scheduler never dropped a last copy (every key
+    has one holder and the sums are exact)."""
+    c, _ = cluster
+    with distributed.Client(c) as client:
+        client.amm.stop()
+        try:
+            x = the_array().persist()
+            distributed.wait(x)
+            y = (x + x.T).persist()
+            distributed.wait(y)
+
+            def fetched(dask_worker):
+                return sum(1 for ts in dask_worker.state.tasks.values()
+                           if ts.state == "memory" and ts.run_spec is None)
+
+            def replicated(dask_scheduler):
+                return len(dask_scheduler.replicated_tasks)
+
+            deadline = time.monotonic() + 20
+            while (client.run_on_scheduler(replicated) or sum(client.run(fetched).values())) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client.run_on_scheduler(replicated) == 0
+            assert client.run(fetched) == {w: 0 for w in client.run(fetched)}
+            dropped = client.run(lambda dask_worker: dask_worker.plugins["dmem"].replicas_dropped)
+            assert sum(dropped.values()) > 0
+            on_scheduler = client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.plugins["dmem-drop-fetched"].dropped)
+            assert on_scheduler == sum(dropped.values())
+            assert y.sum().compute() == 2 * REF.sum()
+            assert x.sum().compute() == REF.sum()
+            del x, y
+        finally:
+            client.amm.start()
+
+
 def test_plugin_options_are_checked():
     with pytest.raises(TypeError):
         dmem.dask.DmemWorkerPlugin(reduce_replicas="yes")

@@ -10,12 +10,15 @@
   asked for by another worker of the same machine go by CUDA IPC
   (dmem.dask.ipc), locked on the device until that worker has
   acknowledged them.
-- Asks the scheduler to drop superfluous replicas as soon as this worker
-  holds a fetched copy that no task here needs any more (the Active Memory
-  Manager's ReduceReplicas, run once; see ``reduce_replicas``), so that
-  those copies do not fill the device and push keys out to host memory
-  until the AMM's next periodic run (every 2 s by default: longer than a
-  whole dmem.dask computation often takes).
+- Asks the scheduler to drop this worker's copy of a key it fetched from a
+  peer as soon as no task here needs it any more (see ``reduce_replicas``),
+  so that those copies do not fill the device and push keys out to host
+  memory until the Active Memory Manager's next periodic run (every 2 s by
+  default: longer than a whole dmem.dask computation often takes). The
+  scheduler drops it only while another worker holds the key (a small
+  scheduler plugin, ``DropFetchedReplicas``, that the worker registers);
+  where the scheduler cannot load it, the worker asks for one run of the
+  AMM's ReduceReplicas instead, which may drop either copy.
 - Reports dmem's device, host and disk bytes with every heartbeat
   (``Worker.metrics``: the scheduler's WorkerState.metrics and the
   dashboard's worker table).
@@ -30,12 +33,12 @@ import logging
 import time
 
 import dask
-from distributed import WorkerPlugin
+from distributed import SchedulerPlugin, WorkerPlugin
 
 from . import ipc as _ipc
 from .data import DmemWorkerData, for_transfer
 
-__all__ = ["DmemWorkerPlugin"]
+__all__ = ["DmemWorkerPlugin", "DropFetchedReplicas"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,52 @@ METRICS = (
 )
 
 
+class DropFetchedReplicas(SchedulerPlugin):
+    """On the scheduler: lets a worker drop its own copies of keys it
+    fetched and no longer needs (the ``dmem_drop_fetched`` handler).
+
+    A copy is dropped only while another worker holds the key; the
+    scheduler forgets the replica at once and tells the worker
+    (``Scheduler.request_remove_replicas``, what the Active Memory Manager
+    does for its own drops), so no other drop can take the key's last copy
+    meanwhile, and a worker that still needs the key refuses and is put
+    back in its who_has. Idempotent: DmemWorkerPlugin registers it from
+    every worker."""
+
+    name = "dmem-drop-fetched"
+
+    def __init__(self):
+        self.scheduler = None
+        self.dropped = 0  # replicas this plugin had dropped
+
+    def start(self, scheduler):
+        self.scheduler = scheduler
+        scheduler.handlers["dmem_drop_fetched"] = self.drop
+
+    def drop(self, worker=None, keys=()):
+        """Drop `worker`'s replicas of `keys` where the rules above allow;
+        returns how many."""
+        s = self.scheduler
+        ws = s.workers.get(worker) if s is not None else None
+        if ws is None:
+            return 0
+        out = []
+        for key in keys:
+            ts = s.tasks.get(key)
+            if ts is None or ts.state != "memory" or not ts.who_has or ws not in ts.who_has:
+                continue
+            if len(ts.who_has) < 2:
+                continue  # the last copy
+            # A dependent the scheduler still sees processing there may have
+            # finished already (its message not in yet); a worker that does
+            # still need the key refuses the drop.
+            out.append(key)
+        if out:
+            s.request_remove_replicas(worker, out, stimulus_id=f"dmem-drop-fetched-{time.time()}")
+            self.dropped += len(out)
+        return len(out)
+
+
 class DmemWorkerPlugin(WorkerPlugin):
     name = "dmem"
 
@@ -68,11 +117,13 @@ class DmemWorkerPlugin(WorkerPlugin):
 
         reduce_replicas: when a task finishes and a key this worker fetched
         from a peer has no task left here that needs it, ask the scheduler
-        to run the Active Memory Manager's ReduceReplicas once (at most
-        every REDUCE_REPLICAS_INTERVAL_S), which drops the copies no task
-        waits for. True/False; None: on when the worker's Dask config
-        starts the AMM (``distributed.scheduler.active-memory-manager.start``,
-        Dask's default), off when it is turned off."""
+        (at most every REDUCE_REPLICAS_INTERVAL_S, the keys gathered
+        meanwhile together) to drop this worker's copy
+        (DropFetchedReplicas), or, where the scheduler cannot load that
+        plugin, to run the Active Memory Manager's ReduceReplicas once.
+        True/False; None: on when the worker's Dask config starts the AMM
+        (``distributed.scheduler.active-memory-manager.start``, Dask's
+        default), off when it is turned off."""
         for name, v in (("ipc", ipc), ("reduce_replicas", reduce_replicas)):
             if v is not None and not isinstance(v, bool):
                 raise TypeError(f"{name} must be True, False or None, not {v!r}")
@@ -85,7 +136,10 @@ class DmemWorkerPlugin(WorkerPlugin):
         self._reduce_state = "idle"  # "idle", "asking" (a request in flight) or "off"
         self._reduce_again = False
         self._reduce_last = 0.0
-        self.replica_requests = 0  # ReduceReplicas runs this worker asked for
+        self._stale = set()  # fetched keys no task here needs, not yet asked about
+        self._targeted = None  # DropFetchedReplicas registered (None: not tried yet)
+        self.replica_requests = 0  # requests this worker made (drops or AMM runs)
+        self.replicas_dropped = 0  # copies the scheduler agreed to drop
 
     def __getstate__(self):  # sent to worker processes: without the worker
         return {"use_dmem_for_cupy": self.use_dmem_for_cupy, "prefetch": self.prefetch,
@@ -162,13 +216,14 @@ class DmemWorkerPlugin(WorkerPlugin):
         worker = self._worker
         try:
             ts = worker.state.tasks.get(key)
-            stale = ts is not None and any(
-                dep.run_spec is None and dep.state == "memory"
-                and all(d.state in _DONE for d in dep.dependents)
-                for dep in ts.dependencies)
+            stale = [] if ts is None else [
+                dep.key for dep in ts.dependencies
+                if dep.run_spec is None and dep.state == "memory"
+                and all(d.state in _DONE for d in dep.dependents)]
         except Exception:  # the state changed under us: the next task looks again
             return
         if stale:
+            self._stale.update(stale)
             self._ask_reduce()
 
     def _ask_reduce(self):
@@ -191,7 +246,14 @@ class DmemWorkerPlugin(WorkerPlugin):
                     await asyncio.sleep(wait)
                 self._reduce_again = False
                 self._reduce_last = time.monotonic()
-                await worker.scheduler.amm_handler(method="run_once")
+                if self._targeted is None:
+                    self._targeted = await self._register_dropper(worker)
+                keys, self._stale = list(self._stale), set()
+                if self._targeted:
+                    self.replicas_dropped += await worker.scheduler.dmem_drop_fetched(
+                        worker=worker.address, keys=keys)
+                else:
+                    await worker.scheduler.amm_handler(method="run_once")
                 self.replica_requests += 1
                 if not self._reduce_again:
                     break
@@ -203,6 +265,22 @@ class DmemWorkerPlugin(WorkerPlugin):
                 return
         if self._reduce_state == "asking":
             self._reduce_state = "idle"
+
+    @staticmethod
+    async def _register_dropper(worker):
+        """Register DropFetchedReplicas on the scheduler; False when it
+        cannot load it (no dmem there, pickled plugins refused)."""
+        try:
+            from distributed.protocol.pickle import dumps
+
+            await worker.scheduler.register_scheduler_plugin(
+                plugin=dumps(DropFetchedReplicas()), name=DropFetchedReplicas.name,
+                idempotent=True)
+            return True
+        except Exception as e:
+            logger.info("dmem.dask: the scheduler cannot drop fetched replicas by name "
+                        "(%s: %s); asking for ReduceReplicas runs instead", type(e).__name__, e)
+            return False
 
     def teardown(self, worker):
         data = worker.data
