@@ -110,8 +110,8 @@ def start_rss_sampler(client, period=0.02):
                     rt = getattr(dask_worker.data, "runtime", None)
                     if rt is not None:
                         s = rt.stats()
-                        n |= {k: s[k] for k in ("device_used", "host_used", "host_pool_reserved",
-                                                "disk_used")}
+                        n |= {k: s[k] for k in ("device_used", "device_reserved", "host_used",
+                                                "host_pool_reserved", "disk_used")}
                     note.update(n)
                 time.sleep(period)
 
