@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <string.h>
 
 #include "check.h"
 #include "runtime/api/api.h" /* dmem__hostpool_set_pageable_only */
@@ -181,20 +182,14 @@ TEST_CASE(equal_blocks_fill_the_limit_without_a_spill) {
 
 /* ---- a spill takes the staging of a retrieve in flight ------------------------ */
 
-static void sleep_5ms(void *user) {
-  (void)user;
-  struct timespec ts = {0, 5 * 1000 * 1000};
-  nanosleep(&ts, NULL);
-}
-
 /* Four buffers of S under a limit of 2 S: A and B on the host, C and D
- * on the device. A is locked on a stream held 5 ms by earlier work, so its
- * retrieve's copy (and its host staging) waits there; C is spilled for it.
- * B, locked at once on another stream, needs D spilled: D's staging is the
- * memory A's copy gives back a moment later, not more pinned memory. The
- * pinned pool ends holding three buffers' bytes, what the host tier held at
- * most (before: four, A's staging and D's copy both, as a Dask worker
- * retrieving one chunk while it spills another held both at its peak). */
+ * on the device. Locking A copies it back (on the runtime's unspill
+ * stream) and spills C for it; A's pinned copy is its staging until a poll
+ * sees the copy done. Locking B at once needs D spilled: D's staging is the
+ * memory A's copy gives back, not more pinned memory. The pinned pool ends
+ * holding three buffers' bytes, the most the host tier held (before: four,
+ * A's staging and D's copy both, as a Dask worker retrieving one chunk
+ * while it spilled another held both at its peak). */
 TEST_CASE(spill_takes_the_staging_of_a_retrieve_in_flight) {
   const size_t S = 4 * MiB;
   dmem_config_t cfg;
@@ -218,7 +213,6 @@ TEST_CASE(spill_takes_the_staging_of_a_retrieve_in_flight) {
   dmem_stream_t s1, s2;
   REQUIRE_OK(dmem_stream_create(rt, &s1));
   REQUIRE_OK(dmem_stream_create(rt, &s2));
-  REQUIRE_OK(rt->be->launch_host_func(rt->be, s1, sleep_5ms, NULL));
   void *pa, *pb;
   REQUIRE_OK(dmem_buffer_lock(rt, a, s1, &pa)); /* C goes to the host */
   REQUIRE_OK(dmem_buffer_lock(rt, b, s2, &pb)); /* D goes to the host */
@@ -236,6 +230,84 @@ TEST_CASE(spill_takes_the_staging_of_a_retrieve_in_flight) {
   dmem_handle_t all[] = {a, b, c, d};
   for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_free(rt, all[i]));
   dmem_runtime_destroy(rt);
+}
+
+/* ---- a retrieve past the limit, with device_overshoot ------------------------- */
+
+static void fill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, unsigned char v) {
+  void *p;
+  unsigned char *host = malloc(size);
+  memset(host, v, size);
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
+  REQUIRE_OK(dmem_stream_copy(rt, p, host, size, NULL));
+  REQUIRE_OK(dmem_stream_synchronize(rt, NULL));
+  REQUIRE_OK(dmem_buffer_unlock(rt, h));
+  free(host);
+}
+
+static void expect(dmem_runtime_t *rt, dmem_handle_t h, size_t size, unsigned char v) {
+  void *p;
+  unsigned char *host = malloc(size);
+  REQUIRE_OK(dmem_buffer_lock(rt, h, NULL, &p));
+  REQUIRE_OK(dmem_stream_copy(rt, host, p, size, NULL));
+  REQUIRE_OK(dmem_stream_synchronize(rt, NULL));
+  REQUIRE_OK(dmem_buffer_unlock(rt, h));
+  size_t bad = 0;
+  for (size_t i = 0; i < size; i++) bad += host[i] != v;
+  CHECK_EQ(bad, 0);
+  free(host);
+}
+
+/* A and B on the host, C and D on the device, under a limit of two. With
+ * an overshoot of one buffer, locking A brings it back first (three on the
+ * device for a moment) and then spills C into A's pinned memory: the pinned
+ * pool keeps the two buffers' bytes it had, the device is back under its
+ * limit when the lock returns, and every byte is intact. Without the
+ * overshoot the same lock pins a third buffer's bytes (C's copy is made
+ * before A's memory is free), which is what a Dask worker's peak RSS
+ * carried over dask-cuda's. */
+static void overshoot_case(bool with) {
+  const size_t S = 4 * MiB;
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  cfg.spill_ahead = 0;
+  cfg.device_limit = 2 * S;
+  cfg.host_headroom = 0;
+  cfg.device_overshoot = with ? S : 0;
+  dmem_runtime_t *rt = check_runtime_cfg(&cfg);
+  dmem_handle_t h[4];
+  for (int i = 0; i < 4; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[i]));
+    fill(rt, h[i], S, (unsigned char)(0x11 * (i + 1)));
+  }
+  CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
+  CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
+  dmem_stats_t st;
+  REQUIRE_OK(dmem_stats(rt, &st));
+  const size_t before = st.host_pool_reserved, spills = st.spill_count;
+  CHECK_GE(before, 2 * S);
+  void *p;
+  REQUIRE_OK(dmem_buffer_lock(rt, h[0], NULL, &p));
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_LE(st.device_used, 2 * S); /* back under the limit */
+  CHECK_EQ(st.spill_count, spills + 1);
+  CHECK_LE(st.device_used_peak, with ? 3 * S : 2 * S);
+  if (with)
+    CHECK_LE(st.host_pool_reserved, before + S / 4); /* C's copy took A's memory */
+  else
+    CHECK_GE(st.host_pool_reserved, before + S); /* C's copy pinned more */
+  REQUIRE_OK(dmem_buffer_unlock(rt, h[0]));
+  for (int i = 0; i < 4; i++) expect(rt, h[i], S, (unsigned char)(0x11 * (i + 1)));
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_LE(st.device_used, 2 * S);
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(retrieve_past_the_limit_reuses_its_pinned_memory) {
+  overshoot_case(true);
+  overshoot_case(false);
 }
 
 /* ---- least recently unlocked first, across threads ---------------------------- */

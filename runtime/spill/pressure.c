@@ -209,3 +209,18 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
                        size, dmem__device_used(rt), rt->limit);
   }
 }
+
+void dmem__pressure_settle(dmem_runtime_t *rt) {
+  for (int pass = 0; pass < 64; pass++) {
+    /* every shard's unused budget back first: the limit must hold the
+     * charge itself, or a shard's slack (charged past the limit) would let
+     * later allocations stay past it */
+    dmem__charge_drain(rt);
+    size_t used = dmem__device_used(rt);
+    if (used <= rt->limit) return;
+    size_t freed = 0;
+    if (dmem__evict(rt, used - rt->limit, 0, DMEM__EVICT_ON_DEMAND, &freed, NULL) != DMEM_OK ||
+        freed == 0)
+      return; /* nothing to spill now: the next allocation's charge fails and spills */
+  }
+}
