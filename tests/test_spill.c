@@ -247,15 +247,20 @@ TEST_CASE(on_demand_spilling_reuse_and_priority) {
   CHECK_EQ(state_of(rt, h[0]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
-  /* The next pass looks at h[1] and h[3] (used again: hot, seen used at
-   * its clock, 1 victim taken) and at x (arrived then, not used since):
-   * cold goes first on a tie */
+  /* h[1] and h[3] used again after x arrived, at the same tick (1 victim
+   * taken): the next pass looks at them (hot) and at x (cold, not used
+   * since): cold goes first on a tie */
+  for (int i = 1; i < 4; i += 2) {
+    void *p;
+    CHECK_OK(dmem_buffer_lock(rt, h[i], NULL, &p));
+    CHECK_OK(dmem_buffer_unlock(rt, h[i]));
+  }
   REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y));
   CHECK_EQ(state_of(rt, x), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_RESIDENT);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);
-  /* y arrived after 2 victims, h[1] and h[3] were seen used after 1: the
-   * hot CLOCK's head, h[1], goes */
+  /* y arrived after 2 victims, h[1] and h[3] were last unlocked after 1:
+   * the head of their hot list, h[1], goes */
   REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &y2));
   CHECK_EQ(state_of(rt, h[1]), DMEM_STATE_DEFERRED_HOST);
   CHECK_EQ(state_of(rt, h[3]), DMEM_STATE_RESIDENT);

@@ -229,6 +229,12 @@ typedef struct dmem__buffer {
   _Atomic unsigned flags;
   uint8_t plist; /* under the policy's mutex: which of its class's lists */
   uint8_t pback; /* under the policy's mutex: last taken from the back list */
+  /* The default policy's reuse intervals (spill/reuse.c, "pivs"): the last
+   * two intervals between unlocks, in policy ticks, 7-bit codes, and a
+   * flag that makes the next unlock only clear it. Relaxed load and store
+   * by the unlock (this line, which its CAS owns already) and by the
+   * arriving thread. */
+  _Atomic uint16_t pivs;
   /* Device memory while RESIDENT. Written (relaxed) by the TRANSIT owner
    * before its releasing CAS; read by lockers after their acquiring CAS, and
    * (relaxed, as a hint validated by the spill that follows) by the victim
@@ -266,6 +272,10 @@ typedef struct dmem__buffer {
   /* The policy's pending arrivals (a stack of slots): written by the
    * arriving thread before its releasing push, read by the drain. */
   _Atomic uint32_t anext;
+  /* Ticks since the last unlock before it left the device, as the
+   * arriving thread found them at its arrival (DMEM__ARRIVE_BACK): written
+   * before the push, read by the drain (spill/reuse.c). */
+  uint32_t preuse;
   size_t psize;
 } dmem__buffer_t;
 

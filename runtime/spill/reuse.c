@@ -46,9 +46,15 @@
 #include <stdlib.h>
 
 #define COLD 0
-#define HOT 1
-#define BACK 2
-#define WIN 3
+#define BACK 1
+#define WIN 2
+#define HOT0 3 /* the hot lists: HOT0 + bucket (hot_list) */
+
+/* Dead-block prediction: a hot buffer whose last two reuse intervals agree
+ * within DMEM__STABLE times, idle for more than DMEM__OVERDUE times the
+ * last one, is predicted dead. */
+#define DMEM__STABLE 4
+#define DMEM__OVERDUE 3
 
 /* b->parr of an arrival the drain has linked, until it ends */
 #define DONE 0xFF
@@ -72,6 +78,7 @@ void dmem__policy_init(dmem_runtime_t *rt) {
   rt->pol.win_min = rt->limit / DMEM__WIN_MIN;
   rt->pol.win_top = rt->limit / DMEM__WIN_TOP;
   atomic_init(&rt->pol.arrivals, (uint64_t)DMEM__NO_SLOT);
+  atomic_init(&rt->pol.tick, 0);
 }
 
 void dmem__policy_fini(dmem_runtime_t *rt) {
@@ -84,8 +91,37 @@ void dmem__policy_fini(dmem_runtime_t *rt) {
 
 static void drain(dmem_runtime_t *rt);
 
+/* The interval a 7-bit code stands for (its lower end); UINT64_MAX for
+ * DMEM__PIV_NONE. */
+static uint64_t piv_ticks(unsigned c) {
+  if (c == DMEM__PIV_NONE) return UINT64_MAX;
+  if (c < 16) return c;
+  unsigned e = (c - 16) / 4 + 4;
+  return (uint64_t)(4 + (c - 16) % 4) << (e - 2);
+}
+
+static uint64_t now(const dmem__policy_t *p) {
+  return dmem_atomic_load_relaxed(&p->tick);
+}
+
 void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind) {
   if (rt->pol_lru) return;
+  if (kind == DMEM__ARRIVE_NEW || kind == DMEM__ARRIVE_BACK) {
+    /* The reuse interval: none yet for a new buffer; for one brought back,
+     * the ticks since its last unlock (which its next unlock must not
+     * count again: the flag). Dated now: recency from its arrival. */
+    uint64_t t = now(&rt->pol);
+    uint16_t v = dmem_atomic_load_relaxed(&b->pivs);
+    if (kind == DMEM__ARRIVE_NEW) {
+      v = (uint16_t)(DMEM__PIV_SKIP | DMEM__PIV_NONE << 7 | DMEM__PIV_NONE);
+    } else {
+      uint64_t l = dmem_atomic_load_relaxed(&b->last_use), d = t > l ? t - l : 0;
+      b->preuse = d < UINT32_MAX ? (uint32_t)d : UINT32_MAX;
+      v = (uint16_t)(DMEM__PIV_SKIP | (v & 0x7F) << 7 | dmem__piv_code(d));
+    }
+    dmem_atomic_store_relaxed(&b->pivs, v);
+    dmem_atomic_store_relaxed(&b->last_use, t);
+  }
   if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
     /* an arrival already pending re-classes the buffer too, and puts it at
      * its list's newest end */
@@ -165,13 +201,23 @@ static void link_head(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l
   if (l == WIN) c->win_bytes += b->psize;
 }
 
-/* To the tail of list l of its class; used (a mark consumed, or locked):
- * its recency renewed. */
-static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l, bool used) {
+/* To the tail of list l of its class. */
+static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l) {
   uint32_t cid = b->pcls - 1u;
   unlink_b(rt, b);
   link_tail(rt, b, cid, l);
-  if (used) dmem_atomic_store_relaxed(&b->last_use, rt->pol.tick);
+}
+
+/* The hot list of b: by its last reuse interval (a bucket per 7-bit code's
+ * power of two; the last bucket: none known). */
+static int hot_list(const dmem__buffer_t *b) {
+  unsigned c = dmem_atomic_load_relaxed(&b->pivs) & 0x7Fu;
+  return HOT0 + (c == DMEM__PIV_NONE ? DMEM__PHOT - 1 : (int)(c >> 2));
+}
+
+/* Used (a mark consumed, or locked): to the tail of its hot list. */
+static void to_hot(dmem_runtime_t *rt, dmem__buffer_t *b) {
+  move_tail(rt, b, hot_list(b));
 }
 
 /* The class id for priority prio, made if new; the nearest class when no
@@ -244,7 +290,7 @@ static void restore(dmem__buffer_t *b, uint8_t mark) {
 static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool newest_first,
                              uint64_t *w_out) {
   /* the hot CLOCK may need two turns: the first may only consume marks */
-  size_t steps = (l == HOT ? 2 : 1) * c->n[l];
+  size_t steps = (l >= HOT0 ? 2 : 1) * c->n[l];
   while (steps-- > 0) {
     uint32_t s = newest_first ? c->tail[l] : c->head[l];
     if (s == DMEM__NO_SLOT) break;
@@ -255,7 +301,7 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
       continue;
     }
     if (dmem__w_count(w) > 0 && dmem__w_state(w) == DMEM_STATE_RESIDENT) { /* locked: in use */
-      move_tail(rt, b, HOT, true);
+      to_hot(rt, b);
       continue;
     }
     if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
@@ -266,8 +312,8 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
       continue;
     }
     uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-    if (mark >= (l == HOT ? 1 : 2)) {
-      move_tail(rt, b, HOT, true);
+    if (mark >= (l >= HOT0 ? 1 : 2)) {
+      to_hot(rt, b);
       continue;
     }
     restore(b, mark); /* the arrival's own */
@@ -277,19 +323,52 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
   return NULL;
 }
 
-/* Of class c's cold and hot heads (after first()), the one used less
- * recently; NULL when both lists are empty. */
+/* Of class c's cold head and hot heads (after first()), the one used
+ * least recently; NULL when all those lists are empty. */
 static dmem__buffer_t *oldest(dmem_runtime_t *rt, dmem__pclass_t *c, uint64_t *w_out) {
-  uint64_t wc = 0, wh = 0;
-  dmem__buffer_t *bc = first(rt, c, COLD, false, &wc);
-  dmem__buffer_t *bh = first(rt, c, HOT, false, &wh);
-  if (bc && (!bh || dmem_atomic_load_relaxed(&bc->last_use) <=
-                        dmem_atomic_load_relaxed(&bh->last_use))) {
-    *w_out = wc;
-    return bc;
+  uint64_t w = 0;
+  dmem__buffer_t *best = first(rt, c, COLD, false, &w);
+  *w_out = w;
+  for (int l = HOT0; l < HOT0 + DMEM__PHOT; l++) {
+    if (c->n[l] == 0) continue;
+    dmem__buffer_t *b = first(rt, c, l, false, &w);
+    if (b && (!best || dmem_atomic_load_relaxed(&b->last_use) <
+                           dmem_atomic_load_relaxed(&best->last_use))) {
+      best = b;
+      *w_out = w;
+    }
   }
-  *w_out = wh;
-  return bh;
+  return best;
+}
+
+/* Of class c's hot heads (after first()), the one predicted dead: its last
+ * two reuse intervals agree (within DMEM__STABLE times), and it has been
+ * idle for more than DMEM__OVERDUE times the last one; of several, the one
+ * idle for the most of its intervals. NULL when none is. */
+static dmem__buffer_t *overdue(dmem_runtime_t *rt, dmem__pclass_t *c, uint64_t *w_out) {
+  uint64_t t = now(&rt->pol), w = 0;
+  dmem__buffer_t *best = NULL;
+  double best_r = 0;
+  for (int l = HOT0; l < HOT0 + DMEM__PHOT - 1; l++) {
+    if (c->n[l] == 0) continue;
+    dmem__buffer_t *b = first(rt, c, l, false, &w);
+    if (!b) continue;
+    uint16_t v = dmem_atomic_load_relaxed(&b->pivs);
+    uint64_t iv = piv_ticks(v & 0x7Fu), iv2 = piv_ticks(v >> 7 & 0x7Fu);
+    if (iv == UINT64_MAX) continue;
+    uint64_t lo = iv < iv2 ? iv : iv2, hi = iv < iv2 ? iv2 : iv;
+    if (iv2 != UINT64_MAX && hi > DMEM__STABLE * (lo ? lo : 1)) continue; /* not steady */
+    uint64_t l_use = dmem_atomic_load_relaxed(&b->last_use);
+    uint64_t idle = t > l_use ? t - l_use : 0, m = iv ? iv : 1;
+    if (idle <= DMEM__OVERDUE * m) continue;
+    double r = (double)idle / (double)m;
+    if (r > best_r) {
+      best_r = r;
+      best = b;
+      *w_out = w;
+    }
+  }
+  return best;
 }
 
 /* Link b, which arrived (kind), to its class's lists. */
@@ -321,7 +400,6 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     int l = b->plist == BACK ? WIN : b->plist;
     unlink_b(rt, b);
     link_tail(rt, b, cid, l);
-    dmem_atomic_store_relaxed(&b->last_use, p->tick);
     return;
   }
   if (b->pcls) unlink_b(rt, b);
@@ -334,9 +412,10 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
      * was taken since its last known use: a dmem_buffer_spill and the lock or
      * prefetch that brought it back say nothing about loops.) */
     dmem__pclass_t *c = &p->cls[cid];
-    uint64_t reuse = p->tick - dmem_atomic_load_relaxed(&b->last_use), w2;
+    uint64_t reuse = b->preuse, w2; /* the ticks its arrival counted */
     dmem__buffer_t *o = oldest(rt, c, &w2);
-    uint64_t age = o ? p->tick - dmem_atomic_load_relaxed(&o->last_use) : 0;
+    uint64_t t = now(p), lo = o ? dmem_atomic_load_relaxed(&o->last_use) : t;
+    uint64_t age = t > lo ? t - lo : 0;
     if (reuse > 0 && reuse >= age) l = WIN;
     if (was_back) {
       /* It went through the window unused and was evicted from back: if
@@ -353,7 +432,6 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
       else p->win_max = p->win_max + size < p->win_top ? p->win_max + size : p->win_top;
     }
   }
-  dmem_atomic_store_relaxed(&b->last_use, p->tick);
   link_tail(rt, b, cid, l);
 }
 
@@ -411,15 +489,16 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
         else {
           uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
           if (dmem__w_count(wb) > 0 || mark >= 2) {
-            move_tail(rt, b, HOT, true); /* used again meanwhile */
+            to_hot(rt, b); /* used again meanwhile */
           } else {
             restore(b, mark);
-            move_tail(rt, b, BACK, false);
+            move_tail(rt, b, BACK);
           }
         }
       }
-      dmem__buffer_t *b = first(rt, c, BACK, true, &w);
-      if (b) b->pback = 1;
+      /* a buffer predicted dead, then back's newest */
+      dmem__buffer_t *b = overdue(rt, c, &w);
+      if (!b && (b = first(rt, c, BACK, true, &w)) != NULL) b->pback = 1;
       if (!b) b = oldest(rt, c, &w);
       if (!b) b = first(rt, c, WIN, false, &w);
       if (!b) b = oldest(rt, c, &w); /* what the window promoted to hot */
@@ -427,10 +506,10 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
       /* taken: to the cold list's newest end, so that a pass running
        * beside this one takes others; if its spill fails it stays there,
        * resident */
-      move_tail(rt, b, COLD, false);
+      move_tail(rt, b, COLD);
       out[k++] = (dmem__victim_t){.priority = c->prio, .b = b, .h = dmem__handle_of(b, w)};
       bytes += dmem__bsize(b);
-      p->tick++;
+      dmem_atomic_store_relaxed(&p->tick, now(p) + 1);
     }
   }
   for (uint32_t i = 0; i < p->ncls; i++)
