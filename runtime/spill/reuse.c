@@ -53,8 +53,12 @@
 /* Dead-block prediction: a hot buffer whose last two reuse intervals agree
  * within DMEM__STABLE times, idle for more than DMEM__OVERDUE times the
  * last one, is predicted dead. */
-#define DMEM__STABLE 4
-#define DMEM__OVERDUE 3
+#define DMEM__STABLE 2
+#define DMEM__OVERDUE 2
+/* A buffer brought back whose interval before the pause was more than
+ * DMEM__BURST times shorter than the pause is back for a new burst of
+ * uses, not a loop's member. */
+#define DMEM__BURST 32
 
 /* b->parr of an arrival the drain has linked, until it ends */
 #define DONE 0xFF
@@ -110,7 +114,10 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
     /* The reuse interval: none yet for a new buffer; for one brought back,
      * the ticks since its last unlock (which its next unlock must not
      * count again: the flag). Dated now: recency from its arrival. */
-    uint64_t t = now(&rt->pol);
+    /* an allocation is a tick of the policy's clock too: intervals mean
+     * something before the first victim */
+    uint64_t t = kind == DMEM__ARRIVE_NEW ? dmem_atomic_add_relaxed(&rt->pol.tick, 1) + 1
+                                          : now(&rt->pol);
     uint16_t v = dmem_atomic_load_relaxed(&b->pivs);
     if (kind == DMEM__ARRIVE_NEW) {
       v = (uint16_t)(DMEM__PIV_SKIP | DMEM__PIV_NONE << 7 | DMEM__PIV_NONE);
@@ -416,7 +423,11 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     dmem__buffer_t *o = oldest(rt, c, &w2);
     uint64_t t = now(p), lo = o ? dmem_atomic_load_relaxed(&o->last_use) : t;
     uint64_t age = t > lo ? t - lo : 0;
-    if (reuse > 0 && reuse >= age) l = WIN;
+    /* the interval before: a buffer used in bursts (its uses close
+     * together, then a long pause) is back for a new burst, not a loop */
+    uint64_t before = piv_ticks(dmem_atomic_load_relaxed(&b->pivs) >> 7 & 0x7Fu);
+    bool burst = before != UINT64_MAX && before * DMEM__BURST < reuse;
+    if (reuse > 0 && reuse >= age && !burst) l = WIN;
     if (was_back) {
       /* It went through the window unused and was evicted from back: if
        * it is back soon (used again shortly after its window: a buffer
@@ -509,7 +520,7 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
       move_tail(rt, b, COLD);
       out[k++] = (dmem__victim_t){.priority = c->prio, .b = b, .h = dmem__handle_of(b, w)};
       bytes += dmem__bsize(b);
-      dmem_atomic_store_relaxed(&p->tick, now(p) + 1);
+      dmem_atomic_add_relaxed(&p->tick, 1);
     }
   }
   for (uint32_t i = 0; i < p->ncls; i++)
