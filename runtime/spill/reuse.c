@@ -490,22 +490,24 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
   for (uint32_t i = 0; i < p->ncls && bytes < need && k < max; i++) {
     dmem__pclass_t *c = &p->cls[p->order[i]];
     while (bytes < need && k < max) {
-      /* the window's oldest beyond its size go on to back (or hot, used
-       * again meanwhile) */
+      /* the window's oldest go on to back once used (or to hot, used
+       * again meanwhile), and beyond its size even if not */
       uint64_t w = 0;
-      for (size_t steps = c->n[WIN]; c->win_bytes > p->win_max && steps > 1; steps--) {
+      for (size_t steps = c->n[WIN]; steps > 0 && c->head[WIN] != DMEM__NO_SLOT; steps--) {
         dmem__buffer_t *b = at(rt, c->head[WIN]);
         uint64_t wb = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
-        if (gone(wb) || dmem__w_state(wb) == DMEM_STATE_UNSPILLING) unlink_b(rt, b);
-        else {
-          uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-          if (dmem__w_count(wb) > 0 || mark >= 2) {
-            to_hot(rt, b); /* used again meanwhile */
-          } else {
-            restore(b, mark);
-            move_tail(rt, b, BACK);
-          }
+        if (gone(wb) || dmem__w_state(wb) == DMEM_STATE_UNSPILLING) {
+          unlink_b(rt, b);
+          continue;
         }
+        uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
+        if (dmem__w_count(wb) > 0 || mark >= 2) {
+          to_hot(rt, b); /* used again meanwhile */
+          continue;
+        }
+        restore(b, mark);
+        if (mark == 0 && (c->win_bytes <= p->win_max || c->n[WIN] <= 1)) break;
+        move_tail(rt, b, BACK);
       }
       /* a buffer predicted dead, then back's newest */
       dmem__buffer_t *b = overdue(rt, c, &w);
