@@ -93,7 +93,7 @@ typedef struct dmem__xstats {
 /* A priority class of the default eviction policy (spill/reuse.c): lists
  * of slots (spill/reuse.c says what each holds): cold, back, back's
  * window, and the hot buffers by reuse interval (DMEM__PHOT of them). */
-#define DMEM__PHOT 32
+#define DMEM__PHOT 36
 #define DMEM__PLISTS (3 + DMEM__PHOT)
 typedef struct dmem__pclass {
   int prio;

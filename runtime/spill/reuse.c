@@ -219,7 +219,7 @@ static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l) {
  * power of two; the last bucket: none known). */
 static int hot_list(const dmem__buffer_t *b) {
   unsigned c = dmem_atomic_load_relaxed(&b->pivs) & 0x7Fu;
-  return HOT0 + (c == DMEM__PIV_NONE ? DMEM__PHOT - 1 : (int)(c >> 2));
+  return HOT0 + (c == DMEM__PIV_NONE ? DMEM__PHOT - 1 : c < 4 ? (int)c : (int)(c >> 2) + 3);
 }
 
 /* Used (a mark consumed, or locked): to the tail of its hot list. */
@@ -366,9 +366,9 @@ static dmem__buffer_t *overdue(dmem_runtime_t *rt, dmem__pclass_t *c, uint64_t *
     uint64_t lo = iv < iv2 ? iv : iv2, hi = iv < iv2 ? iv2 : iv;
     if (iv2 != UINT64_MAX && hi > DMEM__STABLE * (lo ? lo : 1)) continue; /* not steady */
     uint64_t l_use = dmem_atomic_load_relaxed(&b->last_use);
-    uint64_t idle = t > l_use ? t - l_use : 0, m = iv ? iv : 1;
+    uint64_t idle = t > l_use ? t - l_use : 0, m = iv;
     if (idle <= DMEM__OVERDUE * m) continue;
-    double r = (double)idle / (double)m;
+    double r = (double)idle / (double)(m ? m : 1);
     if (r > best_r) {
       best_r = r;
       best = b;
