@@ -331,8 +331,7 @@ TEST_CASE(loop_keeps_most_buffers_resident) {
           (unsigned long long)unspills[1]);
   /* LRU: every use after the first pass brings its buffer back (36
    * retrieves). Belady's MIN: 4 a pass (12). The default policy: 15 (5 a
-   * pass: the newest place of the loop cycles, and the first pass brings
-   * one more back), at most 20 allowed. */
+   * pass), at most 20 allowed. */
   CHECK_UEQ(unspills[1], 36);
   CHECK_LE(unspills[0], 20);
 }
