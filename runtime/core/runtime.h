@@ -110,8 +110,10 @@ typedef struct dmem__policy {
   dmem__pclass_t *cls;   /* by class id (append-only) */
   uint16_t *order;       /* class ids by ascending priority */
   uint32_t ncls, capcls;
-  /* victims taken so far: the policy's clock. Written under mu (relaxed),
-   * read (relaxed) by every unlock: only eviction passes write its line. */
+  /* The policy's clock: victims taken (added under mu) and allocations
+   * (added by the allocating thread), relaxed. Read (relaxed) by every
+   * unlock: its own line, which only eviction passes and allocations
+   * write. */
   _Alignas(64) _Atomic uint64_t tick;
   size_t win_max;        /* the most bytes a class's window holds: adapts
                             between win_min and win_top */
@@ -381,10 +383,13 @@ static inline uint16_t dmem__piv_code(uint64_t d) {
 }
 
 /* Mark b as unlocked (its count just reached 0) for the default eviction
- * policy: one relaxed load and at most one relaxed store of a byte on b's
- * first line, which the unlock's CAS owns already. The policy consumes the
+ * policy: relaxed loads and stores on b's first line, which the unlock's
+ * CAS owns already (the mark byte, the stamp last_use, the intervals
+ * pivs), and a relaxed load of the policy's clock. The policy consumes the
  * mark with an exchange under its mutex (spill/reuse.c); a mark racing
- * that exchange may survive it, which only keeps the buffer a pass longer. */
+ * that exchange may survive it, which only keeps the buffer a pass longer.
+ * Unlocks of one buffer racing on two threads may lose one's interval: a
+ * hint, as the stamp is. */
 static inline void dmem__policy_mark(dmem_runtime_t *rt, dmem__buffer_t *b) {
   uint8_t r = dmem_atomic_load_relaxed(&b->ref);
   if (r < 2) dmem_atomic_store_relaxed(&b->ref, (uint8_t)(r + 1));

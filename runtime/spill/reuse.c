@@ -2,41 +2,58 @@
  * spill/reuse.c - the default eviction policy (DMEM_EVICTION_REUSE): which
  * unlocked buffers of a priority class an eviction pass takes first.
  *
- * Least recently used first, except for the members of a loop over more
- * than fits, which LRU would evict each just before its next use. The
- * resident buffers of each priority class are on three lists of slots:
+ * Least recently used first, except for buffers predicted dead, which go
+ * before anything, and the members of a loop over more than fits, which
+ * LRU would evict each just before its next use. The resident buffers of
+ * each priority class are on lists of slots:
  *
  *   cold  buffers that came to the device (allocated, or brought back)
  *         and were not used again since, oldest arrival first;
- *   hot   buffers used again (unlocked a second time) since they arrived:
- *         a CLOCK whose head is the least recently seen used;
- *   back  buffers brought back after longer than the class's oldest
- *         resident buffer has been unused (their reuse distance, counted
- *         in victims taken, is at least the age of the cold and hot heads):
- *         LRU would not have kept them either, so they are a loop's (or a
- *         long scan's) members. Newest first out.
+ *   hot   buffers used again (unlocked a second time) since they arrived,
+ *         on DMEM__PHOT lists by their last reuse interval (hot_list):
+ *         each a CLOCK whose head is the least recently seen used;
+ *   win   buffers brought back after longer than the class's oldest
+ *         resident buffer has been unused (their reuse distance is at
+ *         least the age of the cold and hot heads: LRU would not have kept
+ *         them either), unless used in bursts (their interval before the
+ *         pause more than DMEM__BURST times shorter than it): a loop's (or
+ *         a long scan's) members, until they are used (a loop that
+ *         prefetches ahead brings them before their use);
+ *   back  the loop's members once used (or past the window's size).
+ *         Newest first out.
  *
- * Victims come from `back`, newest first (so a loop keeps the buffers it
- * brought back earlier, and cycles its newest arrivals through one
- * place, as Belady's MIN does), then whichever of the cold and hot heads
- * was used less recently. A buffer whose mark shows it was used again is
- * passed over on the way: promoted from cold or back to hot, or moved to
- * the hot CLOCK's far end, its recency renewed.
+ * Reuse intervals: the policy's clock (rt->pol.tick) counts victims taken
+ * and allocations. An unlock that brings the count to 0 stamps the buffer
+ * with it (b->last_use) and shifts the ticks since its last unlock into
+ * b->pivs, the last two intervals as 7-bit codes (dmem__piv_code); a
+ * buffer brought back records the ticks since its last unlock before it
+ * left at its arrival (and its next unlock only clears the flag that says
+ * so), an allocated one has none.
  *
- * Recency is what the buffer's own mark says (dmem__policy_mark): an
- * unlock that brings the count to 0 adds 1 to a byte on the buffer's first
- * line, up to 2; an arrival sets it to 0, so its own unlock makes 1 and a
- * later one 2. The policy consumes marks (an exchange) when it looks at a
- * buffer, and dates what it saw with its clock, the number of victims
- * taken (b->last_use). No unlock writes a line that another buffer or
- * thread shares, and an unlock counts for every pass that begins after it,
+ * Victims: first a buffer predicted dead (overdue): of the hot lists'
+ * heads, one whose last two intervals agree within DMEM__STABLE times and
+ * which has been idle for more than DMEM__OVERDUE times the last, the most
+ * idle for its interval; then back's newest (so a loop keeps the buffers
+ * it brought back earlier, and cycles the one it used last through one
+ * place, as Belady's MIN does); then whichever of the cold and hot heads
+ * was unlocked least recently; then the window's oldest. A buffer whose
+ * mark shows it was used again is passed over on the way: promoted from
+ * cold, win or back to hot, or moved to its hot list's far end.
+ *
+ * The mark (dmem__policy_mark): an unlock that brings the count to 0 adds
+ * 1 to a byte on the buffer's first line, up to 2; an arrival sets it to
+ * 0, so its own unlock makes 1 and a later one 2. The policy consumes
+ * marks (an exchange) when it looks at a buffer. The unlock writes only its
+ * own buffer's first line (the mark, the stamp, the intervals), and reads
+ * the clock; an unlock counts for every pass that begins after it,
  * whichever thread made it.
  *
- * Cost: an arrival pushes the slot on a lock-free stack (one CAS, as the
- * LRU epoch's add it replaces); eviction passes drain that stack and walk
- * the lists under rt->pol.mu. Each step of a walk takes a victim, consumes
- * a mark, or drops an entry whose buffer left the device (lists are
- * cleaned lazily: a spill or a free does not touch them), so a victim
+ * Cost: an arrival pushes the slot on a lock-free stack (one CAS; an
+ * allocation also adds 1 to the clock); eviction passes drain that stack
+ * and walk the lists under rt->pol.mu. Each step of a walk takes a victim,
+ * consumes a mark, or drops an entry whose buffer left the device (lists
+ * are cleaned lazily: a spill or a free does not touch them), and the
+ * dead-block check looks at each non-empty hot list's head, so a victim
  * costs amortised O(1) whatever the number of buffers; locked or moving
  * buffers are passed over (at most once each per list per pass).
  * docs/design.md, "The eviction policy".
