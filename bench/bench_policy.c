@@ -43,13 +43,11 @@
  *   bench_policy [--quick] [--check] [--only TRACE]
  *   bench_policy --scale [--quick] [--check]
  *
- * --quick: shorter traces (the CTest run, bench.policy). --check: exit 1
- * unless the default policy moves at most 1.2x MIN's bytes on the scan
- * traces and at most 1.05x LRU's on every trace (the replay is
- * deterministic: one thread, fixed seeds). The target of 1.2x MIN on the
- * GEMM trace is judged too but not met (about 2.7-2.9x MIN, 0.7-0.8x LRU:
- * docs/design.md, "The eviction policy", says why): a MISSED line, not a
- * failure. --only TRACE: that trace alone.
+ * --quick: shorter traces (the CTest run, bench.policy; the GEMM traces
+ * keep their 3 repetitions). --check: exit 1 unless the default policy
+ * moves at most 1.2x MIN's bytes on the scan traces and the GEMM trace
+ * (gemm) and at most 1.05x LRU's on every trace (the replay is
+ * deterministic: one thread, fixed seeds). --only TRACE: that trace alone.
  *
  * --scale: the cost of one eviction as the number of live buffers grows
  * (10^3 .. 10^6; --quick: to 10^5): mean time of an allocation that
@@ -84,7 +82,6 @@ typedef struct {
   ev_t *ev;
   size_t n, capv;
   bool scan_like; /* held to 1.2x MIN */
-  bool min_target; /* judged against 1.2x MIN, not enforced */
   bool prefetches; /* dmem's LRU honours them, the LRU model does not */
 } trace_t;
 
@@ -151,8 +148,8 @@ static trace_t random_trace(uint32_t nbuf, size_t cap, size_t accesses) {
   return t;
 }
 
-static trace_t gemm_trace(const char *name, uint32_t nb, size_t cap, int reps, bool min_target) {
-  trace_t t = {.name = name, .cap = cap, .min_target = min_target};
+static trace_t gemm_trace(const char *name, uint32_t nb, size_t cap, int reps, bool min_bound) {
+  trace_t t = {.name = name, .cap = cap, .scan_like = min_bound};
   uint32_t tiles = nb * nb;
   uint8_t *live = calloc(3 * tiles, 1);
   for (int r = 0; r < reps; r++)
@@ -409,9 +406,9 @@ int main(int argc, char **argv) {
       scan_trace("scan20", 128, 64, passes),
       prefetch_loop_trace("cupyloop", 32, 16, passes, 4),
       random_trace(128, 64, quick ? 3000 : 20000),
-      gemm_trace("gemm", 8, 64, quick ? 1 : 3, true),
-      gemm_trace("gemm96", 8, 96, quick ? 1 : 3, false),
-      gemm_trace("gemm128", 8, 128, quick ? 2 : 3, false),
+      gemm_trace("gemm", 8, 64, 3, true),
+      gemm_trace("gemm96", 8, 96, 3, false),
+      gemm_trace("gemm128", 8, 128, 3, false),
       dask_trace(64, quick ? 2000 : 12000),
   };
   size_t ntr = sizeof traces / sizeof traces[0];
@@ -446,8 +443,6 @@ int main(int argc, char **argv) {
              t->name, rmin, rlru, t->scan_like ? "1.2 of MIN, " : "");
       bad = 1;
     }
-    if (check && t->min_target && rmin > 1.2)
-      printf("MISSED (not enforced): %s: reuse at %.3f of MIN (target 1.2)\n", t->name, rmin);
     free(t->ev);
   }
   return bad;

@@ -204,8 +204,9 @@ typedef struct dmem__buffer {
   _Alignas(64) _Atomic uint64_t word;
   /* The eviction policy's recency (spill/reuse.c, spill/policy.c). Under
    * DMEM_EVICTION_LRU: the unlock's LRU stamp (relaxed). Under the default
-   * policy: the policy's tick of the last reference it knows of, written
-   * under the policy's mutex (relaxed; the push-down reads it too). */
+   * policy: the policy's clock at the last unlock that brought the count
+   * to 0, or at its arrival (relaxed: the unlock, the arriving thread; the
+   * policy and the push-down read it). */
   _Atomic uint64_t last_use;
   /* Written by dmem_buffer_set_priority (relaxed), read by policy. */
   _Atomic int priority;
@@ -229,6 +230,13 @@ typedef struct dmem__buffer {
   _Atomic unsigned flags;
   uint8_t plist; /* under the policy's mutex: which of its class's lists */
   uint8_t pback; /* under the policy's mutex: last taken from the back list */
+  /* The default policy's reuse intervals (spill/reuse.c): the last two
+   * intervals between unlocks, in ticks of the policy's clock, as 7-bit
+   * codes (bits 0-6 the last, 7-13 the one before), and DMEM__PIV_SKIP,
+   * which makes the next unlock only clear it. Relaxed load and store by
+   * the unlock (this line, which its CAS owns already) and by the arriving
+   * thread; read by the policy. */
+  _Atomic uint16_t pivs;
   /* Device memory while RESIDENT. Written (relaxed) by the TRANSIT owner
    * before its releasing CAS; read by lockers after their acquiring CAS, and
    * (relaxed, as a hint validated by the spill that follows) by the victim
@@ -266,6 +274,10 @@ typedef struct dmem__buffer {
   /* The policy's pending arrivals (a stack of slots): written by the
    * arriving thread before its releasing push, read by the drain. */
   _Atomic uint32_t anext;
+  /* Ticks since the last unlock before it left the device, as the
+   * arriving thread found them at its arrival (DMEM__ARRIVE_BACK): written
+   * before the push, read by the drain (spill/reuse.c). */
+  uint32_t preuse;
   size_t psize;
 } dmem__buffer_t;
 

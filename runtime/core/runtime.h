@@ -90,10 +90,11 @@ typedef struct dmem__xstats {
   _Atomic uint64_t prefetch_count, prefetch_bytes;
 } dmem__xstats_t;
 
-/* A priority class of the default eviction policy (spill/reuse.c): four
- * lists of slots (spill/reuse.c says what each holds): cold, hot, back,
- * and back's window. */
-#define DMEM__PLISTS 4
+/* A priority class of the default eviction policy (spill/reuse.c): lists
+ * of slots (spill/reuse.c says what each holds): cold, back, back's
+ * window, and the hot buffers by reuse interval (DMEM__PHOT of them). */
+#define DMEM__PHOT 36
+#define DMEM__PLISTS (3 + DMEM__PHOT)
 typedef struct dmem__pclass {
   int prio;
   uint32_t head[DMEM__PLISTS], tail[DMEM__PLISTS];
@@ -109,7 +110,11 @@ typedef struct dmem__policy {
   dmem__pclass_t *cls;   /* by class id (append-only) */
   uint16_t *order;       /* class ids by ascending priority */
   uint32_t ncls, capcls;
-  uint64_t tick;         /* victims taken so far: the policy's clock */
+  /* The policy's clock: victims taken (added under mu) and allocations
+   * (added by the allocating thread), relaxed. Read (relaxed) by every
+   * unlock: its own line, which only eviction passes and allocations
+   * write. */
+  _Alignas(64) _Atomic uint64_t tick;
   size_t win_max;        /* the most bytes a class's window holds: adapts
                             between win_min and win_top */
   size_t win_min, win_top;
@@ -364,14 +369,41 @@ static inline dmem_status_t dmem__check_forked(dmem_runtime_t *rt) {
   return DMEM_OK;
 }
 
+/* A reuse interval of d policy ticks as a 7-bit code: d itself below 16,
+ * then 4 steps per power of two (within 25 %); DMEM__PIV_NONE (127) is no
+ * interval known. */
+#define DMEM__PIV_NONE 127u
+#define DMEM__PIV_SKIP 0x8000u
+static inline uint16_t dmem__piv_code(uint64_t d) {
+  if (d < 16) return (uint16_t)d;
+  if (d >= ((uint64_t)1 << 31)) return 126;
+  unsigned e = 63u - (unsigned)__builtin_clzll(d);
+  unsigned c = 16 + (e - 4) * 4 + (unsigned)((d >> (e - 2)) & 3);
+  return (uint16_t)(c < 126 ? c : 126);
+}
+
 /* Mark b as unlocked (its count just reached 0) for the default eviction
- * policy: one relaxed load and at most one relaxed store of a byte on b's
- * first line, which the unlock's CAS owns already. The policy consumes the
+ * policy: relaxed loads and stores on b's first line, which the unlock's
+ * CAS owns already (the mark byte, the stamp last_use, the intervals
+ * pivs), and a relaxed load of the policy's clock. The policy consumes the
  * mark with an exchange under its mutex (spill/reuse.c); a mark racing
- * that exchange may survive it, which only keeps the buffer a pass longer. */
-static inline void dmem__policy_mark(dmem__buffer_t *b) {
+ * that exchange may survive it, which only keeps the buffer a pass longer.
+ * Unlocks of one buffer racing on two threads may lose one's interval: a
+ * hint, as the stamp is. */
+static inline void dmem__policy_mark(dmem_runtime_t *rt, dmem__buffer_t *b) {
   uint8_t r = dmem_atomic_load_relaxed(&b->ref);
   if (r < 2) dmem_atomic_store_relaxed(&b->ref, (uint8_t)(r + 1));
+  /* the reuse interval (spill/reuse.c): the ticks since the last unlock
+   * join the last two, unless the arrival already counted them */
+  uint64_t t = dmem_atomic_load_relaxed(&rt->pol.tick);
+  uint16_t v = dmem_atomic_load_relaxed(&b->pivs);
+  if (v & DMEM__PIV_SKIP) v = (uint16_t)(v & ~DMEM__PIV_SKIP);
+  else {
+    uint64_t l = dmem_atomic_load_relaxed(&b->last_use);
+    v = (uint16_t)((v & 0x7F) << 7 | dmem__piv_code(t > l ? t - l : 0));
+  }
+  dmem_atomic_store_relaxed(&b->pivs, v);
+  dmem_atomic_store_relaxed(&b->last_use, t);
 }
 
 /* LRU stamp of an unlock: the runtime's epoch (bumped by allocations and

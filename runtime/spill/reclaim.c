@@ -104,7 +104,7 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
     if (__builtin_expect(rt->pol_lru, 0))
       dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
     else
-      dmem__policy_mark(b);
+      dmem__policy_mark(rt, b);
     if ((nw & DMEM__F_FREED) && !(nw & DMEM__F_TRANSIT)) dmem__reclaim(rt, b, nw);
   }
   return DMEM_OK;

@@ -2,41 +2,58 @@
  * spill/reuse.c - the default eviction policy (DMEM_EVICTION_REUSE): which
  * unlocked buffers of a priority class an eviction pass takes first.
  *
- * Least recently used first, except for the members of a loop over more
- * than fits, which LRU would evict each just before its next use. The
- * resident buffers of each priority class are on three lists of slots:
+ * Least recently used first, except for buffers predicted dead, which go
+ * before anything, and the members of a loop over more than fits, which
+ * LRU would evict each just before its next use. The resident buffers of
+ * each priority class are on lists of slots:
  *
  *   cold  buffers that came to the device (allocated, or brought back)
  *         and were not used again since, oldest arrival first;
- *   hot   buffers used again (unlocked a second time) since they arrived:
- *         a CLOCK whose head is the least recently seen used;
- *   back  buffers brought back after longer than the class's oldest
- *         resident buffer has been unused (their reuse distance, counted
- *         in victims taken, is at least the age of the cold and hot heads):
- *         LRU would not have kept them either, so they are a loop's (or a
- *         long scan's) members. Newest first out.
+ *   hot   buffers used again (unlocked a second time) since they arrived,
+ *         on DMEM__PHOT lists by their last reuse interval (hot_list):
+ *         each a CLOCK whose head is the least recently seen used;
+ *   win   buffers brought back after longer than the class's oldest
+ *         resident buffer has been unused (their reuse distance is at
+ *         least the age of the cold and hot heads: LRU would not have kept
+ *         them either), unless used in bursts (their interval before the
+ *         pause more than DMEM__BURST times shorter than it): a loop's (or
+ *         a long scan's) members, until they are used (a loop that
+ *         prefetches ahead brings them before their use);
+ *   back  the loop's members once used (or past the window's size).
+ *         Newest first out.
  *
- * Victims come from `back`, newest first (so a loop keeps the buffers it
- * brought back earlier, and cycles its newest arrivals through one
- * place, as Belady's MIN does), then whichever of the cold and hot heads
- * was used less recently. A buffer whose mark shows it was used again is
- * passed over on the way: promoted from cold or back to hot, or moved to
- * the hot CLOCK's far end, its recency renewed.
+ * Reuse intervals: the policy's clock (rt->pol.tick) counts victims taken
+ * and allocations. An unlock that brings the count to 0 stamps the buffer
+ * with it (b->last_use) and shifts the ticks since its last unlock into
+ * b->pivs, the last two intervals as 7-bit codes (dmem__piv_code); a
+ * buffer brought back records the ticks since its last unlock before it
+ * left at its arrival (and its next unlock only clears the flag that says
+ * so), an allocated one has none.
  *
- * Recency is what the buffer's own mark says (dmem__policy_mark): an
- * unlock that brings the count to 0 adds 1 to a byte on the buffer's first
- * line, up to 2; an arrival sets it to 0, so its own unlock makes 1 and a
- * later one 2. The policy consumes marks (an exchange) when it looks at a
- * buffer, and dates what it saw with its clock, the number of victims
- * taken (b->last_use). No unlock writes a line that another buffer or
- * thread shares, and an unlock counts for every pass that begins after it,
+ * Victims: first a buffer predicted dead (overdue): of the hot lists'
+ * heads, one whose last two intervals agree within DMEM__STABLE times and
+ * which has been idle for more than DMEM__OVERDUE times the last, the most
+ * idle for its interval; then back's newest (so a loop keeps the buffers
+ * it brought back earlier, and cycles the one it used last through one
+ * place, as Belady's MIN does); then whichever of the cold and hot heads
+ * was unlocked least recently; then the window's oldest. A buffer whose
+ * mark shows it was used again is passed over on the way: promoted from
+ * cold, win or back to hot, or moved to its hot list's far end.
+ *
+ * The mark (dmem__policy_mark): an unlock that brings the count to 0 adds
+ * 1 to a byte on the buffer's first line, up to 2; an arrival sets it to
+ * 0, so its own unlock makes 1 and a later one 2. The policy consumes
+ * marks (an exchange) when it looks at a buffer. The unlock writes only its
+ * own buffer's first line (the mark, the stamp, the intervals), and reads
+ * the clock; an unlock counts for every pass that begins after it,
  * whichever thread made it.
  *
- * Cost: an arrival pushes the slot on a lock-free stack (one CAS, as the
- * LRU epoch's add it replaces); eviction passes drain that stack and walk
- * the lists under rt->pol.mu. Each step of a walk takes a victim, consumes
- * a mark, or drops an entry whose buffer left the device (lists are
- * cleaned lazily: a spill or a free does not touch them), so a victim
+ * Cost: an arrival pushes the slot on a lock-free stack (one CAS; an
+ * allocation also adds 1 to the clock); eviction passes drain that stack
+ * and walk the lists under rt->pol.mu. Each step of a walk takes a victim,
+ * consumes a mark, or drops an entry whose buffer left the device (lists
+ * are cleaned lazily: a spill or a free does not touch them), and the
+ * dead-block check looks at each non-empty hot list's head, so a victim
  * costs amortised O(1) whatever the number of buffers; locked or moving
  * buffers are passed over (at most once each per list per pass).
  * docs/design.md, "The eviction policy".
@@ -46,9 +63,19 @@
 #include <stdlib.h>
 
 #define COLD 0
-#define HOT 1
-#define BACK 2
-#define WIN 3
+#define BACK 1
+#define WIN 2
+#define HOT0 3 /* the hot lists: HOT0 + bucket (hot_list) */
+
+/* Dead-block prediction: a hot buffer whose last two reuse intervals agree
+ * within DMEM__STABLE times, idle for more than DMEM__OVERDUE times the
+ * last one, is predicted dead. */
+#define DMEM__STABLE 2
+#define DMEM__OVERDUE 2
+/* A buffer brought back whose interval before the pause was more than
+ * DMEM__BURST times shorter than the pause is back for a new burst of
+ * uses, not a loop's member. */
+#define DMEM__BURST 32
 
 /* b->parr of an arrival the drain has linked, until it ends */
 #define DONE 0xFF
@@ -72,6 +99,7 @@ void dmem__policy_init(dmem_runtime_t *rt) {
   rt->pol.win_min = rt->limit / DMEM__WIN_MIN;
   rt->pol.win_top = rt->limit / DMEM__WIN_TOP;
   atomic_init(&rt->pol.arrivals, (uint64_t)DMEM__NO_SLOT);
+  atomic_init(&rt->pol.tick, 0);
 }
 
 void dmem__policy_fini(dmem_runtime_t *rt) {
@@ -84,8 +112,40 @@ void dmem__policy_fini(dmem_runtime_t *rt) {
 
 static void drain(dmem_runtime_t *rt);
 
+/* The interval a 7-bit code stands for (its lower end); UINT64_MAX for
+ * DMEM__PIV_NONE. */
+static uint64_t piv_ticks(unsigned c) {
+  if (c == DMEM__PIV_NONE) return UINT64_MAX;
+  if (c < 16) return c;
+  unsigned e = (c - 16) / 4 + 4;
+  return (uint64_t)(4 + (c - 16) % 4) << (e - 2);
+}
+
+static uint64_t now(const dmem__policy_t *p) {
+  return dmem_atomic_load_relaxed(&p->tick);
+}
+
 void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind) {
   if (rt->pol_lru) return;
+  if (kind == DMEM__ARRIVE_NEW || kind == DMEM__ARRIVE_BACK) {
+    /* The reuse interval: none yet for a new buffer; for one brought back,
+     * the ticks since its last unlock (which its next unlock must not
+     * count again: the flag). Dated now: recency from its arrival. */
+    /* an allocation is a tick of the policy's clock too: intervals mean
+     * something before the first victim */
+    uint64_t t = kind == DMEM__ARRIVE_NEW ? dmem_atomic_add_relaxed(&rt->pol.tick, 1) + 1
+                                          : now(&rt->pol);
+    uint16_t v = dmem_atomic_load_relaxed(&b->pivs);
+    if (kind == DMEM__ARRIVE_NEW) {
+      v = (uint16_t)(DMEM__PIV_SKIP | DMEM__PIV_NONE << 7 | DMEM__PIV_NONE);
+    } else {
+      uint64_t l = dmem_atomic_load_relaxed(&b->last_use), d = t > l ? t - l : 0;
+      b->preuse = d < UINT32_MAX ? (uint32_t)d : UINT32_MAX;
+      v = (uint16_t)(DMEM__PIV_SKIP | (v & 0x7F) << 7 | dmem__piv_code(d));
+    }
+    dmem_atomic_store_relaxed(&b->pivs, v);
+    dmem_atomic_store_relaxed(&b->last_use, t);
+  }
   if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
     /* an arrival already pending re-classes the buffer too, and puts it at
      * its list's newest end */
@@ -165,13 +225,23 @@ static void link_head(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l
   if (l == WIN) c->win_bytes += b->psize;
 }
 
-/* To the tail of list l of its class; used (a mark consumed, or locked):
- * its recency renewed. */
-static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l, bool used) {
+/* To the tail of list l of its class. */
+static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l) {
   uint32_t cid = b->pcls - 1u;
   unlink_b(rt, b);
   link_tail(rt, b, cid, l);
-  if (used) dmem_atomic_store_relaxed(&b->last_use, rt->pol.tick);
+}
+
+/* The hot list of b: by its last reuse interval (a bucket per 7-bit code's
+ * power of two; the last bucket: none known). */
+static int hot_list(const dmem__buffer_t *b) {
+  unsigned c = dmem_atomic_load_relaxed(&b->pivs) & 0x7Fu;
+  return HOT0 + (c == DMEM__PIV_NONE ? DMEM__PHOT - 1 : c < 4 ? (int)c : (int)(c >> 2) + 3);
+}
+
+/* Used (a mark consumed, or locked): to the tail of its hot list. */
+static void to_hot(dmem_runtime_t *rt, dmem__buffer_t *b) {
+  move_tail(rt, b, hot_list(b));
 }
 
 /* The class id for priority prio, made if new; the nearest class when no
@@ -244,7 +314,7 @@ static void restore(dmem__buffer_t *b, uint8_t mark) {
 static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool newest_first,
                              uint64_t *w_out) {
   /* the hot CLOCK may need two turns: the first may only consume marks */
-  size_t steps = (l == HOT ? 2 : 1) * c->n[l];
+  size_t steps = (l >= HOT0 ? 2 : 1) * c->n[l];
   while (steps-- > 0) {
     uint32_t s = newest_first ? c->tail[l] : c->head[l];
     if (s == DMEM__NO_SLOT) break;
@@ -255,7 +325,7 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
       continue;
     }
     if (dmem__w_count(w) > 0 && dmem__w_state(w) == DMEM_STATE_RESIDENT) { /* locked: in use */
-      move_tail(rt, b, HOT, true);
+      to_hot(rt, b);
       continue;
     }
     if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
@@ -266,8 +336,8 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
       continue;
     }
     uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-    if (mark >= (l == HOT ? 1 : 2)) {
-      move_tail(rt, b, HOT, true);
+    if (mark >= (l >= HOT0 ? 1 : 2)) {
+      to_hot(rt, b);
       continue;
     }
     restore(b, mark); /* the arrival's own */
@@ -277,19 +347,52 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
   return NULL;
 }
 
-/* Of class c's cold and hot heads (after first()), the one used less
- * recently; NULL when both lists are empty. */
+/* Of class c's cold head and hot heads (after first()), the one used
+ * least recently; NULL when all those lists are empty. */
 static dmem__buffer_t *oldest(dmem_runtime_t *rt, dmem__pclass_t *c, uint64_t *w_out) {
-  uint64_t wc = 0, wh = 0;
-  dmem__buffer_t *bc = first(rt, c, COLD, false, &wc);
-  dmem__buffer_t *bh = first(rt, c, HOT, false, &wh);
-  if (bc && (!bh || dmem_atomic_load_relaxed(&bc->last_use) <=
-                        dmem_atomic_load_relaxed(&bh->last_use))) {
-    *w_out = wc;
-    return bc;
+  uint64_t w = 0;
+  dmem__buffer_t *best = first(rt, c, COLD, false, &w);
+  *w_out = w;
+  for (int l = HOT0; l < HOT0 + DMEM__PHOT; l++) {
+    if (c->n[l] == 0) continue;
+    dmem__buffer_t *b = first(rt, c, l, false, &w);
+    if (b && (!best || dmem_atomic_load_relaxed(&b->last_use) <
+                           dmem_atomic_load_relaxed(&best->last_use))) {
+      best = b;
+      *w_out = w;
+    }
   }
-  *w_out = wh;
-  return bh;
+  return best;
+}
+
+/* Of class c's hot heads (after first()), the one predicted dead: its last
+ * two reuse intervals agree (within DMEM__STABLE times), and it has been
+ * idle for more than DMEM__OVERDUE times the last one; of several, the one
+ * idle for the most of its intervals. NULL when none is. */
+static dmem__buffer_t *overdue(dmem_runtime_t *rt, dmem__pclass_t *c, uint64_t *w_out) {
+  uint64_t t = now(&rt->pol), w = 0;
+  dmem__buffer_t *best = NULL;
+  double best_r = 0;
+  for (int l = HOT0; l < HOT0 + DMEM__PHOT - 1; l++) {
+    if (c->n[l] == 0) continue;
+    dmem__buffer_t *b = first(rt, c, l, false, &w);
+    if (!b) continue;
+    uint16_t v = dmem_atomic_load_relaxed(&b->pivs);
+    uint64_t iv = piv_ticks(v & 0x7Fu), iv2 = piv_ticks(v >> 7 & 0x7Fu);
+    if (iv == UINT64_MAX) continue;
+    uint64_t lo = iv < iv2 ? iv : iv2, hi = iv < iv2 ? iv2 : iv;
+    if (iv2 != UINT64_MAX && hi > DMEM__STABLE * (lo ? lo : 1)) continue; /* not steady */
+    uint64_t l_use = dmem_atomic_load_relaxed(&b->last_use);
+    uint64_t idle = t > l_use ? t - l_use : 0, m = iv;
+    if (idle <= DMEM__OVERDUE * m) continue;
+    double r = (double)idle / (double)(m ? m : 1);
+    if (r > best_r) {
+      best_r = r;
+      best = b;
+      *w_out = w;
+    }
+  }
+  return best;
 }
 
 /* Link b, which arrived (kind), to its class's lists. */
@@ -321,7 +424,6 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     int l = b->plist == BACK ? WIN : b->plist;
     unlink_b(rt, b);
     link_tail(rt, b, cid, l);
-    dmem_atomic_store_relaxed(&b->last_use, p->tick);
     return;
   }
   if (b->pcls) unlink_b(rt, b);
@@ -334,10 +436,15 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
      * was taken since its last known use: a dmem_buffer_spill and the lock or
      * prefetch that brought it back say nothing about loops.) */
     dmem__pclass_t *c = &p->cls[cid];
-    uint64_t reuse = p->tick - dmem_atomic_load_relaxed(&b->last_use), w2;
+    uint64_t reuse = b->preuse, w2; /* the ticks its arrival counted */
     dmem__buffer_t *o = oldest(rt, c, &w2);
-    uint64_t age = o ? p->tick - dmem_atomic_load_relaxed(&o->last_use) : 0;
-    if (reuse > 0 && reuse >= age) l = WIN;
+    uint64_t t = now(p), lo = o ? dmem_atomic_load_relaxed(&o->last_use) : t;
+    uint64_t age = t > lo ? t - lo : 0;
+    /* the interval before: a buffer used in bursts (its uses close
+     * together, then a long pause) is back for a new burst, not a loop */
+    uint64_t before = piv_ticks(dmem_atomic_load_relaxed(&b->pivs) >> 7 & 0x7Fu);
+    bool burst = before != UINT64_MAX && before * DMEM__BURST < reuse;
+    if (reuse > 0 && reuse >= age && !burst) l = WIN;
     if (was_back) {
       /* It went through the window unused and was evicted from back: if
        * it is back soon (used again shortly after its window: a buffer
@@ -353,7 +460,6 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
       else p->win_max = p->win_max + size < p->win_top ? p->win_max + size : p->win_top;
     }
   }
-  dmem_atomic_store_relaxed(&b->last_use, p->tick);
   link_tail(rt, b, cid, l);
 }
 
@@ -401,25 +507,28 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
   for (uint32_t i = 0; i < p->ncls && bytes < need && k < max; i++) {
     dmem__pclass_t *c = &p->cls[p->order[i]];
     while (bytes < need && k < max) {
-      /* the window's oldest beyond its size go on to back (or hot, used
-       * again meanwhile) */
+      /* the window's oldest go on to back once used (or to hot, used
+       * again meanwhile), and beyond its size even if not */
       uint64_t w = 0;
-      for (size_t steps = c->n[WIN]; c->win_bytes > p->win_max && steps > 1; steps--) {
+      for (size_t steps = c->n[WIN]; steps > 0 && c->head[WIN] != DMEM__NO_SLOT; steps--) {
         dmem__buffer_t *b = at(rt, c->head[WIN]);
         uint64_t wb = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
-        if (gone(wb) || dmem__w_state(wb) == DMEM_STATE_UNSPILLING) unlink_b(rt, b);
-        else {
-          uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-          if (dmem__w_count(wb) > 0 || mark >= 2) {
-            move_tail(rt, b, HOT, true); /* used again meanwhile */
-          } else {
-            restore(b, mark);
-            move_tail(rt, b, BACK, false);
-          }
+        if (gone(wb) || dmem__w_state(wb) == DMEM_STATE_UNSPILLING) {
+          unlink_b(rt, b);
+          continue;
         }
+        uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
+        if (dmem__w_count(wb) > 0 || mark >= 2) {
+          to_hot(rt, b); /* used again meanwhile */
+          continue;
+        }
+        restore(b, mark);
+        if (mark == 0 && (c->win_bytes <= p->win_max || c->n[WIN] <= 1)) break;
+        move_tail(rt, b, BACK);
       }
-      dmem__buffer_t *b = first(rt, c, BACK, true, &w);
-      if (b) b->pback = 1;
+      /* a buffer predicted dead, then back's newest */
+      dmem__buffer_t *b = overdue(rt, c, &w);
+      if (!b && (b = first(rt, c, BACK, true, &w)) != NULL) b->pback = 1;
       if (!b) b = oldest(rt, c, &w);
       if (!b) b = first(rt, c, WIN, false, &w);
       if (!b) b = oldest(rt, c, &w); /* what the window promoted to hot */
@@ -427,10 +536,10 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
       /* taken: to the cold list's newest end, so that a pass running
        * beside this one takes others; if its spill fails it stays there,
        * resident */
-      move_tail(rt, b, COLD, false);
+      move_tail(rt, b, COLD);
       out[k++] = (dmem__victim_t){.priority = c->prio, .b = b, .h = dmem__handle_of(b, w)};
       bytes += dmem__bsize(b);
-      p->tick++;
+      dmem_atomic_add_relaxed(&p->tick, 1);
     }
   }
   for (uint32_t i = 0; i < p->ncls; i++)
