@@ -233,6 +233,9 @@ struct dmem_runtime {
   dmem_controller_t ctl;
   _Atomic int has_ctl;        /* relaxed hint: skip the mutex when no controller */
   _Atomic int has_ctl_events; /* relaxed hint: the controller has on_event */
+  /* 1 while a thread brings the device back under its limit after
+   * retrieves past it (spill/pressure.c: dmem__pressure_settle) */
+  _Atomic int settling;
   size_t ctl_stores;          /* the controller's stores in flight (under ctl_mu) */
 
   /* Why the runtime refuses work, or DMEM__LIVE: DMEM__FATAL (sticky

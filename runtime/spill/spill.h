@@ -303,7 +303,9 @@ dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
 /* After a retrieve took the device past its limit (dmem__device_alloc_over):
  * spill victims by policy until the live bytes are under the limit again,
  * or nothing more can be spilled now. Their copies reuse the retrieved
- * buffers' pinned staging (dmem__staging_recycle). Never fails: what it
+ * buffers' pinned staging (dmem__staging_recycle). One thread settles at a
+ * time (rt->settling); a thread that finds another settling returns at
+ * once, since that one looks again after each pass. Never fails: what it
  * cannot spill now, the next allocation does (its charge fails past the
  * limit). */
 void dmem__pressure_settle(dmem_runtime_t *rt);
