@@ -310,6 +310,62 @@ TEST_CASE(retrieve_past_the_limit_reuses_its_pinned_memory) {
   overshoot_case(false);
 }
 
+/* Eight threads at once each lock a buffer on the host, under a limit of
+ * eight buffers and an overshoot of four: each retrieve may come back past
+ * the limit, and the spills that bring the device back under it are
+ * made once, not once per thread that saw the device past it. Afterwards
+ * the device holds its limit, not fewer (each thread spilling what it
+ * saw, several spilled the same overshoot, and the device ended buffers
+ * under its limit while the host held them). */
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_handle_t h;
+  atomic_int *go;
+} lock_one_t;
+
+static void *lock_one(void *arg) {
+  lock_one_t *a = arg;
+  while (!atomic_load(a->go)) {
+  }
+  void *p;
+  if (dmem_buffer_lock(a->rt, a->h, NULL, &p) != DMEM_OK) abort();
+  if (dmem_buffer_unlock(a->rt, a->h) != DMEM_OK) abort();
+  return NULL;
+}
+
+TEST_CASE(concurrent_retrieves_past_the_limit_spill_each_byte_once) {
+  enum { N = 8, T = 8 };
+  const size_t S = 1 * MiB;
+  for (int round = 0; round < 20; round++) {
+    dmem_config_t cfg;
+    dmem_config_init(&cfg);
+    if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+    cfg.spill_ahead = 0;
+    cfg.device_limit = N * S;
+    cfg.host_headroom = 0;
+    cfg.device_overshoot = 4 * S;
+    dmem_runtime_t *rt = check_runtime_cfg(&cfg);
+    dmem_handle_t h[N + T];
+    for (int i = 0; i < N + T; i++) REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &h[i]));
+    for (int i = 0; i < T; i++) REQUIRE_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
+    atomic_int go = 0;
+    lock_one_t a[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+      a[i] = (lock_one_t){rt, h[i], &go};
+      pthread_create(&th[i], NULL, lock_one, &a[i]);
+    }
+    atomic_store(&go, 1);
+    for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+    dmem_stats_t st;
+    REQUIRE_OK(dmem_stats(rt, &st));
+    CHECK_LE(st.device_used, N * S);
+    CHECK_GE(st.device_used, (N - 1) * S);
+    for (int i = 0; i < N + T; i++) REQUIRE_OK(dmem_buffer_free(rt, h[i]));
+    dmem_runtime_destroy(rt);
+  }
+}
+
 /* ---- least recently unlocked first, across threads ---------------------------- */
 
 typedef struct {

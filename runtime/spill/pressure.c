@@ -152,7 +152,10 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
     }
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
-    st = dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
+    /* At most this allocation's own bytes a pass: past the limit (retrieves
+     * with device_overshoot) the charge is short by the overshoot too,
+     * which dmem__pressure_settle spills; the loop looks again anyway. */
+    st = dmem__evict(rt, need > size ? size : need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
     if (st != DMEM_OK) return st;
     if (err != DMEM_OK) last_err = err;
     if (freed > 0) {
