@@ -254,8 +254,8 @@ typedef struct dmem_config {
    *  one; with an overshoot the buffer comes back first (within it, in
    *  slabs past the pool's cut when need be) and the victim's copy then
    *  reuses the retrieved buffer's pinned memory. That is how dask-cuda's
-   *  device_memory_limit behaves (a soft limit: spill once above it);
-   *  dmem.dask uses a 16th of the limit (docs/dask.md). The device then
+   *  device_memory_limit behaves (a soft limit: spill once above it;
+   *  docs/dask.md). The device then
    *  holds at most device_limit + device_overshoot of live bytes, and the
    *  limit again once the retrieving call returns, unless nothing could be
    *  spilled (then the next allocation spills first). DMEM_DEVICE_OVERSHOOT

@@ -466,11 +466,9 @@ def test_host_headroom_reaches_the_runtime(tmp_path, monkeypatch):
 
 
 def test_device_overshoot_reaches_the_runtime(tmp_path, monkeypatch):
-    """dmem.dask's workers let a retrieve pass the device limit by a 16th of
-    a limit given in bytes (DASK_DEVICE_OVERSHOOT_DIV) unless the options or
-    DMEM_DEVICE_OVERSHOOT give an overshoot; plain dmem.Runtime never."""
-    from dmem.dask import data as dask_data
-
+    """device_overshoot is passed through to each worker's runtime like the
+    other options (as Dask reads sizes), DMEM_DEVICE_OVERSHOOT too; none by
+    default (a hard device limit)."""
     monkeypatch.delenv("DMEM_DEVICE_OVERSHOOT", raising=False)
 
     def overshoot(**kw):
@@ -484,19 +482,14 @@ def test_device_overshoot_reaches_the_runtime(tmp_path, monkeypatch):
             if d._owned:
                 d.runtime.close()
 
-    assert dask_data.DASK_DEVICE_OVERSHOOT_DIV == 16
-    assert overshoot(device_memory_limit=16 * MiB) == MiB
-    assert overshoot(device_memory_limit="8MB") == 8 * 10**6 // 16
-    assert overshoot(device_memory_limit=16 * MiB, device_overshoot=0) == 0
+    assert overshoot(device_memory_limit=16 * MiB) == 0
     assert overshoot(device_memory_limit=16 * MiB, device_overshoot="2MiB") == 2 * MiB
+    assert overshoot(device_memory_limit=16 * MiB, device_overshoot="1MB") == 10**6
     monkeypatch.setenv("DMEM_DEVICE_OVERSHOOT", "3MiB")
     assert overshoot(device_memory_limit=16 * MiB) == 3 * MiB
     monkeypatch.delenv("DMEM_DEVICE_OVERSHOOT")
-    rt = dmem.Runtime(backend="host", host_capacity=16 * MiB, spill_dir=str(tmp_path))
-    try:
-        assert rt.info()["device_overshoot"] == 0
-    finally:
-        rt.close()
+    with pytest.raises(ValueError):
+        overshoot(device_memory_limit=16 * MiB, device_overshoot="lots")
 
 
 def test_a_controller_already_installed_is_kept(tmp_path):

@@ -182,13 +182,6 @@ def check_runtime_options(options, where):
 # the pool grows only by what spills need (docs/dask.md, "Host memory").
 DASK_HOST_HEADROOM = 0
 
-# dmem.dask workers' device_overshoot when neither the options nor
-# DMEM_DEVICE_OVERSHOOT give one: this fraction of a device_memory_limit
-# given in bytes (docs/dask.md, "Host memory"): a chunk brought back comes
-# to the device before its victim leaves it, so that the victim's copy
-# reuses the chunk's pinned memory, as under dask-cuda's soft limit.
-DASK_DEVICE_OVERSHOOT_DIV = 16
-
 
 def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_dir,
                  host_burst=None, host_headroom=None, options=None):
@@ -223,9 +216,6 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["host_headroom"] = host_headroom
     if backend == "host" and isinstance(device_memory_limit, int):
         kw["host_capacity"] = device_memory_limit
-    if isinstance(device_memory_limit, int) and "device_overshoot" not in options and \
-            not os.environ.get("DMEM_DEVICE_OVERSHOOT"):
-        kw["device_overshoot"] = device_memory_limit // DASK_DEVICE_OVERSHOOT_DIV
     kw.update(options)
     try:
         dmem.configure(**kw)
