@@ -191,7 +191,7 @@ TEST_CASE(equal_blocks_fill_the_limit_without_a_spill) {
  * A's staging and D's copy both, as a Dask worker retrieving one chunk
  * while it spilled another held both at its peak). */
 TEST_CASE(spill_takes_the_staging_of_a_retrieve_in_flight) {
-  const size_t S = 4 * MiB;
+  const size_t S = 1 * MiB;
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
@@ -199,6 +199,8 @@ TEST_CASE(spill_takes_the_staging_of_a_retrieve_in_flight) {
   cfg.device_limit = 2 * S;
   cfg.host_headroom = 0; /* the pool grows only by what spills need */
   dmem_runtime_t *rt = check_runtime_cfg(&cfg);
+  /* wait for A's copy however slow the build (a sanitizer's, loaded) */
+  rt->recycle_wait_ns = (uint64_t)10 * 1000 * 1000 * 1000;
   dmem_handle_t a, b, c, d;
   REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &a));
   REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &b));

@@ -63,7 +63,7 @@ void dmem__staging_recycle(dmem_runtime_t *rt, size_t need) {
   if (pending == 0) return;
   /* Copies behind other work on their streams may take long: wait about
    * as long as `pending` bytes take at 10 GB/s, plus 20 ms, then grow. */
-  uint64_t deadline = dmem__now_ns() + DMEM__RECYCLE_WAIT_NS + pending / 10u;
+  uint64_t deadline = dmem__now_ns() + rt->recycle_wait_ns + pending / 10u;
   for (;;) {
     dmem__staging_poll(rt, false);
     dmem__hostpool_stats(rt->hostpool, &hs);
