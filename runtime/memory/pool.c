@@ -352,6 +352,7 @@ void dmem__pool_stats(dmem__pool_t *p, dmem__pool_stats_t *out) {
   s.misses = p->misses;
   s.slabs = p->nslabs;
   s.global_locks = p->global_locks;
+  s.runs = p->nruns;
   pthread_mutex_unlock(&p->mu);
   dmem__pool_cache_stats(p, &s.in_use, &s.hits, &s.cached);
   *out = s;

@@ -86,6 +86,8 @@ typedef struct dmem__pool_stats {
   uint64_t global_locks; /* alloc/free/flush operations that took the pool-wide mutex */
   size_t quarantined;    /* bytes freed whose reuse nothing could order: never
                             handed out again (see dmem__pool_free) */
+  size_t runs;           /* class runs held (64 KiB each; their blocks count in
+                            in_use as they are handed out) */
 } dmem__pool_stats_t;
 
 /*
