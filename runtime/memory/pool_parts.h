@@ -17,8 +17,9 @@
  *   pool_slabs.c    slabs: growth, lookup by address, giving     ranges, tags,
  *                   empty slabs back                             index
  *   pool_ranges.c   segments and free ranges: descriptors,       tags, index
- *                   coalescing, best fit, runs, giving blocks
- *                   back under a tag, quarantine
+ *                   coalescing, best fit, runs of neighbours,
+ *                   class runs (small blocks as bits), giving
+ *                   blocks back under a tag, quarantine
  *   pool_tags.c     event tags: records, lazy tags, when a       (the backend
  *                   range is usable or may join its neighbour    table only)
  *   pool_index.c    the live-block map and the free-range treap  nothing
@@ -37,6 +38,9 @@
  *  - Sizes up to 1 MiB are rounded to one of 44 classes (256 B steps up to
  *    1 KiB, then four per power of two), larger ones to 256 B (exact: no
  *    coarser rounding, device bytes matter).
+ *  - Blocks of the classes up to 4 KiB live in class runs (struct
+ *    pool_run below): a LIVE 64 KiB segment, 64 KiB-aligned, whose blocks
+ *    are bits, so a live small block costs no descriptor and no map entry.
  *  - The fast path, a hit in this thread's shard of the stream's cache,
  *    takes no pool-wide lock: pool.c pops and pushes the shard that
  *    pool_caches.c finds (one call), under the shard's mutex. Everything
