@@ -155,6 +155,7 @@ struct pool_run {
   uint64_t live[POOL_RUN_WORDS];  /* bit i: block i is live */
   uint64_t pend[POOL_RUN_WORDS];  /* bit i: block i is free after `tag` */
   uint16_t nblocks, nlive;
+  uint16_t nparked;               /* live blocks in p->deferred */
   uint8_t cls;
   bool open;                      /* on p->run_open[cls] */
 };
@@ -368,6 +369,8 @@ dmem_status_t dmem__pool_range_take_run(dmem__pool_t *p, size_t need, uintptr_t 
 dmem_status_t dmem__pool_range_take_small(dmem__pool_t *p, size_t need, unsigned cls,
                                           uintptr_t skey, void *stream, void **ptr_out,
                                           bool *ordered);
+/* The run holding live block addr, or NULL. */
+pool_run_t *dmem__pool_run_of(dmem__pool_t *p, uintptr_t addr);
 /* Whether an open run of class cls has a block that is not live. */
 bool dmem__pool_run_room(const dmem__pool_t *p, unsigned cls);
 /* The live block at addr: false if there is none; else *seg_out is its

@@ -471,6 +471,12 @@ static pool_run_t *run_of(dmem__pool_t *p, uintptr_t addr, pool_seg_t **seg_out,
   return r;
 }
 
+pool_run_t *dmem__pool_run_of(dmem__pool_t *p, uintptr_t addr) {
+  pool_seg_t *s;
+  unsigned i;
+  return run_of(p, addr, &s, &i);
+}
+
 bool dmem__pool_block_find(dmem__pool_t *p, uintptr_t addr, pool_seg_t **seg_out,
                            size_t *run_size_out) {
   unsigned i;
@@ -496,6 +502,7 @@ static void run_defer(dmem__pool_t *p, pool_run_t *r, uintptr_t addr, pool_tag_t
   }
   pool_tag_ref(t);
   p->deferred[p->ndeferred++] = (pool_deferred_t){addr, t};
+  r->nparked++;
 }
 
 /* Live block i of r becomes free carrying t. */
@@ -564,7 +571,10 @@ static void run_retry_deferred(dmem__pool_t *p) {
       p->deferred[keep++] = e;
       continue;
     }
-    if (r) run_release(p, r, i, e.tag); /* parks nothing: see the test above */
+    if (r) {
+      r->nparked--;
+      run_release(p, r, i, e.tag); /* parks nothing: see the test above */
+    }
     dmem__pool_tag_unref(p, e.tag);
   }
   p->ndeferred = keep;
@@ -602,6 +612,7 @@ static void run_sync_tag(dmem__pool_t *p, pool_tag_t *t, bool synced, size_t *n,
     pool_seg_t *s;
     unsigned i;
     pool_run_t *r = run_of(p, e.addr, &s, &i);
+    if (r) r->nparked--;
     if (r && synced) {
       run_release(p, r, i, NULL);
     } else if (r) {

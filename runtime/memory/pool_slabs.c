@@ -177,11 +177,16 @@ static void pool_trim_add(dmem__pool_t *p, pool_tag_t *t, pool_tag_t **out, size
 
 static size_t pool_trim_pending(dmem__pool_t *p, pool_tag_t **out) {
   size_t n = 0;
-  /* Class runs that hold only free or parked blocks go back to the free
-   * ranges once these settle (dmem__pool_range_settle). */
-  for (size_t j = 0; j < p->ndeferred; j++) pool_trim_add(p, p->deferred[j].tag, out, &n);
-  for (pool_run_t *r = p->runs; r; r = r->anext)
+  /* A class run whose live blocks are all parked goes back to the free
+   * ranges once their tags settle (dmem__pool_range_settle), carrying its
+   * own pending tag. Only such runs: a run with a block in use cannot
+   * leave its slab, and waiting for its tag would only make trim slow. */
+  for (size_t j = 0; j < p->ndeferred; j++) {
+    pool_run_t *r = dmem__pool_run_of(p, p->deferred[j].addr);
+    if (!r || r->nparked != r->nlive) continue;
+    pool_trim_add(p, p->deferred[j].tag, out, &n);
     if (r->tag) pool_trim_add(p, r->tag, out, &n);
+  }
   for (size_t i = 0; i < p->nslabs; i++) {
     pool_seg_t *s = p->slabs[i]->first;
     while (s && s->state == SEG_FREE) s = s->next;
