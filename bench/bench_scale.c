@@ -17,9 +17,11 @@
  *                      the dmem_stream_synchronize that finds it finished and
  *                      unlocks them, us; the registered buffers are the same
  *                      10^3 at every count
- *   metadata           process RSS growth per live buffer, less the device
- *                      pool's slabs (device memory is host memory on the host
- *                      backend), bytes; and the size of the per-buffer structs
+ *   metadata           process RSS growth per live buffer from 1 to n live
+ *                      buffers (a child process each), less the device
+ *                      pool's slab growth (device memory is host memory on
+ *                      the host backend), bytes; and the size of the
+ *                      per-buffer structs
  *
  * Each row prints its cost at every count and its ratio to the cost at
  * 10^3. Target (issue 25): each cost at the largest count within 1.5x of its
@@ -29,13 +31,14 @@
  *   RESULT bench_scale.largest=        the largest count measured
  *   RESULT bench_scale.meta_bytes=     metadata bytes per buffer there
  *
- *   bench_scale [--quick]
+ *   bench_scale [--quick] [--check]
  *
  * --quick: up to 10^5 buffers, fewer repetitions (the CTest run,
- * bench.scale). Backend: DMEM_BACKEND if set, else the host backend. Each
- * figure is the median of several repetitions. Exit 77 when DMEM_BACKEND
- * asks for a device that is not there, 1 on any dmem error; never fails on
- * speed.
+ * bench.scale). --check: exit 1 when the metadata per buffer at the
+ * largest count measured passes 128 bytes (the CTest run passes it).
+ * Backend: DMEM_BACKEND if set, else the host backend. Each figure is the
+ * median of several repetitions. Exit 77 when DMEM_BACKEND asks for a device
+ * that is not there, 1 on any dmem error; never fails on speed.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -44,6 +47,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <dmem/dmem.h>
@@ -65,6 +70,8 @@ static const size_t g_counts[NCOUNTS] = {1000, 10000, 100000, 1000000};
 static int g_ncounts = NCOUNTS;
 static int g_reps = 7;
 static bool g_quick;
+static bool g_check;
+#define META_TARGET 128.0 /* bytes of metadata per live buffer (issue 25) */
 
 /* Resident set size of the process, bytes. */
 static size_t rss_bytes(void) {
@@ -160,20 +167,61 @@ static double m_release(dmem_runtime_t *rt, dmem_stream_t s, const dmem_handle_t
   return us;
 }
 
+/* Metadata bytes per live buffer at n live buffers, measured in a child
+ * process of its own (forked before this process made any runtime), so
+ * that memory freed by earlier measurements and kept by malloc cannot hide
+ * growth: RSS growth from 1 live buffer to n, less the growth of the
+ * pool's slabs on the host backend (device memory is host memory there,
+ * every page of it written), divided by n - 1. The runtime's own fixed
+ * cost (its creation) is not per buffer and not counted; the handle
+ * array is the bench's, made and touched before the first reading. */
+static double measure_meta(size_t n) {
+  int fd[2];
+  if (pipe(fd) != 0) die("pipe", DMEM_ERR_HOST_OUT_OF_MEMORY);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) die("fork", DMEM_ERR_HOST_OUT_OF_MEMORY);
+  if (pid == 0) {
+    close(fd[0]);
+    dmem_handle_t *hs = malloc(n * sizeof *hs);
+    if (!hs) _exit(1);
+    memset(hs, 0, n * sizeof *hs);
+    dmem_runtime_t *rt = make_runtime(n * BUF * 2 + ((size_t)64 << 20));
+    bool host = dmem_runtime_backend(rt) == DMEM_BACKEND_HOST;
+    dmem_stats_t s0, s1;
+    TRY(dmem_buffer_alloc(rt, BUF, 0, &hs[0]));
+    TRY(dmem_stats(rt, &s0));
+    size_t rss0 = rss_bytes();
+    for (size_t i = 1; i < n; i++) TRY(dmem_buffer_alloc(rt, BUF, 0, &hs[i]));
+    TRY(dmem_stats(rt, &s1));
+    size_t rss1 = rss_bytes();
+    size_t dev = host ? s1.device_reserved - s0.device_reserved : 0;
+    double meta = rss1 > rss0 + dev ? (double)(rss1 - rss0 - dev) / (double)(n - 1) : 0.0;
+    ssize_t w = write(fd[1], &meta, sizeof meta);
+    _exit(w == (ssize_t)sizeof meta ? 0 : 1);
+  }
+  close(fd[1]);
+  double meta = -1.0;
+  ssize_t r = read(fd[0], &meta, sizeof meta);
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) exit(77); /* no device: skip */
+  if (r != (ssize_t)sizeof meta || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "bench_scale: the metadata measurement at %zu buffers failed\n", n);
+    exit(1);
+  }
+  return meta;
+}
+
 static void measure_roomy(int ci) {
   size_t n = g_counts[ci];
-  size_t rss0 = rss_bytes();
   /* room for the live buffers, the alloc+free pairs and nothing to spill */
   dmem_runtime_t *rt = make_runtime(n * BUF * 2 + ((size_t)64 << 20));
   dmem_handle_t *hs = malloc(n * sizeof *hs);
   dmem_handle_t *scratch = malloc(10000 * sizeof *scratch);
   if (!hs || !scratch) die("malloc", DMEM_ERR_HOST_OUT_OF_MEMORY);
   for (size_t i = 0; i < n; i++) TRY(dmem_buffer_alloc(rt, BUF, 0, &hs[i]));
-  dmem_stats_t s;
-  TRY(dmem_stats(rt, &s));
-  size_t rss1 = rss_bytes();
-  size_t dev = dmem_runtime_backend(rt) == DMEM_BACKEND_HOST ? s.device_reserved : 0;
-  g_meta[ci] = rss1 > rss0 + dev ? (double)(rss1 - rss0 - dev) / (double)n : 0.0;
 
   dmem_handle_t spread[SPREAD];
   for (int i = 0; i < SPREAD; i++) spread[i] = hs[(size_t)i * (n / SPREAD)];
@@ -260,8 +308,10 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       g_quick = true;
+    } else if (strcmp(argv[i], "--check") == 0) {
+      g_check = true;
     } else {
-      fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--check]\n", argv[0]);
       return 2;
     }
   }
@@ -281,6 +331,7 @@ int main(int argc, char **argv) {
          "descriptor %zu B, registry entry %zu B\n",
          sizeof(dmem__buffer_t), dmem__pool_seg_bytes(), sizeof(dmem__reg_entry_t));
   fflush(stdout);
+  for (int ci = 0; ci < g_ncounts; ci++) g_meta[ci] = measure_meta(g_counts[ci]);
   for (int ci = 0; ci < g_ncounts; ci++) {
     measure_roomy(ci);
     measure_evict(ci);
@@ -309,5 +360,10 @@ int main(int argc, char **argv) {
            g_cost[r][0] > 0 ? g_cost[r][last] / g_cost[r][0] : 0.0);
   printf("RESULT bench_scale.largest=%zu\n", g_counts[last]);
   printf("RESULT bench_scale.meta_bytes=%.1f\n", g_meta[last]);
+  if (g_check && g_meta[last] > META_TARGET) {
+    fprintf(stderr, "bench_scale: FAIL: %.1f bytes of metadata per buffer at %zu buffers (at "
+            "most %.0f)\n", g_meta[last], g_counts[last], META_TARGET);
+    return 1;
+  }
   return 0;
 }

@@ -371,6 +371,254 @@ TEST_CASE(trimming) {
   be->destroy(be);
 }
 
+/* ---- class runs: small blocks without descriptors ---------------------------------------- */
+
+/* Blocks of 256 B each up to 4 KiB come from 64 KiB class runs: distinct,
+ * 256-aligned, inside the pool's slab, and their bytes do not overlap. Freed
+ * and flushed, every run empties and goes back to the free ranges; the
+ * same blocks come again without a new slab. */
+TEST_CASE(runs_reuse_after_free) {
+  dmem__backend_t *be = make_backend(4 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 2 * MiB, 1 * MiB, &p));
+  enum { N = 600 };
+  static void *b[N];
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem__pool_alloc(p, 200, NULL, &b[i]));
+  dmem__pool_stats_t s = stats_of(p);
+  CHECK_UEQ(s.slabs, 1);
+  CHECK_UEQ(s.in_use, (size_t)N * 256);
+  CHECK_GE(s.runs, 2); /* 256 blocks a run; the slab's first block is a plain one */
+  CHECK_LE(s.runs, 4);
+  for (int i = 0; i < N; i++) {
+    CHECK_UEQ((uintptr_t)b[i] % 256, 0);
+    void *base = NULL;
+    size_t off = 0;
+    REQUIRE_OK(dmem__pool_slab_of(p, b[i], &base, &off));
+    CHECK_LE(off + 256, 1 * MiB);
+    fill_words(b[i], 256, (uint64_t)i);
+  }
+  for (int i = 0; i < N; i++) CHECK_UEQ(bad_words(b[i], 256, (uint64_t)i), 0);
+  for (int i = 0; i < N; i++) dmem__pool_free(p, b[i], 200, NULL);
+  dmem__pool_flush(p);
+  s = stats_of(p);
+  CHECK_UEQ(s.in_use, 0);
+  CHECK_UEQ(s.runs, 0);
+  uint64_t misses = s.misses;
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem__pool_alloc(p, 256, NULL, &b[i]));
+  s = stats_of(p);
+  CHECK_UEQ(s.misses, misses); /* reused: no new slab */
+  CHECK_UEQ(s.slabs, 1);
+  CHECK_GE(s.runs, 2);
+  for (int i = 0; i < N; i++) dmem__pool_free(p, b[i], 256, NULL);
+  size_t rel = 0;
+  REQUIRE_OK(dmem__pool_trim(p, 0, &rel));
+  CHECK_UEQ(rel, 1 * MiB);
+  CHECK_UEQ(backend_used(be), 0);
+  dmem__pool_destroy(p);
+  be->destroy(be);
+}
+
+/* Every run class at once (256 B .. 4 KiB), interleaved: no two blocks
+ * overlap, each class fills runs of its own, and freeing everything in a
+ * scrambled order empties every run. */
+TEST_CASE(runs_many_classes) {
+  static const size_t sizes[] = {256,  512,  768,  1024, 1280, 1536,
+                                 1792, 2048, 2560, 3072, 3584, 4096};
+  enum { NC = sizeof sizes / sizeof sizes[0], PER = 40 };
+  dmem__backend_t *be = make_backend(16 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 8 * MiB, 4 * MiB, &p));
+  static void *b[NC * PER];
+  size_t total = 0;
+  for (int k = 0; k < PER; k++)
+    for (int c = 0; c < NC; c++) {
+      REQUIRE_OK(dmem__pool_alloc(p, sizes[c], NULL, &b[k * NC + c]));
+      fill_words(b[k * NC + c], sizes[c], (uint64_t)(k * NC + c));
+      total += sizes[c];
+    }
+  dmem__pool_stats_t s = stats_of(p);
+  CHECK_UEQ(s.in_use, total);
+  CHECK_GE(s.runs, NC);
+  for (int k = 0; k < PER; k++)
+    for (int c = 0; c < NC; c++)
+      CHECK_UEQ(bad_words(b[k * NC + c], sizes[c], (uint64_t)(k * NC + c)), 0);
+  for (int j = 0; j < NC * PER; j++) {
+    int i = (j * 7919) % (NC * PER); /* 7919 is prime to NC * PER: a permutation */
+    dmem__pool_free(p, b[i], sizes[i % NC], NULL);
+  }
+  dmem__pool_flush(p);
+  s = stats_of(p);
+  CHECK_UEQ(s.in_use, 0);
+  CHECK_UEQ(s.runs, 0);
+  size_t rel = 0;
+  REQUIRE_OK(dmem__pool_trim(p, 0, &rel));
+  CHECK_UEQ(backend_used(be), 0);
+  dmem__pool_destroy(p);
+  be->destroy(be);
+}
+
+/* A 1 MiB pool filled with 256 B blocks holds exactly 4096 of them (runs
+ * waste nothing: the unaligned rest of the slab is cut into plain blocks).
+ * With every other block freed, a 1 KiB block does not fit (the holes sit
+ * in runs); with all of them freed, the runs go back, coalesce, and one
+ * 1 MiB block fits without a new slab. */
+TEST_CASE(runs_exhaustion_and_fragmentation) {
+  dmem__backend_t *be = make_backend(4 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 1 * MiB, 1 * MiB, &p));
+  enum { N = 4096 };
+  static void *b[N + 1];
+  size_t n = 0;
+  dmem_status_t st = DMEM_OK;
+  while (n <= N) {
+    st = dmem__pool_alloc(p, 256, NULL, &b[n]);
+    if (st != DMEM_OK) break;
+    n++;
+  }
+  CHECK_STATUS(st, DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_UEQ(n, N);
+  CHECK_GE(stats_of(p).runs, 14);
+  for (size_t i = 0; i < n; i += 2) dmem__pool_free(p, b[i], 256, NULL);
+  dmem__pool_flush(p);
+  CHECK_UEQ(stats_of(p).in_use, (size_t)N / 2 * 256);
+  void *k = NULL;
+  CHECK_STATUS(dmem__pool_alloc(p, 1024, NULL, &k), DMEM_ERR_OUT_OF_MEMORY);
+  CHECK_EQ(dmem__pool_fits(p, 256, NULL), 1); /* a run has room */
+  /* the holes serve 256 B blocks again, all of them */
+  for (size_t i = 0; i < n; i += 2) REQUIRE_OK(dmem__pool_alloc(p, 256, NULL, &b[i]));
+  void *extra = NULL;
+  CHECK_STATUS(dmem__pool_alloc(p, 256, NULL, &extra), DMEM_ERR_OUT_OF_MEMORY);
+  for (size_t i = 0; i < n; i++) dmem__pool_free(p, b[i], 256, NULL);
+  dmem__pool_flush(p);
+  CHECK_UEQ(stats_of(p).runs, 0);
+  void *whole = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 1 * MiB, NULL, &whole));
+  CHECK_UEQ(stats_of(p).slabs, 1);
+  dmem__pool_free(p, whole, 1 * MiB, NULL);
+  dmem__pool_destroy(p);
+  CHECK_UEQ(backend_used(be), 0);
+  be->destroy(be);
+}
+
+/* What B's probe saw of the two writers (runs_stream_order). */
+typedef struct probe2 {
+  probe_t *a, *c;
+  atomic_int ran, saw_both;
+} probe2_t;
+
+static void probe2_fn(void *user) {
+  probe2_t *q = user;
+  atomic_store(&q->saw_both, atomic_load(&q->a->a_done) && atomic_load(&q->c->a_done));
+  memset(q->a->block, 0xBB, q->a->n);
+  memset(q->c->block, 0xBB, q->c->n);
+  atomic_store(&q->ran, 1);
+}
+
+/* Stream order inside a run. The pool is full of 256 B blocks; X and Z
+ * (blocks of one run) are written behind gates on streams A and C and
+ * freed there. Their events cannot be joined (two streams): one block
+ * waits as the run's pending block, the other is parked. B gets both, one
+ * after the other, and is made to wait for both writers: B's probe runs
+ * only after both gates open, and its writes land last. */
+TEST_CASE(runs_stream_order) {
+  dmem__backend_t *be = make_backend(4 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 1 * MiB, 1 * MiB, &p));
+  void *sa = NULL, *sb = NULL, *sc = NULL;
+  REQUIRE_OK(be->stream_create(be, &sa));
+  REQUIRE_OK(be->stream_create(be, &sb));
+  REQUIRE_OK(be->stream_create(be, &sc));
+  enum { N = 4096 };
+  static void *b[N];
+  for (int i = 0; i < N; i++) REQUIRE_OK(dmem__pool_alloc(p, 256, NULL, &b[i]));
+  void *none = NULL;
+  REQUIRE_STATUS(dmem__pool_alloc(p, 256, NULL, &none), DMEM_ERR_OUT_OF_MEMORY);
+  /* X and Z: two blocks of one run (same 64 KiB window, not its first) */
+  void *x = NULL, *z = NULL;
+  for (int i = 1; i < N && !z; i++) {
+    uintptr_t a = (uintptr_t)b[i];
+    if (a % (64 * KiB) == 0) continue;
+    for (int j = i + 1; j < N; j++)
+      if ((uintptr_t)b[j] / (64 * KiB) == a / (64 * KiB) && (uintptr_t)b[j] % (64 * KiB) != 0) {
+        x = b[i];
+        z = b[j];
+        break;
+      }
+  }
+  REQUIRE_TRUE(x && z);
+  CHECK_GE(stats_of(p).runs, 1);
+  gate_t ga = {0}, gc = {0};
+  probe_t pa = {0}, pc = {0};
+  pa.block = x;
+  pa.n = 256;
+  pc.block = z;
+  pc.n = 256;
+  probe2_t q = {&pa, &pc, 0, 0};
+  REQUIRE_OK(be->launch_host_func(be, sa, gate_wait_fn, &ga));
+  REQUIRE_OK(be->launch_host_func(be, sa, writer_a_fn, &pa));
+  REQUIRE_OK(be->launch_host_func(be, sc, gate_wait_fn, &gc));
+  REQUIRE_OK(be->launch_host_func(be, sc, writer_a_fn, &pc));
+  dmem__pool_free(p, x, 256, sa);
+  dmem__pool_free(p, z, 256, sc);
+  dmem__pool_flush(p); /* each under its stream's event: pending behind the gates */
+
+  void *y1 = NULL, *y2 = NULL;
+  REQUIRE_OK(dmem__pool_alloc(p, 256, sb, &y1));
+  REQUIRE_OK(dmem__pool_alloc(p, 256, sb, &y2));
+  CHECK_TRUE((y1 == x && y2 == z) || (y1 == z && y2 == x));
+  void *w = NULL;
+  CHECK_STATUS(dmem__pool_alloc(p, 256, sb, &w), DMEM_ERR_OUT_OF_MEMORY);
+  REQUIRE_OK(be->launch_host_func(be, sb, probe2_fn, &q));
+  usleep(30 * 1000);
+  CHECK_EQ(atomic_load(&q.ran), 0);
+  atomic_store(&ga.open, 1);
+  usleep(30 * 1000);
+  CHECK_EQ(atomic_load(&q.ran), 0); /* still behind C's writer */
+  atomic_store(&gc.open, 1);
+  REQUIRE_OK(be->stream_synchronize(be, sb));
+  CHECK_EQ(atomic_load(&q.ran), 1);
+  CHECK_EQ(atomic_load(&q.saw_both), 1);
+  REQUIRE_OK(be->stream_synchronize(be, sa));
+  REQUIRE_OK(be->stream_synchronize(be, sc));
+  CHECK_UEQ(count_not(x, 256, 0xBB), 0);
+  CHECK_UEQ(count_not(z, 256, 0xBB), 0);
+  dmem__pool_free(p, y1, 256, sb);
+  dmem__pool_free(p, y2, 256, sb);
+  for (int i = 0; i < N; i++)
+    if (b[i] != x && b[i] != z) dmem__pool_free(p, b[i], 256, NULL);
+  dmem__pool_flush(p);
+  CHECK_UEQ(stats_of(p).in_use, 0);
+  dmem__pool_destroy(p);
+  CHECK_UEQ(backend_used(be), 0);
+  be->stream_destroy(be, sa);
+  be->stream_destroy(be, sb);
+  be->stream_destroy(be, sc);
+  be->destroy(be);
+}
+
+/* A free of an address inside a run that is no live block (a block's
+ * interior, a block already freed) is logged and ignored on the global
+ * path: the run and the live bytes stay as they were. */
+TEST_CASE(runs_bad_free_ignored) {
+  dmem__backend_t *be = make_backend(4 * MiB);
+  dmem__pool_t *p = NULL;
+  REQUIRE_OK(dmem__pool_create(be, 2 * MiB, 1 * MiB, &p));
+  void *b[4];
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem__pool_alloc(p, 256, NULL, &b[i]));
+  size_t runs = stats_of(p).runs;
+  CHECK_GE(runs, 1);
+  dmem__pool_free_after(p, (char *)b[2] + 16, 256, NULL); /* interior: logged */
+  dmem__pool_free_after(p, b[3], 256, NULL);
+  dmem__pool_free_after(p, b[3], 256, NULL); /* twice: logged */
+  dmem__pool_stats_t s = stats_of(p);
+  CHECK_UEQ(s.runs, runs);
+  for (int i = 0; i < 3; i++) dmem__pool_free(p, b[i], 256, NULL);
+  dmem__pool_flush(p);
+  CHECK_UEQ(stats_of(p).runs, 0);
+  dmem__pool_destroy(p);
+  be->destroy(be);
+}
+
 /* ---- stream-ordered reuse ------------------------------------------------------------ */
 
 /* Block X is written by a host function on stream A that cannot run until

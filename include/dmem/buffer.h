@@ -60,7 +60,7 @@ typedef struct dmem_buffer_info {
   unsigned lock_count;   /**< current number of locks */
   bool pinned;           /**< allocated with DMEM_ALLOC_PINNED */
   int priority;          /**< higher stays on the device longer */
-  uint64_t spill_count;  /**< completed spills of this buffer */
+  uint64_t spill_count;  /**< completed spills of this buffer (stops at 2^32 - 1) */
 } dmem_buffer_info_t;
 
 /**

@@ -67,7 +67,8 @@ dmem_handle_t dmem__buffer_publish(dmem_runtime_t *rt, dmem__buffer_t *b, uint32
                                    size_t size, unsigned flags, void *dev, void *ready,
                                    uint32_t locks) {
   dmem_atomic_store_relaxed(&b->size, size);
-  dmem_atomic_store_relaxed(&b->flags, flags);
+  DMEM_ASSERT(flags <= UINT16_MAX);
+  dmem_atomic_store_relaxed(&b->flags, (uint16_t)flags);
   dmem_atomic_store_relaxed(&b->dev, dev);
   b->host = NULL;
   b->unspill_event = ready;

@@ -92,7 +92,7 @@ bool dmem__store_hand_over(dmem__buffer_t *b) {
   DMEM_SCHED_POINT(); /* the store may start or end between */
   /* partner: the fence in dmem__store_watch (see there) */
   dmem_atomic_fence_seq_cst();
-  uint32_t want = DMEM__WATCH_STORING;
+  uint8_t want = DMEM__WATCH_STORING;
   return dmem_atomic_cas_strong_relaxed(&b->store_watch, &want, DMEM__WATCH_FREED);
 }
 

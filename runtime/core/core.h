@@ -197,23 +197,24 @@ static inline bool dmem__word_live(uint64_t w, dmem_handle_t h) {
 
 /* ---- buffers and the handle table (core/table.c) ----------------------------- */
 
+/* One slot: 112 bytes, 16-aligned (issue 25: at most 128 bytes of metadata
+ * a buffer, the pool's included; memory/pool*.c keeps no descriptor of a
+ * small block). Slots are 112 bytes apart, so no two buffers' state words
+ * share a cache line, and the first 16 bytes (the word and dev, all that
+ * a lock reads) never straddle one: a slot starts at 0, 16, 32 or 48 of
+ * its first line. */
 typedef struct dmem__buffer {
-  /* Written by lock/unlock/free (CAS) and by the TRANSIT owner (CAS).
-   * Each buffer starts a cache line: threads locking neighbouring buffers
-   * do not share lines. */
-  _Alignas(64) _Atomic uint64_t word;
-  /* The eviction policy's recency (spill/reuse.c, spill/policy.c). Under
-   * DMEM_EVICTION_LRU: the unlock's LRU stamp (relaxed). Under the default
-   * policy: the policy's clock at the last unlock that brought the count
-   * to 0, or at its arrival (relaxed: the unlock, the arriving thread; the
-   * policy and the push-down read it). */
-  _Atomic uint64_t last_use;
-  /* Written by dmem_buffer_set_priority (relaxed), read by policy. */
-  _Atomic int priority;
+  /* Written by lock/unlock/free (CAS) and by the TRANSIT owner (CAS). */
+  _Alignas(16) _Atomic uint64_t word;
+  /* Device memory while RESIDENT. Written (relaxed) by the TRANSIT owner
+   * before its releasing CAS; read by lockers after their acquiring CAS, and
+   * (relaxed, as a hint validated by the spill that follows) by the victim
+   * policy. */
+  _Atomic(void *) dev;
   /* The default policy's mark (spill/reuse.c): set to 0 when the buffer
    * comes to the device; each unlock that brings the count to 0 adds 1,
-   * up to 2 (a relaxed load and store on this line, which the unlock's CAS
-   * owns already); the policy consumes it (exchange) under its mutex. */
+   * up to 2 (a relaxed load and store next to the word, which the unlock's
+   * CAS owns already); the policy consumes it (exchange) under its mutex. */
   _Atomic uint8_t ref;
   /* A pending arrival (dmem__policy_arrive): its kind, or 0. Set
    * (exchange) by the arriving thread, cleared by the policy's drain. */
@@ -221,27 +222,32 @@ typedef struct dmem__buffer {
   /* Under the policy's mutex: the priority class (id + 1) whose list holds
    * the buffer, 0 when in none. */
   uint16_t pcls;
-  /* Completed spills; written by the TRANSIT owner (relaxed). */
-  _Atomic uint64_t spill_count;
-  /* Set at alloc before the word is published (release in dmem_buffer_alloc).
-   * Atomic (relaxed) because the policy and info readers may look at a slot
-   * that is being recycled; they validate the word around the read. */
-  _Atomic size_t size;
-  _Atomic unsigned flags;
-  uint8_t plist; /* under the policy's mutex: which of its class's lists */
-  uint8_t pback; /* under the policy's mutex: last taken from the back list */
+  /* DMEM_ALLOC_PINNED, DMEM_BUFFER_STABLE_ADDRESS: set at alloc (relaxed),
+   * before the word is published. */
+  _Atomic uint16_t flags;
   /* The default policy's reuse intervals (spill/reuse.c): the last two
    * intervals between unlocks, in ticks of the policy's clock, as 7-bit
    * codes (bits 0-6 the last, 7-13 the one before), and DMEM__PIV_SKIP,
    * which makes the next unlock only clear it. Relaxed load and store by
-   * the unlock (this line, which its CAS owns already) and by the arriving
-   * thread; read by the policy. */
+   * the unlock (next to the word, which its CAS owns already) and by the
+   * arriving thread; read by the policy. */
   _Atomic uint16_t pivs;
-  /* Device memory while RESIDENT. Written (relaxed) by the TRANSIT owner
-   * before its releasing CAS; read by lockers after their acquiring CAS, and
-   * (relaxed, as a hint validated by the spill that follows) by the victim
-   * policy. */
-  _Atomic(void *) dev;
+  /* The eviction policy's recency (spill/reuse.c, spill/policy.c). Under
+   * DMEM_EVICTION_LRU: the unlock's LRU stamp (relaxed). Under the default
+   * policy: the policy's clock at the last unlock that brought the count
+   * to 0, or at its arrival (relaxed: the unlock, the arriving thread; the
+   * policy and the push-down read it). */
+  _Atomic uint64_t last_use;
+  /* Set at alloc before the word is published (release in dmem_buffer_alloc).
+   * Atomic (relaxed) because the policy and info readers may look at a slot
+   * that is being recycled; they validate the word around the read. */
+  _Atomic size_t size;
+  /* Written by dmem_buffer_set_priority (relaxed), read by policy. */
+  _Atomic int priority;
+  /* Completed spills, saturating at UINT32_MAX (dmem__spill_counted): added
+   * (relaxed CAS) just after a spill's commit, so possibly by two movers at
+   * once. */
+  _Atomic uint32_t spill_count;
   /* Written by the TRANSIT owner before its releasing CAS; read by lockers
    * after their acquiring CAS. */
   void *host;           /* pinned host memory: the host tier's copy while
@@ -256,15 +262,6 @@ typedef struct dmem__buffer {
    * written by the TRANSIT owner's store, read by the next owner's load and
    * drop, or by reclaim. */
   uint64_t disk_off;
-  /* Set (relaxed) by a locker that finds the buffer DEFERRED_HOST and being
-   * moved: a host->disk write of it then stops at its next chunk
-   * (spill/tier_disk.c), so the lock does not wait for the whole write. The
-   * writer clears it when it starts. */
-  _Atomic uint32_t io_cancel;
-  /* DMEM__WATCH_STORING while the TRANSIT owner calls the controller's
-   * store, DMEM__WATCH_FREED once dmem_buffer_free has left the FREE event to it
-   * (core/controller.c: dmem__store_watch); 0 otherwise. */
-  _Atomic uint32_t store_watch;
   uint32_t slot;      /* index in the table; set once when the chunk is made */
   uint32_t next_free; /* free-list link, under the table mutex */
   /* The default policy's list links (slots; DMEM__NO_SLOT ends a list)
@@ -275,15 +272,44 @@ typedef struct dmem__buffer {
    * arriving thread before its releasing push, read by the drain. */
   _Atomic uint32_t anext;
   /* Ticks since the last unlock before it left the device, as the
-   * arriving thread found them at its arrival (DMEM__ARRIVE_BACK): written
-   * before the push, read by the drain (spill/reuse.c). */
-  uint32_t preuse;
-  size_t psize;
+   * arriving thread found them at its arrival (DMEM__ARRIVE_BACK): stored
+   * (relaxed) before the push, read by the drain (spill/reuse.c), which
+   * may be linking an earlier arrival of the buffer meanwhile. */
+  _Atomic uint32_t preuse;
+  /* Set (relaxed) by a locker that finds the buffer DEFERRED_HOST and being
+   * moved: a host->disk write of it then stops at its next chunk
+   * (spill/tier_disk.c), so the lock does not wait for the whole write. The
+   * writer clears it when it starts. */
+  _Atomic uint8_t io_cancel;
+  /* DMEM__WATCH_STORING while the TRANSIT owner calls the controller's
+   * store, DMEM__WATCH_FREED once dmem_buffer_free has left the FREE event to it
+   * (core/controller.c: dmem__store_watch); 0 otherwise. */
+  _Atomic uint8_t store_watch;
+  uint8_t plist; /* under the policy's mutex: which of its class's lists */
+  uint8_t pback; /* under the policy's mutex: last taken from the back list */
+  /* The bytes its list counted when it took the buffer, in 256-byte units
+   * rounded up, saturating (dmem__psize_units): under the policy's mutex. */
+  uint32_t psize;
 } dmem__buffer_t;
 
-/* The whole per-buffer metadata: two cache lines (issue 25: at most 128
- * bytes a buffer). */
-_Static_assert(sizeof(dmem__buffer_t) <= 128, "buffer metadata grew past 128 bytes");
+/* b->psize's units of a size (rounded up, saturating). */
+static inline uint32_t dmem__psize_units(size_t size) {
+  size_t u = size / 256 + (size % 256 != 0);
+  return u > UINT32_MAX ? UINT32_MAX : (uint32_t)u;
+}
+
+/* The whole slot (issue 25: at most 128 bytes of metadata a buffer, the
+ * pool's share included: bench_scale --check measures it). */
+_Static_assert(sizeof(dmem__buffer_t) <= 112, "buffer metadata grew past 112 bytes");
+_Static_assert(offsetof(dmem__buffer_t, dev) + sizeof(void *) <= 16,
+               "the lock path's fields leave the slot's first 16 bytes");
+
+/* One more completed spill of b (saturating). */
+static inline void dmem__spill_counted(dmem__buffer_t *b) {
+  uint32_t c = dmem_atomic_load_relaxed(&b->spill_count);
+  while (c != UINT32_MAX && !dmem_atomic_cas_relaxed(&b->spill_count, &c, c + 1u)) {
+  }
+}
 
 #define dmem__bsize(b) dmem_atomic_load_relaxed(&(b)->size)
 #define dmem__bflags(b) dmem_atomic_load_relaxed(&(b)->flags)

@@ -32,7 +32,12 @@ size_t dmem__pool_seg_bytes(void) { return sizeof(pool_seg_t); }
 static dmem_status_t pool_take_counted(dmem__pool_t *p, size_t need, uintptr_t skey, void *stream,
                                        void **ptr, bool *ordered, bool settle, bool runs) {
   if (settle) dmem__pool_range_settle(p);
-  dmem_status_t st = dmem__pool_range_take(p, need, skey, stream, ptr, ordered);
+  unsigned cls;
+  (void)pool_round(need, &cls);
+  dmem_status_t st =
+      cls < POOL_RUN_CLASSES
+          ? dmem__pool_range_take_small(p, need, cls, skey, stream, ptr, ordered)
+          : dmem__pool_range_take(p, need, skey, stream, ptr, ordered);
   if (st == DMEM_ERR_OUT_OF_MEMORY && runs)
     st = dmem__pool_range_take_run(p, need, skey, stream, ptr, ordered);
   if (st == DMEM_OK) {
@@ -261,13 +266,14 @@ void dmem__pool_free_after_n(dmem__pool_t *p, void *const *ptrs, const size_t *s
   if (tag) dmem__pool_tag_link(p, tag);
   for (size_t i = 0; i < n; i++) {
     if (!ptrs[i]) continue;
-    pool_seg_t *s = dmem__pool_map_find(&p->map, (uintptr_t)ptrs[i]);
-    if (!s) {
+    pool_seg_t *s;
+    size_t rs;
+    if (!dmem__pool_block_find(p, (uintptr_t)ptrs[i], &s, &rs)) {
       DMEM_LOG_AT(DMEM_LOG_ERROR, "pool: free of %p, which is not a live block: ignored", ptrs[i]);
     } else if (settled || st == DMEM_OK) {
-      dmem__pool_range_release(p, s, tag);
+      (void)dmem__pool_block_release(p, (uintptr_t)ptrs[i], tag);
     } else {
-      dmem__pool_range_quarantine(p, s);
+      (void)dmem__pool_block_quarantine(p, (uintptr_t)ptrs[i]);
       if (!lost++) lost_ptr = ptrs[i];
     }
   }
@@ -286,8 +292,9 @@ size_t dmem__pool_range_if_freed(dmem__pool_t *p, void *ptr, size_t size) {
   (void)size; /* the segment's own size is authoritative */
   if (!p || !ptr) return 0;
   pthread_mutex_lock(&p->mu);
-  size_t n = 0;
-  pool_seg_t *s = dmem__pool_map_find(&p->map, (uintptr_t)ptr);
+  size_t n = 0, rs = 0;
+  pool_seg_t *s = NULL;
+  if (dmem__pool_block_find(p, (uintptr_t)ptr, &s, &rs) && !s) n = rs; /* a block of a run */
   if (s) {
     n = s->size;
     for (pool_seg_t *q = s->prev; q && q->state == SEG_FREE; q = q->prev) n += q->size;
@@ -324,6 +331,12 @@ int dmem__pool_fits(dmem__pool_t *p, size_t size, void *stream) {
       if (hit) return 1;
     }
   }
+  if (cls < POOL_RUN_CLASSES) {
+    pthread_mutex_lock(&p->mu);
+    bool room = dmem__pool_run_room(p, cls);
+    pthread_mutex_unlock(&p->mu);
+    if (room) return 1;
+  }
   return dmem__pool_largest_free(p) >= rsize;
 }
 
@@ -339,6 +352,7 @@ void dmem__pool_stats(dmem__pool_t *p, dmem__pool_stats_t *out) {
   s.misses = p->misses;
   s.slabs = p->nslabs;
   s.global_locks = p->global_locks;
+  s.runs = p->nruns;
   pthread_mutex_unlock(&p->mu);
   dmem__pool_cache_stats(p, &s.in_use, &s.hits, &s.cached);
   *out = s;

@@ -17,6 +17,9 @@
  *    then four classes per power of two); larger blocks are rounded to
  *    256 B. Free ranges are kept best fit (a treap ordered by size, then
  *    address) and coalesce with both address neighbours in their slab.
+ *    Blocks up to 4 KiB are cut from 64 KiB class runs (a bit per block,
+ *    no per-block record); a run whose blocks are all free goes back to
+ *    the free ranges at once.
  *  - Stream-ordered reuse. A block freed on stream S is reusable at once by S
  *    and by any other stream only once an event recorded on S after the free
  *    has completed (event_query) or after that stream was made to wait on it
@@ -87,6 +90,8 @@ typedef struct dmem__pool_stats {
   uint64_t global_locks; /* alloc/free/flush operations that took the pool-wide mutex */
   size_t quarantined;    /* bytes freed whose reuse nothing could order: never
                             handed out again (see dmem__pool_free) */
+  size_t runs;           /* class runs held (64 KiB each; their blocks count in
+                            in_use as they are handed out) */
 } dmem__pool_stats_t;
 
 /*
@@ -280,7 +285,8 @@ void dmem__pool_stream_forget(dmem__pool_t *p, void *stream);
  * exist if the live block at `ptr` (from dmem__pool_alloc with `size`) were
  * freed now: the block plus the free ranges next to it in its slab, whatever
  * their events. Blocks in caches count as live (call dmem__pool_flush
- * first). 0 when ptr is not a live block of the global structure.
+ * first). A block of a class run (up to 4 KiB) counts as its class size
+ * alone. 0 when ptr is not a live block of the global structure.
  */
 size_t dmem__pool_range_if_freed(dmem__pool_t *p, void *ptr, size_t size);
 

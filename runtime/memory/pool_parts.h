@@ -17,8 +17,9 @@
  *   pool_slabs.c    slabs: growth, lookup by address, giving     ranges, tags,
  *                   empty slabs back                             index
  *   pool_ranges.c   segments and free ranges: descriptors,       tags, index
- *                   coalescing, best fit, runs, giving blocks
- *                   back under a tag, quarantine
+ *                   coalescing, best fit, runs of neighbours,
+ *                   class runs (small blocks as bits), giving
+ *                   blocks back under a tag, quarantine
  *   pool_tags.c     event tags: records, lazy tags, when a       (the backend
  *                   range is usable or may join its neighbour    table only)
  *   pool_index.c    the live-block map and the free-range treap  nothing
@@ -37,6 +38,9 @@
  *  - Sizes up to 1 MiB are rounded to one of 44 classes (256 B steps up to
  *    1 KiB, then four per power of two), larger ones to 256 B (exact: no
  *    coarser rounding, device bytes matter).
+ *  - Blocks of the classes up to 4 KiB live in class runs (struct
+ *    pool_run below): a LIVE 64 KiB segment, 64 KiB-aligned, whose blocks
+ *    are bits, so a live small block costs no descriptor and no map entry.
  *  - The fast path, a hit in this thread's shard of the stream's cache,
  *    takes no pool-wide lock: pool.c pops and pushes the shard that
  *    pool_caches.c finds (one call), under the shard's mutex. Everything
@@ -86,12 +90,16 @@
 #define POOL_CACHE_MAX ((size_t)64 << 20) /* and highest */
 #define POOL_MAX_REQUEST (SIZE_MAX / 2)
 #define POOL_CUDA_PER_THREAD_STREAM ((void *)(uintptr_t)2) /* cudaStreamPerThread */
+#define POOL_RUN_BYTES ((size_t)64 << 10) /* a class run: aligned to its size */
+#define POOL_RUN_CLASSES 12u  /* classes 0..11 (blocks up to 4 KiB) live in runs */
+#define POOL_RUN_WORDS 4u     /* bitmap words: POOL_RUN_BYTES / 256 blocks at most */
 
 typedef struct pool_seg pool_seg_t;
 typedef struct pool_slab pool_slab_t;
 typedef struct pool_tag pool_tag_t;
 typedef struct pool_shard pool_shard_t;
 typedef struct pool_stream pool_stream_t;
+typedef struct pool_run pool_run_t;
 
 typedef enum pool_seg_state {
   SEG_LIVE,        /* handed out or in a cache; in the map */
@@ -125,9 +133,39 @@ struct pool_seg {
   pool_seg_t *tl, *tr;       /* treap children (FREE) */
   pool_seg_t *pprev, *pnext; /* `pending` list (FREE, tagged); pnext also links unused descs */
   pool_tag_t *tag;           /* FREE: pending work before reuse; NULL: settled */
+  pool_run_t *run;           /* LIVE: the class run it holds, or NULL (a plain block) */
   uint32_t prio;             /* treap priority, random, fixed per descriptor */
   uint8_t state;             /* pool_seg_state_t */
 };
+
+/* A class run: one LIVE segment of POOL_RUN_BYTES, aligned to that size,
+ * cut into blocks of one small class (up to 4 KiB) that have no
+ * descriptor and no map entry of their own: a bit each. A block's run is
+ * the segment at its address rounded down to POOL_RUN_BYTES (or at its own
+ * address, for block 0); a plain LIVE segment there has run NULL. A block
+ * is live (handed out, cached, deferred or quarantined), pending (free,
+ * reusable once `tag` allows) or free for every stream. All fields under
+ * the pool's mu. */
+struct pool_run {
+  uintptr_t base;
+  pool_seg_t *seg;                /* the LIVE segment the run occupies */
+  pool_tag_t *tag;                /* the pending blocks' work (one ref), NULL if none */
+  pool_run_t *prev, *next;        /* p->run_open[cls]: runs with a block not live */
+  pool_run_t *aprev, *anext;      /* p->runs: every run */
+  uint64_t live[POOL_RUN_WORDS];  /* bit i: block i is live */
+  uint64_t pend[POOL_RUN_WORDS];  /* bit i: block i is free after `tag` */
+  uint16_t nblocks, nlive;
+  uint16_t nparked;               /* live blocks in p->deferred */
+  uint8_t cls;
+  bool open;                      /* on p->run_open[cls] */
+};
+
+/* A block of a run freed under a tag that cannot join the run's pending
+ * tag (another stream's): it stays live until that tag settles (mu). */
+typedef struct pool_deferred {
+  uintptr_t addr;
+  pool_tag_t *tag; /* one ref */
+} pool_deferred_t;
 
 struct pool_slab {
   uintptr_t base;
@@ -209,6 +247,11 @@ struct dmem__pool {
   pool_seg_t *unused;  /* descriptor free list */
   size_t nunused;
   pool_map_t map;
+  pool_run_t *run_open[POOL_RUN_CLASSES]; /* runs with room, per class */
+  pool_run_t *runs;                       /* every run */
+  size_t nruns;
+  pool_deferred_t *deferred; /* blocks of runs waiting for their tag */
+  size_t ndeferred, deferred_cap;
   uint32_t rng;
   uint64_t hits, misses, global_locks;
   size_t in_use; /* wraps; summed with the shards' deltas */
@@ -319,6 +362,26 @@ dmem_status_t dmem__pool_range_take(dmem__pool_t *p, size_t need, uintptr_t skey
                                     void **ptr_out, bool *ordered);
 dmem_status_t dmem__pool_range_take_run(dmem__pool_t *p, size_t need, uintptr_t skey, void *stream,
                                         void **ptr_out, bool *ordered);
+/* Small blocks (classes below POOL_RUN_CLASSES): a block of a class run
+ * (an open run's block usable now, else one of a new run, else a plain
+ * block from the free ranges, else a run's pending block after a wait).
+ * Statuses as dmem__pool_range_take. */
+dmem_status_t dmem__pool_range_take_small(dmem__pool_t *p, size_t need, unsigned cls,
+                                          uintptr_t skey, void *stream, void **ptr_out,
+                                          bool *ordered);
+/* The run holding live block addr, or NULL. */
+pool_run_t *dmem__pool_run_of(dmem__pool_t *p, uintptr_t addr);
+/* Whether an open run of class cls has a block that is not live. */
+bool dmem__pool_run_room(const dmem__pool_t *p, unsigned cls);
+/* The live block at addr: false if there is none; else *seg_out is its
+ * segment (a plain block) or NULL with *run_size_out its class size (a
+ * block of a run). */
+bool dmem__pool_block_find(dmem__pool_t *p, uintptr_t addr, pool_seg_t **seg_out,
+                           size_t *run_size_out);
+/* The live block at addr becomes free carrying tag (NULL: free for all) /
+ * is quarantined; false (nothing changes) if addr is no live block. */
+bool dmem__pool_block_release(dmem__pool_t *p, uintptr_t addr, pool_tag_t *tag);
+bool dmem__pool_block_quarantine(dmem__pool_t *p, uintptr_t addr);
 /* The longest run of free neighbours. */
 size_t dmem__pool_range_largest(dmem__pool_t *p);
 /* Blocks freed on `stream` back to the free ranges, under one event recorded

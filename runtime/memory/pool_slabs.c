@@ -163,23 +163,35 @@ dmem_status_t dmem__pool_slab_of(dmem__pool_t *p, const void *ptr, void **slab_b
  * nothing but free ranges (at most POOL_TRIM_WAIT_MAX; the caller comes back
  * for the rest). Lazy tags there are recorded first, all of them: a lazy tag
  * never settles on its own, so one left unrecorded would keep its slab. */
+/* Add pending tag t to out[0..*n) (recorded first if lazy; skipped when
+ * that fails or out is full). */
+static void pool_trim_add(dmem__pool_t *p, pool_tag_t *t, pool_tag_t **out, size_t *n) {
+  if (pool_tag_settled(t)) return;
+  if (t->lazy && dmem__pool_tag_materialise(p, t) != DMEM_OK) return;
+  if (*n == POOL_TRIM_WAIT_MAX) return;
+  for (size_t j = 0; j < *n; j++)
+    if (out[j] == t) return;
+  pool_tag_ref(t);
+  out[(*n)++] = t;
+}
+
 static size_t pool_trim_pending(dmem__pool_t *p, pool_tag_t **out) {
   size_t n = 0;
+  /* A class run whose live blocks are all parked goes back to the free
+   * ranges once their tags settle (dmem__pool_range_settle), carrying its
+   * own pending tag. Only such runs: a run with a block in use cannot
+   * leave its slab, and waiting for its tag would only make trim slow. */
+  for (size_t j = 0; j < p->ndeferred; j++) {
+    pool_run_t *r = dmem__pool_run_of(p, p->deferred[j].addr);
+    if (!r || r->nparked != r->nlive) continue;
+    pool_trim_add(p, p->deferred[j].tag, out, &n);
+    if (r->tag) pool_trim_add(p, r->tag, out, &n);
+  }
   for (size_t i = 0; i < p->nslabs; i++) {
     pool_seg_t *s = p->slabs[i]->first;
     while (s && s->state == SEG_FREE) s = s->next;
     if (s) continue; /* a live or quarantined block */
-    for (s = p->slabs[i]->first; s; s = s->next) {
-      if (pool_tag_settled(s->tag)) continue;
-      /* on failure the slab stays */
-      if (s->tag->lazy && dmem__pool_tag_materialise(p, s->tag) != DMEM_OK) continue;
-      if (n == POOL_TRIM_WAIT_MAX) continue;
-      size_t j = 0;
-      while (j < n && out[j] != s->tag) j++;
-      if (j < n) continue;
-      pool_tag_ref(s->tag);
-      out[n++] = s->tag;
-    }
+    for (s = p->slabs[i]->first; s; s = s->next) pool_trim_add(p, s->tag, out, &n);
   }
   return n;
 }

@@ -137,7 +137,7 @@ static dmem_status_t spill_from_device(dmem_runtime_t *rt, dmem__buffer_t *b, dm
     /* release: publishes b->host; partner is the next mover's acquire */
     if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
       DMEM_SCHED_POINT(); /* the next mover may own the buffer from here */
-      dmem_atomic_add_relaxed(&b->spill_count, 1);
+      dmem__spill_counted(b);
       if (!dest->adopts_staging) dmem__hostpool_free(rt->hostpool, stage);
       /* the range is reusable once the copy that reads it is done */
       if (stable) {
@@ -507,7 +507,7 @@ dmem_status_t dmem__spill_batch(dmem_runtime_t *rt, const dmem__victim_t *v, siz
       /* release: publishes b->host; partner is the next mover's acquire */
       if (dmem_atomic_cas_acq_rel(&b->word, &w, nw)) {
         DMEM_SCHED_POINT(); /* the next mover may own the buffer from here */
-        dmem_atomic_add_relaxed(&b->spill_count, 1);
+        dmem__spill_counted(b);
         done_b[m] = b;
         done_w[m] = nw;
         devs[m] = it[j].dev;

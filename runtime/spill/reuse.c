@@ -140,7 +140,7 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
       v = (uint16_t)(DMEM__PIV_SKIP | DMEM__PIV_NONE << 7 | DMEM__PIV_NONE);
     } else {
       uint64_t l = dmem_atomic_load_relaxed(&b->last_use), d = t > l ? t - l : 0;
-      b->preuse = d < UINT32_MAX ? (uint32_t)d : UINT32_MAX;
+      dmem_atomic_store_relaxed(&b->preuse, d < UINT32_MAX ? (uint32_t)d : UINT32_MAX);
       v = (uint16_t)(DMEM__PIV_SKIP | (v & 0x7F) << 7 | dmem__piv_code(d));
     }
     dmem_atomic_store_relaxed(&b->pivs, v);
@@ -192,7 +192,7 @@ static void unlink_b(dmem_runtime_t *rt, dmem__buffer_t *b) {
   if (b->pnext != DMEM__NO_SLOT) at(rt, b->pnext)->pprev = b->pprev;
   else c->tail[l] = b->pprev;
   c->n[l]--;
-  if (l == WIN) c->win_bytes -= b->psize;
+  if (l == WIN) c->win_bytes -= (size_t)b->psize * 256;
   b->pcls = 0;
 }
 
@@ -206,8 +206,8 @@ static void link_tail(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l
   else c->head[l] = b->slot;
   c->tail[l] = b->slot;
   c->n[l]++;
-  b->psize = dmem__bsize(b);
-  if (l == WIN) c->win_bytes += b->psize;
+  b->psize = dmem__psize_units(dmem__bsize(b));
+  if (l == WIN) c->win_bytes += (size_t)b->psize * 256;
 }
 
 /* To the head of list l of class cid (under the policy's mutex). */
@@ -221,8 +221,8 @@ static void link_head(dmem_runtime_t *rt, dmem__buffer_t *b, uint32_t cid, int l
   else c->tail[l] = b->slot;
   c->head[l] = b->slot;
   c->n[l]++;
-  b->psize = dmem__bsize(b);
-  if (l == WIN) c->win_bytes += b->psize;
+  b->psize = dmem__psize_units(dmem__bsize(b));
+  if (l == WIN) c->win_bytes += (size_t)b->psize * 256;
 }
 
 /* To the tail of list l of its class. */
@@ -436,7 +436,7 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
      * was taken since its last known use: a dmem_buffer_spill and the lock or
      * prefetch that brought it back say nothing about loops.) */
     dmem__pclass_t *c = &p->cls[cid];
-    uint64_t reuse = b->preuse, w2; /* the ticks its arrival counted */
+    uint64_t reuse = dmem_atomic_load_relaxed(&b->preuse), w2; /* the ticks its arrival counted */
     dmem__buffer_t *o = oldest(rt, c, &w2);
     uint64_t t = now(p), lo = o ? dmem_atomic_load_relaxed(&o->last_use) : t;
     uint64_t age = t > lo ? t - lo : 0;
