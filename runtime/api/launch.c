@@ -155,14 +155,15 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   /* What is registered now is what this call covers: launches registered
    * later (their work may be enqueued after the synchronisation began) stay
    * for a later sync or release. */
-  dmem__reg_entry_t *v, *gv;
-  size_t n, gn;
+  dmem__reg_entry_t *v, *w;
+  size_t n, wg, wn;
   (void)dmem__registry_take(rt, stream, &v, &n);
-  /* the stream's releases that wait for an event: this synchronisation
-   * covers them (spill/pending.c) */
-  dmem__pending_take_stream(rt, stream, &gv, &gn);
+  /* the stream's record (a stream dmem made): its registered launches, and
+   * its releases that wait for an event, which this synchronisation covers
+   * (spill/pending.c): w[0..wg) the group, w[wg..wn) registered */
+  dmem__pending_take_stream(rt, stream, true, &w, &wg, &wn);
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
-  dmem__pending_taken_done(rt, stream, gv, gn, st);
+  dmem__pending_taken_done(rt, stream, w, wg, st);
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
   /* A lost context runs nothing more: the buffers are unlocked as after a
    * successful synchronisation (else the stream could never be destroyed).
@@ -170,11 +171,15 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
    * run. */
   if (st != DMEM_OK && st != DMEM_ERR_DEVICE_FATAL) {
     if (n > 0) dmem__registry_commit(rt, stream, v, n);
+    if (wn > wg) dmem__registry_commit(rt, stream, w + wg, wn - wg);
     free(v);
+    free(w);
     return st;
   }
   unlock_n(rt, v, n);
+  unlock_n(rt, w + wg, wn - wg);
   free(v);
+  free(w);
   return st;
 }
 
