@@ -76,53 +76,14 @@ dmem_status_t dmem__pending_add(dmem_runtime_t *rt, void *event, dmem__reg_entry
 /* ---- the streams dmem made: their records (rt->sreg) ------------------------------ */
 
 static inline void *key_stream(uintptr_t key) { return (void *)(key - 1); }
-static inline uintptr_t stream_key(void *stream) { return (uintptr_t)stream + 1; }
 
-/* The record's spin lock (rank stream). Held for a few loads and stores on
- * the launch and release paths; for an event record, an allocation and
- * pending_mu at most: a waiter spins a little, then yields. */
-static void sreg_lock(dmem__sreg_t *s) {
-#ifdef DMEM_DEBUG
-  if (dmem__held_ranks >> DMEM__RANK_STREAM) {
-    fprintf(stderr, "dmem: lock order violated: taking rank %d while holding ranks 0x%x\n",
-            (int)DMEM__RANK_STREAM, dmem__held_ranks);
-    abort();
-  }
-#endif
-  DMEM_SCHED_POINT();
+void dmem__sreg_spin(dmem__sreg_t *s) {
   /* acquire: what the last holder wrote before its release store */
   for (unsigned spins = 0; dmem_atomic_exchange_acq_rel(&s->lk, 1u) != 0;) {
     while (dmem_atomic_load_relaxed(&s->lk) != 0) {
       if (++spins > 64) sched_yield();
     }
   }
-#ifdef DMEM_DEBUG
-  dmem__held_ranks |= 1u << DMEM__RANK_STREAM;
-#endif
-}
-
-void dmem__sreg_unlock(dmem__sreg_t *s) {
-#ifdef DMEM_DEBUG
-  DMEM_ASSERT(dmem__held_ranks & (1u << DMEM__RANK_STREAM));
-  dmem__held_ranks &= ~(1u << DMEM__RANK_STREAM);
-#endif
-  dmem_atomic_store_release(&s->lk, 0u); /* partner: sreg_lock's exchange */
-  DMEM_SCHED_POINT();
-}
-
-dmem__sreg_t *dmem__sreg_lock(dmem_runtime_t *rt, void *stream) {
-  uintptr_t key = stream_key(stream);
-  size_t n = dmem_atomic_load_acquire(&rt->nsreg); /* partner: the claim's release */
-  for (size_t i = 0; i < n; i++) {
-    dmem__sreg_t *s = &rt->sreg[i];
-    if (dmem_atomic_load_acquire(&s->key) != key) continue;
-    sreg_lock(s);
-    /* given back (and maybe claimed for another stream) since the look */
-    if (dmem_atomic_load_relaxed(&s->key) == key) return s;
-    dmem__sreg_unlock(s);
-    return NULL;
-  }
-  return NULL;
 }
 
 /* Under s's lock: an open group goes out of the record (it stays counted
@@ -161,10 +122,12 @@ static bool group_detach(dmem_runtime_t *rt, dmem__sreg_t *s, dmem__reg_entry_t 
  * moves with it). On failure the group stays open. */
 static dmem_status_t group_record(dmem_runtime_t *rt, dmem__sreg_t *s, uint64_t now) {
   void *stream = key_stream(dmem_atomic_load_relaxed(&s->key));
+  /* memory first: once the event is recorded nothing may fail. The group
+   * gets an array of its own; the record keeps its array (and capacity)
+   * for the next launches. */
   dmem__pending_t *p = malloc(sizeof *p);
-  /* memory first: once the event is recorded nothing may fail */
-  dmem__reg_entry_t *gv = s->g < s->n ? malloc(s->g * sizeof *gv) : NULL;
-  if (!p || (s->g < s->n && !gv)) {
+  dmem__reg_entry_t *gv = malloc(s->g * sizeof *gv);
+  if (!p || !gv) {
     free(p);
     free(gv);
     return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "stream release node allocation failed");
@@ -178,15 +141,9 @@ static dmem_status_t group_record(dmem_runtime_t *rt, dmem__sreg_t *s, uint64_t 
     free(gv);
     return st;
   }
-  if (gv) {
-    memcpy(gv, s->v, s->g * sizeof *gv);
-    memmove(s->v, s->v + s->g, (s->n - s->g) * sizeof *gv);
-    s->n -= s->g;
-  } else {
-    gv = s->v;
-    s->v = NULL;
-    s->n = s->cap = 0;
-  }
+  memcpy(gv, s->v, s->g * sizeof *gv);
+  memmove(s->v, s->v + s->g, (s->n - s->g) * sizeof *gv);
+  s->n -= s->g;
   p->event = ev;
   p->v = gv;
   p->n = s->g;
@@ -200,25 +157,13 @@ static dmem_status_t group_record(dmem_runtime_t *rt, dmem__sreg_t *s, uint64_t 
   return DMEM_OK;
 }
 
-/* Under s's lock: room for `more` entries after v[0..n). */
-static bool sreg_grow(dmem__sreg_t *s, size_t more) {
-  if (s->n + more <= s->cap) return true;
+bool dmem__sreg_grow(dmem__sreg_t *s, size_t more) {
   size_t cap = s->cap ? s->cap : 16;
   while (cap < s->n + more) cap *= 2;
   dmem__reg_entry_t *v = realloc(s->v, cap * sizeof *v);
   if (!v) return false;
   s->v = v;
   s->cap = cap;
-  return true;
-}
-
-bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e, size_t n) {
-  if (!sreg_grow(s, n)) return false;
-  if (n == 1)
-    s->v[s->n] = e[0];
-  else
-    memcpy(s->v + s->n, e, n * sizeof *e);
-  s->n += n;
   return true;
 }
 
@@ -319,7 +264,7 @@ static void record_open_groups(dmem_runtime_t *rt, bool force, lost_group_t **lo
   for (size_t i = 0; i < ns; i++) {
     dmem__sreg_t *s = &rt->sreg[i];
     if (dmem_atomic_load_relaxed(&s->key) == 0) continue;
-    sreg_lock(s);
+    dmem__sreg_take(s);
     uintptr_t key = dmem_atomic_load_relaxed(&s->key);
     if (key == 0 || s->g == 0) {
       dmem__sreg_unlock(s);
@@ -459,7 +404,7 @@ void dmem__pending_taken_done(dmem_runtime_t *rt, void *stream, dmem__reg_entry_
 
 bool dmem__pending_stream_add(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *carry,
                               size_t ncarry) {
-  uintptr_t key = stream_key(stream);
+  uintptr_t key = dmem__sreg_key(stream);
   size_t ns = dmem_atomic_load_relaxed(&rt->nsreg); /* written under reg.mu, held */
   dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
   if (s) { /* a record kept for this address (a destroy that found launches registered) */
@@ -470,7 +415,7 @@ bool dmem__pending_stream_add(dmem_runtime_t *rt, void *stream, const dmem__reg_
   for (size_t i = 0; i < DMEM__SREG_SLOTS; i++) {
     s = &rt->sreg[i];
     if (i < ns && dmem_atomic_load_relaxed(&s->key) != 0) continue;
-    sreg_lock(s);
+    dmem__sreg_take(s);
     if (dmem_atomic_load_relaxed(&s->key) != 0) {
       dmem__sreg_unlock(s);
       continue;

@@ -330,11 +330,13 @@ dmem_status_t dmem__pending_add(dmem_runtime_t *rt, void *event, dmem__reg_entry
 /* The record of a stream dmem made (rt->sreg), locked (rank stream), or
  * NULL: the stream has none (its registry is in rt->reg's lists, and its
  * releases record an event each). Lock-free until the record's lock. */
-dmem__sreg_t *dmem__sreg_lock(dmem_runtime_t *rt, void *stream);
-void dmem__sreg_unlock(dmem__sreg_t *s);
+static inline dmem__sreg_t *dmem__sreg_lock(dmem_runtime_t *rt, void *stream);
+static inline void dmem__sreg_unlock(dmem__sreg_t *s);
 /* Under s's lock: register e[0..n) after what s holds; false when the
  * array cannot grow (nothing changed). */
-bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e, size_t n);
+static inline bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e, size_t n);
+/* Under s's lock: room for `more` entries after v[0..n) (false: none). */
+bool dmem__sreg_grow(dmem__sreg_t *s, size_t more);
 /* dmem_stream_release's half on a stream with a record, under s's lock:
  * the launches registered since the last release join the open group,
  * O(1), no clock read on most releases. A release that opens a group
@@ -552,6 +554,67 @@ void dmem__spill_poll(dmem_runtime_t *rt);
 static inline void dmem__move_finished(dmem_runtime_t *rt) {
   dmem_atomic_add_relaxed(&rt->moves_done, 1);
   dmem_atomic_sub_acq_rel(&rt->spills_in_flight, 1);
+}
+
+/* ---- the stream records' lock and lookup (inline: the launch and release
+ * paths; the rest is in pending.c) ------------------------------------------------ */
+
+static inline uintptr_t dmem__sreg_key(void *stream) { return (uintptr_t)stream + 1; }
+
+/* The record's spin lock (rank stream). Held for a few loads and stores on
+ * the launch and release paths, for an event record, an allocation and
+ * pending_mu at most: a waiter spins a little, then yields
+ * (dmem__sreg_spin, pending.c). */
+void dmem__sreg_spin(dmem__sreg_t *s);
+static inline void dmem__sreg_take(dmem__sreg_t *s) {
+#ifdef DMEM_DEBUG
+  if (dmem__held_ranks >> DMEM__RANK_STREAM) {
+    fprintf(stderr, "dmem: lock order violated: taking rank %d while holding ranks 0x%x\n",
+            (int)DMEM__RANK_STREAM, dmem__held_ranks);
+    abort();
+  }
+#endif
+  DMEM_SCHED_POINT(); /* the schedule fuzzer may yield here (base/sched.h) */
+  /* acquire: what the last holder wrote before its release store */
+  if (__builtin_expect(dmem_atomic_exchange_acq_rel(&s->lk, 1u) != 0, 0)) dmem__sreg_spin(s);
+#ifdef DMEM_DEBUG
+  dmem__held_ranks |= 1u << DMEM__RANK_STREAM;
+#endif
+}
+
+static inline void dmem__sreg_unlock(dmem__sreg_t *s) {
+#ifdef DMEM_DEBUG
+  DMEM_ASSERT(dmem__held_ranks & (1u << DMEM__RANK_STREAM));
+  dmem__held_ranks &= ~(1u << DMEM__RANK_STREAM);
+#endif
+  dmem_atomic_store_release(&s->lk, 0u); /* partner: dmem__sreg_take's exchange */
+  DMEM_SCHED_POINT();
+}
+
+static inline dmem__sreg_t *dmem__sreg_lock(dmem_runtime_t *rt, void *stream) {
+  uintptr_t key = dmem__sreg_key(stream);
+  size_t n = dmem_atomic_load_acquire(&rt->nsreg); /* partner: the claim's release */
+  for (size_t i = 0; i < n; i++) {
+    dmem__sreg_t *s = &rt->sreg[i];
+    /* acquire, partner: the claim's release store of the key */
+    if (dmem_atomic_load_acquire(&s->key) != key) continue;
+    dmem__sreg_take(s);
+    /* given back (and maybe claimed for another stream) since the look */
+    if (__builtin_expect(dmem_atomic_load_relaxed(&s->key) == key, 1)) return s;
+    dmem__sreg_unlock(s);
+    return NULL;
+  }
+  return NULL;
+}
+
+static inline bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e, size_t n) {
+  if (__builtin_expect(s->n + n > s->cap, 0) && !dmem__sreg_grow(s, n)) return false;
+  if (n == 1)
+    s->v[s->n] = e[0];
+  else
+    memcpy(s->v + s->n, e, n * sizeof *e);
+  s->n += n;
+  return true;
 }
 
 #endif /* DMEM_SPILL_LAYER_H */
