@@ -10,35 +10,45 @@
  *
  * Grouped releases. Recording an event costs about as much as a kernel
  * launch (cudaEventRecord), so a library that releases its stream after
- * every launch paid nearly two launches a launch. On a stream dmem made
- * (dmem_stream_create; every stream of the host backend), which therefore
- * stays valid until dmem_stream_destroy, a release that comes within
- * DMEM__RELEASE_GAP_NS of the stream's last recorded release event records
- * nothing: its entries join the stream's open group, host-only, in O(1)
- * amortised. The group gets ONE event, recorded on the stream then (so
- * after every launch of the group: an event recorded later in stream order
- * covers the earlier work, never less), when
+ * every launch paid nearly two launches a launch. A stream dmem made
+ * (dmem_stream_create; the host backend's default stream), which therefore
+ * stays valid until dmem_stream_destroy, has a record of its own
+ * (rt->sreg, DMEM__SREG_SLOTS of them): its registered launches and its
+ * open group in one array, v[0..g) the group, v[g..n) registered, under
+ * the record's spin lock, found by a lock-free scan of the records' keys.
+ * So a launch registers with one lock of the record and a store, and a
+ * release that joins the group just moves g to n: no runtime-wide mutex,
+ * no copy, no allocation, and a clock read only when a group opens (the
+ * gap rule below) and every 8th release (its age). A release that opens a
+ * group DMEM__RELEASE_GAP_NS or more after the stream's last release event
+ * (a quiet spell: the first release, say) records an event at once, as
+ * every release did before grouping. The group gets ONE event, recorded on
+ * the stream then (so after every launch of the group: an event recorded
+ * later in stream order covers the earlier work, never less), when
  *  - a release finds it holds DMEM__RELEASE_GROUP releases or is
- *    DMEM__RELEASE_AGE_NS old (or holds DMEM__RELEASE_MAX_ENTRIES locks);
+ *    DMEM__RELEASE_AGE_NS old (looked at every 8th release), or holds
+ *    DMEM__RELEASE_MAX_ENTRIES locks;
  *  - anyone polls (the list above: each looks at every open group first,
  *    so a group never waits for more releases to come; a group whose
  *    stream is idle, backend stream_query, unlocks at once with no event);
  *  - the stream is destroyed (dmem__pending_stream_forget).
  * A synchronisation of the stream (dmem_stream_synchronize,
  * dmem_sync_and_unlock) takes the group before it begins and unlocks it
- * after, with no event. A release after a quiet spell (the first, or one
- * DMEM__RELEASE_GAP_NS after the last event) records at once, as every
- * release did before. What a release covers does not change: exactly the
+ * after, with no event. What a release covers does not change: exactly the
  * launches registered when it began, unlocked only once their work (and
  * possibly some later work of the stream) has finished.
  *
  * Other streams (CUDA streams the caller made, the default stream under
- * CUDA) may be destroyed by their owner right after the release, so an
- * event is recorded there at once, as before.
+ * CUDA, dmem's streams past the records) may be destroyed by their owner
+ * right after the release (or have no record), so an event is recorded
+ * there at once, and the release waits in rt->pending.
  *
- * Everything here is under rt->pending_mu (rank pending), events included:
- * dmem__pending_stream_forget takes it too, so no event is recorded on a
- * stream after its destroy began.
+ * Locks: a record's lock (rank stream) is taken alone or under reg.mu (a
+ * claim); under it a group's event is recorded and queued under
+ * pending_mu. Events of groups are recorded only under the record's lock,
+ * which dmem__pending_stream_forget takes to give the record back before
+ * the stream goes: no event is recorded on a destroyed stream. The waiting
+ * releases (rt->pending) are under pending_mu.
  */
 #include "spill/spill.h"
 #include <sched.h>
