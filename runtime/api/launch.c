@@ -143,7 +143,14 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
   DMEM_SCHED_POINT();
   st = fn(user, stream, ls.ptrs, n);
   DMEM_SCHED_POINT();
-  if (n > 0) dmem__registry_commit(rt, stream, ls.ents, n);
+  if (n > 0) {
+    /* a stream dmem made: into its record here (the common case, inline);
+     * else (or when its array cannot grow) the registry's way */
+    dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
+    bool done = s && dmem__sreg_append(s, ls.ents, n);
+    if (s) dmem__sreg_unlock(s);
+    if (!done) dmem__registry_commit(rt, stream, ls.ents, n);
+  }
   lockset_fini(&ls);
   return st;
 }

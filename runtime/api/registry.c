@@ -137,7 +137,7 @@ dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *rec
   *recorded = false;
   dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
   if (s) { /* a stream dmem made: into its group (spill/pending.c) */
-    dmem_status_t st = dmem__pending_group(rt, s, recorded);
+    dmem_status_t st = dmem__pending_join(rt, s) ? DMEM_OK : dmem__pending_group(rt, s, recorded);
     dmem__sreg_unlock(s);
     return st;
   }

@@ -54,7 +54,6 @@
 #include <sched.h>
 #include <string.h>
 
-#define DMEM__RELEASE_MAX_ENTRIES 65536u /* a group of this many locks records */
 
 /* npending is raised under pending_mu; lowered (release) by the unlocker. */
 static void npending_done(dmem_runtime_t *rt) {
@@ -177,10 +176,6 @@ bool dmem__sreg_grow(dmem__sreg_t *s, size_t more) {
   return true;
 }
 
-/* The age of an open group is looked at every this many releases (a clock
- * read each time would cost a good part of the release). */
-#define AGE_EVERY 8u
-
 dmem_status_t dmem__pending_group(dmem_runtime_t *rt, dmem__sreg_t *s, bool *recorded) {
   *recorded = false;
   if (s->n == s->g) return DMEM_OK; /* nothing registered since the last release */
@@ -199,7 +194,7 @@ dmem_status_t dmem__pending_group(dmem_runtime_t *rt, dmem__sreg_t *s, bool *rec
   s->g = s->n;
   s->releases++;
   bool due = alone || s->releases >= rt->release_group || s->g >= DMEM__RELEASE_MAX_ENTRIES;
-  if (!due && s->releases % AGE_EVERY == 0) {
+  if (!due && s->releases % DMEM__RELEASE_AGE_EVERY == 0) {
     now = dmem__now_ns();
     due = now - s->first_ns >= rt->release_age_ns;
   }

@@ -350,6 +350,12 @@ bool dmem__sreg_grow(dmem__sreg_t *s, size_t more);
 #define DMEM__RELEASE_AGE_NS 200000u /* a group older than this records (at a release) */
 #define DMEM__RELEASE_GROUP 64u      /* ... or one with this many releases */
 dmem_status_t dmem__pending_group(dmem_runtime_t *rt, dmem__sreg_t *s, bool *recorded);
+/* Its common case inline, under s's lock: a release that joins an open
+ * group and makes it neither due nor due for a look at its age (true:
+ * done, nothing recorded); false: call dmem__pending_group. */
+static inline bool dmem__pending_join(dmem_runtime_t *rt, dmem__sreg_t *s);
+#define DMEM__RELEASE_AGE_EVERY 8u /* releases between looks at a group's age */
+#define DMEM__RELEASE_MAX_ENTRIES 65536u /* a group of this many locks records */
 /* Record an event on stream now for v[0..n) (an array from malloc, taken on
  * success; on failure nothing changed): a release on a stream without a
  * record. */
@@ -614,6 +620,17 @@ static inline bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e
   else
     memcpy(s->v + s->n, e, n * sizeof *e);
   s->n += n;
+  return true;
+}
+
+static inline bool dmem__pending_join(dmem_runtime_t *rt, dmem__sreg_t *s) {
+  if (s->n == s->g) return true; /* nothing registered since the last release */
+  unsigned r = s->releases + 1;
+  if (s->g == 0 || r >= rt->release_group || r % DMEM__RELEASE_AGE_EVERY == 0 ||
+      s->n >= DMEM__RELEASE_MAX_ENTRIES)
+    return false;
+  s->g = s->n;
+  s->releases = r;
   return true;
 }
 
