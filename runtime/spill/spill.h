@@ -617,7 +617,7 @@ static inline bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e
   if (__builtin_expect(s->n + n > s->cap, 0) && !dmem__sreg_grow(s, n)) return false;
   if (n == 1)
     s->v[s->n] = e[0];
-  else
+  else if (n > 1)
     memcpy(s->v + s->n, e, n * sizeof *e);
   s->n += n;
   return true;
