@@ -105,8 +105,9 @@ DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t st
  * when none is pending that costs one relaxed load.
  *
  * Releases in quick succession share one event. On a stream made by
- * dmem_stream_create (every stream of the host backend; the first 32 such
- * streams alive at once, a later one is as a caller's stream below), a
+ * dmem_stream_create (every stream of the host backend; while 32 such
+ * streams are alive, 31 on the host backend, whose default stream counts
+ * as one, a further one is as a caller's stream below), a
  * release within 50 us of the stream's last release event records
  * nothing: it joins the stream's open group (O(1), no allocation, no
  * runtime-wide lock; launches and releases on the stream take only the
