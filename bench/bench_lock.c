@@ -13,6 +13,10 @@
  *   sync_and_unlock; or with a              dmem_stream_synchronize (the launch
  *   dmem_stream_release after each          rows of bench_spill; RESULT
  *   launch, then a synchronize              bench_lock.launch_batched / _release)
+ *   dmem part of launch + release: 1000 vs  two CAS (the lock+unlock floor);
+ *   x (launch_async with a no-op launch     RESULT bench_lock.release_pair_ns
+ *   function + stream_release), then a
+ *   synchronize and a poll, ns per pair
  *   lock+unlock, 4 threads, each on its vs  4 threads doing the CAS pair on
  *   own buffer (aggregate ns per pair;      distinct cache lines
  *   buffers adjacent in the handle table,
@@ -23,10 +27,12 @@
  * lock+unlock figure is also printed as `RESULT bench_lock.lock_unlock_ns=`
  * (scripts/gpu-test judges it against 50 ns: scripts/gpu_targets.py).
  *
- *   bench_lock [--quick] [--max-lock-ns N]
+ *   bench_lock [--quick] [--max-lock-ns N] [--pairs N]
  *
  * --quick: fewer iterations (the CTest run, bench.lock). --max-lock-ns N:
- * exit 1 if the single-thread lock+unlock median exceeds N ns. Exit 77 when
+ * exit 1 if the single-thread lock+unlock median exceeds N ns. --pairs N: run
+ * N (rounded up to a multiple of 1000) of the dmem-part pairs and nothing
+ * else (for instruction counts: callgrind at two N, the difference divided). Exit 77 when
  * DMEM_BACKEND asks for a device that is not there.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -41,6 +47,8 @@
 #include <time.h>
 
 #include <dmem/dmem.h>
+
+#include "api/api.h" /* rt->release_gap_ns / release_age_ns (--pairs) */
 
 #define BENCH_NAME "bench_lock"
 #include "bench_common.h"
@@ -157,6 +165,24 @@ static double m_launch_kernel(ctx_t *c, long iters, size_t n) {
   return ns;
 }
 
+/* The dmem part of launch + release: 1000 x (dmem_launch_async with a no-op
+ * launch function, which enqueues nothing, + dmem_stream_release), then a
+ * dmem_stream_synchronize and a dmem_runtime_poll (which unlock what is
+ * left); ns per pair, the final calls included. */
+static double m_pair(ctx_t *c, long iters, size_t n) {
+  (void)n;
+  uint64_t t0 = now_ns();
+  for (long i = 0; i < iters; i++) {
+    dmem_status_t a = dmem_launch_async(c->rt, c->stream, c->h, 1, noop_launch, NULL);
+    if (a != DMEM_OK) die("dmem_launch_async", a);
+    if ((a = dmem_stream_release(c->rt, c->stream)) != DMEM_OK) die("dmem_stream_release", a);
+  }
+  dmem_status_t a = dmem_stream_synchronize(c->rt, c->stream);
+  if (a != DMEM_OK) die("dmem_stream_synchronize", a);
+  if ((a = dmem_runtime_poll(c->rt)) != DMEM_OK) die("dmem_runtime_poll", a);
+  return (double)(now_ns() - t0) / (double)iters;
+}
+
 static double m_bare_kernel(ctx_t *c, long iters, size_t n) {
   (void)n;
   uint64_t t0 = now_ns();
@@ -270,13 +296,16 @@ static void row(const char *what, double d, double b) {
 int main(int argc, char **argv) {
   double max_lock_ns = 0;
   bool quick = false;
+  long pairs = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (strcmp(argv[i], "--max-lock-ns") == 0 && i + 1 < argc) {
       max_lock_ns = strtod(argv[++i], NULL);
+    } else if (strcmp(argv[i], "--pairs") == 0 && i + 1 < argc) {
+      pairs = strtol(argv[++i], NULL, 10);
     } else {
-      fprintf(stderr, "usage: %s [--quick] [--max-lock-ns N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--max-lock-ns N] [--pairs N]\n", argv[0]);
       return 2;
     }
   }
@@ -303,6 +332,19 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 16; i++) TRY(dmem_buffer_alloc(c.rt, 4096, 0, &c.h[i]));
   for (int i = 0; i < NTHREADS * SPACING; i++) TRY(dmem_buffer_alloc(c.rt, 4096, 0, &c.spaced[i]));
 
+  if (pairs > 0) {
+    /* only the dmem part of launch + release, pairs times (1000 at a time),
+     * for an instruction count: run twice with different N under
+     * valgrind --tool=callgrind and divide the difference */
+    /* the grouping by count alone (a group records at its 64th release):
+     * the time rules would make the count depend on how fast the run goes
+     * (valgrind slows it some 50 times) */
+    c.rt->release_gap_ns = c.rt->release_age_ns = 3600ull * 1000000000u;
+    for (long done = 0; done < pairs; done += 1000) (void)m_pair(&c, 1000, 0);
+    TRY(dmem_stream_destroy(c.rt, c.stream));
+    dmem_runtime_destroy(c.rt);
+    return 0;
+  }
 #ifdef __OPTIMIZE__
   const char *opt = "optimised";
 #else
@@ -333,6 +375,9 @@ int main(int argc, char **argv) {
   measure(&c, m_launch_kernel, m_bare_kernel, 1000, 1, &d, &b);
   row("1000 x (launch + stream_release), then sync", d, b);
   printf("RESULT bench_lock.launch_release=%.4f\n", d / b);
+  measure(&c, m_pair, m_cas_pair, 1000, 0, &d, &b);
+  row("dmem part: 1000 x (no-op launch + release)", d, b);
+  printf("RESULT bench_lock.release_pair_ns=%.1f\n", d);
   int saved = g_reps;
   g_reps = quick ? 3 : 5;
   measure(&c, m_mt_dmem, m_mt_base, g_mt_iters, 0, &d, &b);

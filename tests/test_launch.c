@@ -3,6 +3,7 @@
  * all-or-nothing locking. */
 #include <stdatomic.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -776,5 +777,140 @@ TEST_CASE(streams_and_copies) {
   CHECK_STATUS(dmem_stream_destroy(rt, NULL), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dmem_stream_synchronize(NULL, s), DMEM_ERR_INVALID_ARGUMENT);
   CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+/* ---- releases on one stream from several threads (the stream's record) ------- */
+
+enum { RT_THREADS = 2, RT_BUFS = 8, RT_ITERS = 400 };
+
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_stream_t s;
+  dmem_handle_t hs[RT_BUFS];
+  int release_every; /* release after every n-th launch (1: each) */
+  atomic_int *go;
+  dmem_status_t st;
+} rel_thread_t;
+
+static void *release_thread(void *arg) {
+  rel_thread_t *t = arg;
+  while (!atomic_load(t->go)) sched_yield();
+  for (int i = 0; i < RT_ITERS && t->st == DMEM_OK; i++) {
+    t->st = dmem_launch_async(t->rt, t->s, &t->hs[i % RT_BUFS], 1, noop_fn, NULL);
+    if (t->st == DMEM_OK && i % t->release_every == 0) t->st = dmem_stream_release(t->rt, t->s);
+  }
+  return NULL;
+}
+
+/* Two threads launch on and release one stream that a gated host function
+ * blocks, while a third polls (which records the open group's event) and
+ * reads lock counts: no release may unlock a buffer before the gate opens
+ * (all of their work is behind it), and once the stream has run, every
+ * lock is gone (a release never leaves one behind). `nstreams` streams
+ * are made first, so that with more than the runtime's stream records the
+ * stream under test has none (its registry is in the shared lists). */
+static void shared_stream_releases(int nstreams, int release_every) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  rt->release_group = 16; /* several groups (and events) in the run */
+  dmem_stream_t ss[48];
+  REQUIRE_TRUE(nstreams >= 1 && nstreams <= 48);
+  for (int i = 0; i < nstreams; i++) REQUIRE_OK(dmem_stream_create(rt, &ss[i]));
+  dmem_stream_t s = ss[nstreams - 1];
+  dmem_handle_t a;
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
+  REQUIRE_OK(dmem_stream_release(rt, s));
+  atomic_int go = 0;
+  rel_thread_t th[RT_THREADS];
+  pthread_t tid[RT_THREADS];
+  for (int k = 0; k < RT_THREADS; k++) {
+    th[k] = (rel_thread_t){rt, s, {0}, release_every, &go, DMEM_OK};
+    for (int i = 0; i < RT_BUFS; i++) REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &th[k].hs[i]));
+    pthread_create(&tid[k], NULL, release_thread, &th[k]);
+  }
+  atomic_store(&go, 1);
+  /* the poller: while the threads run, nothing of theirs may come unlocked */
+  int early = 0;
+  unsigned seen[RT_THREADS][RT_BUFS] = {{0}};
+  for (int round = 0; round < 200; round++) {
+    CHECK_OK(dmem_runtime_poll(rt));
+    if (lock_count(rt, a) != 1) early++;
+    /* a count never drops while the gate is shut: it only grows */
+    for (int k = 0; k < RT_THREADS; k++) {
+      unsigned c = lock_count(rt, th[k].hs[round % RT_BUFS]);
+      if (c < seen[k][round % RT_BUFS] || c > RT_ITERS / RT_BUFS) early++;
+      seen[k][round % RT_BUFS] = c;
+    }
+  }
+  for (int k = 0; k < RT_THREADS; k++) {
+    pthread_join(tid[k], NULL);
+    CHECK_OK(th[k].st);
+  }
+  CHECK_EQ(early, 0);
+  CHECK_OK(dmem_runtime_poll(rt));
+  /* every launch so far is behind the gate: each lock still held */
+  CHECK_EQ(lock_count(rt, a), 1);
+  for (int k = 0; k < RT_THREADS; k++)
+    for (int i = 0; i < RT_BUFS; i++) CHECK_EQ(lock_count(rt, th[k].hs[i]), RT_ITERS / RT_BUFS);
+  size_t freed = 1;
+  CHECK_OK(dmem_runtime_evict(rt, 64 * MiB, &freed));
+  CHECK_UEQ(freed, 0);
+  /* the launches not released yet (release_every > 1) go with the last release */
+  CHECK_OK(dmem_stream_release(rt, s));
+  gate_open(&g);
+  CHECK_OK(dmem_stream_synchronize(rt, s));
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+  CHECK_EQ(lock_count(rt, a), 0);
+  for (int k = 0; k < RT_THREADS; k++)
+    for (int i = 0; i < RT_BUFS; i++) {
+      CHECK_EQ(lock_count(rt, th[k].hs[i]), 0);
+      CHECK_OK(dmem_buffer_free(rt, th[k].hs[i]));
+    }
+  CHECK_OK(dmem_buffer_free(rt, a));
+  for (int i = 0; i < nstreams; i++) CHECK_OK(dmem_stream_destroy(rt, ss[i]));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(two_threads_release_one_stream) { shared_stream_releases(1, 1); }
+TEST_CASE(two_threads_release_one_stream_now_and_then) { shared_stream_releases(1, 3); }
+/* more streams than the runtime has records (DMEM__SREG_SLOTS) */
+TEST_CASE(two_threads_release_a_stream_without_record) {
+  REQUIRE_TRUE(DMEM__SREG_SLOTS < 40);
+  shared_stream_releases(40, 1);
+}
+
+/* A stream's record is given back at destroy and taken by the next stream:
+ * what was registered or grouped on the old stream is not the new one's,
+ * and a release on the new stream covers exactly its own launches. */
+TEST_CASE(stream_record_reused_after_destroy) {
+  dmem_runtime_t *rt = check_runtime(64 * MiB);
+  rt->release_gap_ns = rt->release_age_ns = 3600ull * 1000000000u;
+  dmem_handle_t a, b;
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &b));
+  for (unsigned round = 0; round < 3 * DMEM__SREG_SLOTS; round++) {
+    dmem_stream_t s;
+    REQUIRE_OK(dmem_stream_create(rt, &s));
+    REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, noop_fn, NULL));
+    REQUIRE_OK(dmem_stream_release(rt, s)); /* an event at once (the stream's first) */
+    REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, noop_fn, NULL));
+    REQUIRE_OK(dmem_stream_release(rt, s)); /* the open group */
+    REQUIRE_OK(dmem_launch_async(rt, s, &b, 1, noop_fn, NULL)); /* registered */
+    CHECK_EQ(dmem_stream_destroy(rt, s), DMEM_ERR_BUSY);
+    REQUIRE_OK(dmem_sync_and_unlock(rt, s)); /* b, and the group with it */
+    CHECK_EQ(lock_count(rt, b), 0);
+    REQUIRE_OK(dmem_stream_destroy(rt, s)); /* records nothing: all done */
+    CHECK_EQ(lock_count(rt, a), 0);
+    CHECK_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), 0);
+  }
+  CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, b));
   dmem_runtime_destroy(rt);
 }

@@ -105,11 +105,15 @@ DMEM_API dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t st
  * when none is pending that costs one relaxed load.
  *
  * Releases in quick succession share one event. On a stream made by
- * dmem_stream_create (every stream of the host backend), a release within
- * 50 us of the stream's last release event records nothing: it joins the
- * stream's open group (host memory only, O(1) amortised), and the group
- * gets one event, recorded on the stream after all its launches, when it
- * holds 64 releases or is 200 us old (at a release), or when any of the
+ * dmem_stream_create (every stream of the host backend; while 32 such
+ * streams are alive, 31 on the host backend, whose default stream counts
+ * as one, a further one is as a caller's stream below), a
+ * release within 50 us of the stream's last release event records
+ * nothing: it joins the stream's open group (O(1), no allocation, no
+ * runtime-wide lock; launches and releases on the stream take only the
+ * stream's own lock), and the group gets one event, recorded on the
+ * stream after all its launches, when it holds 64 releases or is 200 us
+ * old (looked at every 8th release), or when any of the
  * calls above looks (one that finds the stream idle unlocks the group at
  * once, with no event). dmem_stream_synchronize(stream) and
  * dmem_sync_and_unlock(stream) cover the group with their

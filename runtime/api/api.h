@@ -78,6 +78,10 @@ bool dmem__registry_has(dmem_runtime_t *rt, void *stream);
 /* dmem_stream_release below the API: an event now, or a place in the
  * stream's group (spill/pending.c); *recorded: an event was recorded. */
 dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded);
+/* dmem_stream_create (and registry init, for the host backend's default
+ * stream): give `stream` a record of its own (spill/pending.c), into which
+ * its list, if any, moves; with no record free it keeps a list here. */
+void dmem__registry_stream_add(dmem_runtime_t *rt, void *stream);
 /* dmem_stream_destroy: drop the stream's (empty) list. */
 void dmem__registry_forget(dmem_runtime_t *rt, void *stream);
 

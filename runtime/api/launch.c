@@ -15,7 +15,7 @@ typedef struct lockset {
   dmem__reg_entry_t ents_small[SMALL_N];
 } lockset_t;
 
-static dmem_status_t lockset_init(lockset_t *ls, size_t n) {
+static inline dmem_status_t lockset_init(lockset_t *ls, size_t n) {
   if (n <= SMALL_N) {
     ls->ptrs = ls->ptrs_small;
     ls->ents = ls->ents_small;
@@ -95,7 +95,7 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: n %zu is too large", n);
   dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
   if (st != DMEM_OK) return st;
-  lockset_t ls = {0};
+  lockset_t ls; /* lockset_init sets what is read (no 400-byte clear a call) */
   st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, NULL, &ls);
@@ -124,7 +124,7 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: n %zu is too large", n);
   dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
   if (st != DMEM_OK) return st;
-  lockset_t ls = {0};
+  lockset_t ls; /* lockset_init sets what is read (no 400-byte clear a call) */
   st = lockset_init(&ls, n);
   if (st != DMEM_OK) return st;
   st = lock_all(rt, hs, n, stream, &ls);
@@ -143,7 +143,14 @@ dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const 
   DMEM_SCHED_POINT();
   st = fn(user, stream, ls.ptrs, n);
   DMEM_SCHED_POINT();
-  if (n > 0) dmem__registry_commit(rt, stream, ls.ents, n);
+  if (n > 0) {
+    /* a stream dmem made: into its record here (the common case, inline);
+     * else (or when its array cannot grow) the registry's way */
+    dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
+    bool done = s && dmem__sreg_append(s, ls.ents, n);
+    if (s) dmem__sreg_unlock(s);
+    if (!done) dmem__registry_commit(rt, stream, ls.ents, n);
+  }
   lockset_fini(&ls);
   return st;
 }
@@ -155,14 +162,15 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   /* What is registered now is what this call covers: launches registered
    * later (their work may be enqueued after the synchronisation began) stay
    * for a later sync or release. */
-  dmem__reg_entry_t *v, *gv;
-  size_t n, gn;
+  dmem__reg_entry_t *v, *w;
+  size_t n, wg, wn;
   (void)dmem__registry_take(rt, stream, &v, &n);
-  /* the stream's releases that wait for an event: this synchronisation
-   * covers them (spill/pending.c) */
-  dmem__pending_take_stream(rt, stream, &gv, &gn);
+  /* the stream's record (a stream dmem made): its registered launches, and
+   * its releases that wait for an event, which this synchronisation covers
+   * (spill/pending.c): w[0..wg) the group, w[wg..wn) registered */
+  dmem__pending_take_stream(rt, stream, true, &w, &wg, &wn);
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, stream));
-  dmem__pending_taken_done(rt, stream, gv, gn, st);
+  dmem__pending_taken_done(rt, stream, w, wg, st);
   dmem__pending_poll(rt, false); /* releases of this stream finished too */
   /* A lost context runs nothing more: the buffers are unlocked as after a
    * successful synchronisation (else the stream could never be destroyed).
@@ -170,11 +178,15 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
    * run. */
   if (st != DMEM_OK && st != DMEM_ERR_DEVICE_FATAL) {
     if (n > 0) dmem__registry_commit(rt, stream, v, n);
+    if (wn > wg) dmem__registry_commit(rt, stream, w + wg, wn - wg);
     free(v);
+    free(w);
     return st;
   }
   unlock_n(rt, v, n);
+  unlock_n(rt, w + wg, wn - wg);
   free(v);
+  free(w);
   return st;
 }
 

@@ -1,7 +1,10 @@
 /*
  * runtime/api/registry.c - the per-stream lock registry behind dmem_launch_async,
- * dmem_sync_and_unlock and dmem_stream_release. A released stream's list
- * waits for its event in spill/pending.c.
+ * dmem_sync_and_unlock and dmem_stream_release. A stream dmem made has a
+ * record of its own (rt->sreg, spill/pending.c: its registered launches
+ * and its open release group, under the record's spin lock, found without
+ * a runtime-wide mutex); other streams have a list here, under reg.mu. A
+ * released stream's list waits for its event in spill/pending.c.
  */
 #include "api/api.h"
 #include <stdlib.h>
@@ -48,6 +51,13 @@ static dmem__reg_list_t *find_list(dmem__registry_t *r, void *stream) {
 
 dmem_status_t dmem__registry_add(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *e,
                                  size_t n) {
+  dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
+  if (s) { /* a stream dmem made: its own record */
+    bool ok = dmem__sreg_append(s, e, n);
+    dmem__sreg_unlock(s);
+    if (ok) return DMEM_OK;
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "lock registry could not grow");
+  }
   dmem__registry_t *r = &rt->reg;
   dmem__mutex_lock(&r->mu, DMEM__RANK_REGISTRY);
   dmem__reg_list_t *l = find_list(r, stream);
@@ -110,6 +120,12 @@ dmem_status_t dmem__registry_take(dmem_runtime_t *rt, void *stream, dmem__reg_en
 }
 
 bool dmem__registry_has(dmem_runtime_t *rt, void *stream) {
+  dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
+  if (s) {
+    bool has = s->n > s->g;
+    dmem__sreg_unlock(s);
+    if (has) return true;
+  }
   dmem__mutex_lock(&rt->reg.mu, DMEM__RANK_REGISTRY);
   dmem__reg_list_t *l = find_list(&rt->reg, stream);
   bool has = l && l->n > 0;
@@ -118,21 +134,19 @@ bool dmem__registry_has(dmem_runtime_t *rt, void *stream) {
 }
 
 dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded) {
-  dmem__registry_t *r = &rt->reg;
   *recorded = false;
+  dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
+  if (s) { /* a stream dmem made: into its group (spill/pending.c) */
+    dmem_status_t st = dmem__pending_join(rt, s) ? DMEM_OK : dmem__pending_group(rt, s, recorded);
+    dmem__sreg_unlock(s);
+    return st;
+  }
+  dmem__registry_t *r = &rt->reg;
   dmem__mutex_lock(&r->mu, DMEM__RANK_REGISTRY);
   dmem__reg_list_t *l = find_list(r, stream);
   if (!l || l->n == 0) {
     dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
     return DMEM_OK;
-  }
-  /* Into the stream's group (spill/pending.c): copied there, host-only;
-   * the list keeps its array for the next launches (no allocation). */
-  int g = dmem__pending_group(rt, stream, l->v, l->n);
-  if (g != DMEM__GROUP_NO) {
-    l->n = 0;
-    dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
-    return g == DMEM__GROUP_DUE ? dmem__pending_group_record(rt, stream, recorded) : DMEM_OK;
   }
   /* An event now: the entries go with it. */
   dmem__reg_entry_t *v = l->v;
@@ -152,6 +166,19 @@ dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *rec
   }
   *recorded = true;
   return DMEM_OK;
+}
+
+void dmem__registry_stream_add(dmem_runtime_t *rt, void *stream) {
+  dmem__registry_t *r = &rt->reg;
+  dmem__mutex_lock(&r->mu, DMEM__RANK_REGISTRY);
+  dmem__reg_list_t *l = find_list(r, stream);
+  /* launches registered at this address before (a stream of the caller's
+   * that was destroyed with launches registered) move into the record */
+  if (dmem__pending_stream_add(rt, stream, l ? l->v : NULL, l ? l->n : 0) && l) {
+    free(l->v);
+    *l = r->lists[--r->nlists];
+  }
+  dmem__mutex_unlock(&r->mu, DMEM__RANK_REGISTRY);
 }
 
 void dmem__registry_forget(dmem_runtime_t *rt, void *stream) {

@@ -234,6 +234,9 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   st = make_backend(&cfg, &rt->be, rt->backend_reason, sizeof rt->backend_reason);
   if (st != DMEM_OK) goto fail_track;
   DMEM_RT_LOG(rt, DMEM_LOG_INFO, "%s", rt->backend_reason);
+  /* the host backend's default stream is dmem's too (its other streams
+   * come from dmem_stream_create): a record of its own (api/registry.c) */
+  if (rt->be->kind == DMEM_BACKEND_HOST) dmem__registry_stream_add(rt, NULL);
   rt->capacity = rt->be->device_capacity;
   if (cfg.device_limit) rt->limit_asked = cfg.device_limit;
   else if (cfg.device_limit_fraction > 0)

@@ -10,8 +10,9 @@ dmem_status_t dmem_stream_create(dmem_runtime_t *rt, dmem_stream_t *s_out) {
   void *s = NULL;
   st = dmem__fatal_keep(rt, rt->be->stream_create(rt->be, &s));
   if (st != DMEM_OK) return st;
-  /* dmem made it: releases on it may wait for a later event (spill/pending.c) */
-  dmem__pending_stream_add(rt, s);
+  /* dmem made it: a record of its own, and releases on it may wait for a
+   * later event (spill/pending.c) */
+  dmem__registry_stream_add(rt, s);
   *s_out = s;
   return DMEM_OK;
 }
@@ -40,10 +41,11 @@ dmem_status_t dmem_stream_synchronize(dmem_runtime_t *rt, dmem_stream_t s) {
   /* the releases of s that wait for an event: this synchronisation covers
    * them (spill/pending.c) */
   dmem__reg_entry_t *gv;
-  size_t gn;
-  dmem__pending_take_stream(rt, s, &gv, &gn);
+  size_t gg, gn;
+  dmem__pending_take_stream(rt, s, false, &gv, &gg, &gn);
   st = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, s));
-  dmem__pending_taken_done(rt, s, gv, gn, st);
+  dmem__pending_taken_done(rt, s, gv, gg, st);
+  free(gv);
   /* the releases of s (and any other finished ones) unlock now */
   dmem__pending_poll(rt, false);
   return st;

@@ -33,22 +33,23 @@
  *
  *   1 staging   rt->staging_mu   (its poll may end a move and reclaim)
  *   2 registry  rt->reg.mu
- *   3 pending   rt->pending_mu
- *   4 disk      rt->disk_mu      (lazy creation of the disk tier)
- *   5 control   rt->ctl_mu
- *   6 transit   rt->tmu          (with rt->tcv)
- *   7 table     table->mu
- *   8 hostpool  the pinned host pool's mutex
- *   9 events    rt->evpool_mu
- *  10 raw       a shard of the raw-allocation table (memory/raw.c)
- *  11 blocks    the dedicated blocks' lists (memory/blocks.c)
- *  12 io        the I/O threads' queue (spill/io.c)
- *  13 diskspace the disk tier's extents and bounce buffers (spill/disk.c)
- *  14 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
+ *   3 stream    a stream record's spin lock, rt->sreg[i].lk (spill/pending.c)
+ *   4 pending   rt->pending_mu
+ *   5 disk      rt->disk_mu      (lazy creation of the disk tier)
+ *   6 control   rt->ctl_mu
+ *   7 transit   rt->tmu          (with rt->tcv)
+ *   8 table     table->mu
+ *   9 hostpool  the pinned host pool's mutex
+ *  10 events    rt->evpool_mu
+ *  11 raw       a shard of the raw-allocation table (memory/raw.c)
+ *  12 blocks    the dedicated blocks' lists (memory/blocks.c)
+ *  13 io        the I/O threads' queue (spill/io.c)
+ *  14 diskspace the disk tier's extents and bounce buffers (spill/disk.c)
+ *  15 ahead     rt->ahead_mu     (wakes the spill-ahead thread; nothing
  *                                 is taken under it)
- *  15 locked    the process's locked-bytes records (core/locked.c; nothing
+ *  16 locked    the process's locked-bytes records (core/locked.c; nothing
  *                                 is taken under it)
- *  16 policy    rt->pol.mu       (the default eviction policy's lists,
+ *  17 policy    rt->pol.mu       (the default eviction policy's lists,
  *                                 spill/reuse.c; nothing is taken under it)
  *
  * The device pool's mutexes (memory/pool*.c), the stable ranges' shard
@@ -99,6 +100,7 @@
 typedef enum dmem__rank {
   DMEM__RANK_STAGING = 1,
   DMEM__RANK_REGISTRY,
+  DMEM__RANK_STREAM,
   DMEM__RANK_PENDING,
   DMEM__RANK_DISK,
   DMEM__RANK_CONTROL,

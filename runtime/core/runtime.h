@@ -41,7 +41,7 @@ typedef struct dmem__reg_list {
 
 typedef struct dmem__registry {
   pthread_mutex_t mu;
-  dmem__reg_list_t *lists; /* one per stream with registered locks */
+  dmem__reg_list_t *lists; /* one per stream with registered locks (not in sreg) */
   size_t nlists, caplists;
 } dmem__registry_t;
 
@@ -53,18 +53,29 @@ typedef struct dmem__pending {
   size_t n;
 } dmem__pending_t;
 
-/* A stream whose releases may wait for a later event (spill/pending.c): one
- * that dmem made, so that an event can be recorded on it later (until
- * dmem_stream_destroy, which records what is left). The open group holds the
- * entries of releases no event covers yet. Under pending_mu. */
-typedef struct dmem__defer {
-  void *stream;
-  dmem__reg_entry_t *v; /* the open group's entries (NULL: no group) */
-  size_t n, cap;
-  unsigned releases;       /* releases in the group */
-  uint64_t first_ns;       /* when the group opened */
+/* A stream dmem made (dmem_stream_create; the host backend's default
+ * stream), which therefore stays valid until dmem_stream_destroy: its lock
+ * registry and its open release group in one record with its own spin lock
+ * (rank stream), so that dmem_launch_async and dmem_stream_release on it
+ * take no runtime-wide mutex (spill/pending.c). A fixed array in the
+ * runtime (never freed before destroy): a lookup scans the keys lock-free
+ * and checks the key again under the record's lock. Streams past
+ * DMEM__SREG_SLOTS live in the registry's lists, as other streams. */
+#define DMEM__SREG_SLOTS 32u
+typedef struct dmem__sreg {
+  /* (uintptr_t)stream + 1, 0 when free. Written under lk and rt->reg.mu
+   * (release); read lock-free (acquire) by lookups, which look again
+   * under lk (partner: the release store of the claim). */
+  _Alignas(64) _Atomic uintptr_t key; /* a line (or two) per record */
+  _Atomic unsigned lk; /* the spin lock: 1 held (exchange acquire / store release) */
+  /* Under lk: v[0..g) the open group (releases no event covers yet),
+   * v[g..n) the launches registered and not yet released. */
+  dmem__reg_entry_t *v;
+  size_t g, n, cap;
+  unsigned releases;       /* releases in the open group */
+  uint64_t first_ns;       /* when the open group opened */
   uint64_t last_record_ns; /* the last event recorded on the stream for releases */
-} dmem__defer_t;
+} dmem__sreg_t;
 
 /* One shard of the device-limit charge (memory/devmem.c): threads charge
  * and uncharge their own shard, so allocations on many threads do not all
@@ -201,11 +212,13 @@ struct dmem_runtime {
    * synchronisation took): raised under pending_mu, lowered (release) only
    * after the release unlocked its buffers; read lock-free (acquire). */
   _Atomic size_t npending;
-  /* Streams whose releases may be grouped (dmem__defer_t), under pending_mu;
-   * ndeferred: how many have an open group (written under pending_mu, read
-   * relaxed by pollers as a hint). */
-  dmem__defer_t *defer;
-  size_t ndefer, capdefer;
+  /* The streams dmem made (dmem__sreg_t; claimed and given back under
+   * reg.mu); nsreg: the high-water mark of the claimed slots (raised under
+   * reg.mu, release; lookups scan up to it, acquire). ndeferred: how many
+   * slots have an open group (changed under the slot's lock, read relaxed
+   * by pollers as a hint). */
+  dmem__sreg_t sreg[DMEM__SREG_SLOTS];
+  _Atomic size_t nsreg;
   _Atomic size_t ndeferred;
   /* When releases are grouped (spill/pending.c; DMEM__RELEASE_* by
    * default, set by dmem__registry_init; tests may change them before the

@@ -347,25 +347,38 @@ void dmem__staging_fini(dmem_runtime_t *rt);
 /* Unlock entries v[0..n) once `event` completes; takes ownership of v and
  * event. */
 dmem_status_t dmem__pending_add(dmem_runtime_t *rt, void *event, dmem__reg_entry_t *v, size_t n);
-/* dmem_stream_release's half below the registry. On a stream dmem made, a
- * release that follows the stream's last release event within
- * DMEM__RELEASE_GAP_NS (pending.c) joins the stream's open group: its
- * entries v[0..n) are copied there, and the group gets one event later.
- * Returns DMEM__GROUP_JOINED, DMEM__GROUP_DUE (joined, and the group is
- * due for its event: call dmem__pending_group_record) or DMEM__GROUP_NO
- * (nothing copied: record an event for these entries now, with
- * dmem__pending_release_now). */
-enum { DMEM__GROUP_NO, DMEM__GROUP_JOINED, DMEM__GROUP_DUE };
+/* The record of a stream dmem made (rt->sreg), locked (rank stream), or
+ * NULL: the stream has none (its registry is in rt->reg's lists, and its
+ * releases record an event each). Lock-free until the record's lock. */
+static inline dmem__sreg_t *dmem__sreg_lock(dmem_runtime_t *rt, void *stream);
+static inline void dmem__sreg_unlock(dmem__sreg_t *s);
+/* Under s's lock: register e[0..n) after what s holds; false when the
+ * array cannot grow (nothing changed). */
+static inline bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e, size_t n);
+/* Under s's lock: room for `more` entries after v[0..n) (false: none). */
+bool dmem__sreg_grow(dmem__sreg_t *s, size_t more);
+/* dmem_stream_release's half on a stream with a record, under s's lock:
+ * the launches registered since the last release join the open group,
+ * O(1), no clock read on most releases. A release that opens a group
+ * DMEM__RELEASE_GAP_NS or more after the stream's last release event
+ * records an event at once (on failure its launches stay registered); a
+ * group that holds DMEM__RELEASE_GROUP releases (or
+ * DMEM__RELEASE_MAX_ENTRIES locks), or DMEM__RELEASE_AGE_NS old (looked at
+ * every 8th release), gets its event now (on failure it stays open: the
+ * next poll tries again). *recorded: an event was recorded. */
 #define DMEM__RELEASE_GAP_NS 50000u  /* closer releases are grouped */
 #define DMEM__RELEASE_AGE_NS 200000u /* a group older than this records (at a release) */
 #define DMEM__RELEASE_GROUP 64u      /* ... or one with this many releases */
-int dmem__pending_group(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *v,
-                        size_t n);
-/* Record the event of stream's open group now (if it still has one). On
- * failure the group stays open: the next poll tries again. */
-dmem_status_t dmem__pending_group_record(dmem_runtime_t *rt, void *stream, bool *recorded);
+dmem_status_t dmem__pending_group(dmem_runtime_t *rt, dmem__sreg_t *s, bool *recorded);
+/* Its common case inline, under s's lock: a release that joins an open
+ * group and makes it neither due nor due for a look at its age (true:
+ * done, nothing recorded); false: call dmem__pending_group. */
+static inline bool dmem__pending_join(dmem_runtime_t *rt, dmem__sreg_t *s);
+#define DMEM__RELEASE_AGE_EVERY 8u /* releases between looks at a group's age */
+#define DMEM__RELEASE_MAX_ENTRIES 65536u /* a group of this many locks records */
 /* Record an event on stream now for v[0..n) (an array from malloc, taken on
- * success; on failure nothing changed). */
+ * success; on failure nothing changed): a release on a stream without a
+ * record. */
 dmem_status_t dmem__pending_release_now(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v,
                                         size_t n);
 /* Unlock the releases whose event completed (wait_all: wait for all),
@@ -375,19 +388,29 @@ size_t dmem__pending_poll(dmem_runtime_t *rt, bool wait_all);
 /* As dmem__pending_poll(rt, false) without recording: only the events
  * recorded already (dmem_stream_release's own look). */
 size_t dmem__pending_poll_recorded(dmem_runtime_t *rt);
-/* A synchronisation of `stream` covers its open group: take it (*v_out,
- * *n_out; NULL, 0: none) before the synchronisation begins, then hand it to
- * dmem__pending_taken_done: unlocked when the synchronisation succeeded (or
- * the context is lost), else back into the stream's group. */
-void dmem__pending_take_stream(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
-                               size_t *n_out);
-void dmem__pending_taken_done(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v, size_t n,
+/* A synchronisation of `stream` covers its open group: take it before the
+ * synchronisation begins, and with_registered, the launches registered on
+ * the stream's record too (dmem_sync_and_unlock), as one array from malloc
+ * (*v_out; NULL when nothing), the group first: (*v_out)[0..*g_out) the
+ * group, [*g_out..*n_out) the registered launches. Then hand the group to
+ * dmem__pending_taken_done (which does not free v): unlocked when the
+ * synchronisation succeeded (or the context is lost), else back into the
+ * stream's group. A group that cannot be taken (no memory) stays. */
+void dmem__pending_take_stream(dmem_runtime_t *rt, void *stream, bool with_registered,
+                               dmem__reg_entry_t **v_out, size_t *g_out, size_t *n_out);
+void dmem__pending_taken_done(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t *v, size_t g,
                               dmem_status_t sync_status);
-/* dmem_stream_create: releases on `stream` may be grouped (no effect when
- * the list cannot grow: its releases record at once). */
-void dmem__pending_stream_add(dmem_runtime_t *rt, void *stream);
+/* A record for `stream`, made by dmem (dmem_stream_create; the host
+ * backend's default stream), holding carry[0..ncarry) registered (what the
+ * registry's lists held for that address). Under rt->reg.mu (claims are
+ * serialised by it). false: no free record, or no memory (nothing
+ * changed: the stream stays in the lists, and records an event a
+ * release). */
+bool dmem__pending_stream_add(dmem_runtime_t *rt, void *stream, const dmem__reg_entry_t *carry,
+                              size_t ncarry);
 /* dmem_stream_destroy, before the stream goes: its open group gets its
- * event (or, if none can be recorded, waits for the stream and unlocks). */
+ * event (or, if none can be recorded, waits for the stream and unlocks),
+ * and its record is given back unless launches are registered on it. */
 void dmem__pending_stream_forget(dmem_runtime_t *rt, void *stream);
 /* At destroy, after dmem__pending_poll(rt, true). */
 void dmem__pending_fini(dmem_runtime_t *rt);
@@ -557,6 +580,78 @@ void dmem__spill_poll(dmem_runtime_t *rt);
 static inline void dmem__move_finished(dmem_runtime_t *rt) {
   dmem_atomic_add_relaxed(&rt->moves_done, 1);
   dmem_atomic_sub_acq_rel(&rt->spills_in_flight, 1);
+}
+
+/* ---- the stream records' lock and lookup (inline: the launch and release
+ * paths; the rest is in pending.c) ------------------------------------------------ */
+
+static inline uintptr_t dmem__sreg_key(void *stream) { return (uintptr_t)stream + 1; }
+
+/* The record's spin lock (rank stream). Held for a few loads and stores on
+ * the launch and release paths, for an event record, an allocation and
+ * pending_mu at most: a waiter spins a little, then yields
+ * (dmem__sreg_spin, pending.c). */
+void dmem__sreg_spin(dmem__sreg_t *s);
+static inline void dmem__sreg_take(dmem__sreg_t *s) {
+#ifdef DMEM_DEBUG
+  if (dmem__held_ranks >> DMEM__RANK_STREAM) {
+    fprintf(stderr, "dmem: lock order violated: taking rank %d while holding ranks 0x%x\n",
+            (int)DMEM__RANK_STREAM, dmem__held_ranks);
+    abort();
+  }
+#endif
+  DMEM_SCHED_POINT(); /* the schedule fuzzer may yield here (base/sched.h) */
+  /* acquire: what the last holder wrote before its release store */
+  if (__builtin_expect(dmem_atomic_exchange_acq_rel(&s->lk, 1u) != 0, 0)) dmem__sreg_spin(s);
+#ifdef DMEM_DEBUG
+  dmem__held_ranks |= 1u << DMEM__RANK_STREAM;
+#endif
+}
+
+static inline void dmem__sreg_unlock(dmem__sreg_t *s) {
+#ifdef DMEM_DEBUG
+  DMEM_ASSERT(dmem__held_ranks & (1u << DMEM__RANK_STREAM));
+  dmem__held_ranks &= ~(1u << DMEM__RANK_STREAM);
+#endif
+  dmem_atomic_store_release(&s->lk, 0u); /* partner: dmem__sreg_take's exchange */
+  DMEM_SCHED_POINT();
+}
+
+static inline dmem__sreg_t *dmem__sreg_lock(dmem_runtime_t *rt, void *stream) {
+  uintptr_t key = dmem__sreg_key(stream);
+  size_t n = dmem_atomic_load_acquire(&rt->nsreg); /* partner: the claim's release */
+  for (size_t i = 0; i < n; i++) {
+    dmem__sreg_t *s = &rt->sreg[i];
+    /* acquire, partner: the claim's release store of the key */
+    if (dmem_atomic_load_acquire(&s->key) != key) continue;
+    dmem__sreg_take(s);
+    /* given back (and maybe claimed for another stream) since the look */
+    if (__builtin_expect(dmem_atomic_load_relaxed(&s->key) == key, 1)) return s;
+    dmem__sreg_unlock(s);
+    return NULL;
+  }
+  return NULL;
+}
+
+static inline bool dmem__sreg_append(dmem__sreg_t *s, const dmem__reg_entry_t *e, size_t n) {
+  if (__builtin_expect(s->n + n > s->cap, 0) && !dmem__sreg_grow(s, n)) return false;
+  if (n == 1)
+    s->v[s->n] = e[0];
+  else if (n > 1)
+    memcpy(s->v + s->n, e, n * sizeof *e);
+  s->n += n;
+  return true;
+}
+
+static inline bool dmem__pending_join(dmem_runtime_t *rt, dmem__sreg_t *s) {
+  if (s->n == s->g) return true; /* nothing registered since the last release */
+  unsigned r = s->releases + 1;
+  if (s->g == 0 || r >= rt->release_group || r % DMEM__RELEASE_AGE_EVERY == 0 ||
+      s->n >= DMEM__RELEASE_MAX_ENTRIES)
+    return false;
+  s->g = s->n;
+  s->releases = r;
+  return true;
 }
 
 #endif /* DMEM_SPILL_LAYER_H */
