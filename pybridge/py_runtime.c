@@ -502,7 +502,7 @@ static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
   PyObject *dir = PyUnicode_DecodeFSDefault(info.spill_dir);
   if (!dir) return NULL;
   PyObject *d = Py_BuildValue(
-      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N,s:n,s:s,s:n}", "backend",
+      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N,s:n,s:s}", "backend",
       info.backend == DMEM_BACKEND_CUDA ? "cuda" : "host", "backend_reason", info.backend_reason,
       "device", info.device, "log_level",
       (unsigned)info.log_level <= 4u ? pyd_log_names[info.log_level] : "?", "device_capacity",
@@ -511,8 +511,7 @@ static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
       (Py_ssize_t)info.host_limit, "print_stats", info.print_stats ? Py_True : Py_False,
       "stats_interval_s", info.stats_interval_s, "spill_dir", dir, "host_headroom",
       (Py_ssize_t)info.host_headroom, "eviction_policy",
-      info.eviction_policy == DMEM_EVICTION_LRU ? "lru" : "reuse", "device_overshoot",
-      (Py_ssize_t)info.device_overshoot);
+      info.eviction_policy == DMEM_EVICTION_LRU ? "lru" : "reuse");
   return d;
 }
 

@@ -246,21 +246,6 @@ typedef struct dmem_config {
    *  sets the process's pinned memory for a given host_limit; the disk
    *  tier pipelines its reads and writes only from 128 MiB of staging. */
   size_t host_staging;
-  /** How far a buffer brought back to the device may take the live device
-   *  bytes past device_limit, in bytes, before it spills others to bring
-   *  them back under; 0 (the default): never past. A retrieve that finds
-   *  the limit full normally spills its victim first, so for a moment the
-   *  host holds both the victim's new copy and the retrieved buffer's old
-   *  one; with an overshoot the buffer comes back first (within it, in
-   *  slabs past the pool's cut when need be) and the victim's copy then
-   *  reuses the retrieved buffer's pinned memory. That is how dask-cuda's
-   *  device_memory_limit behaves (a soft limit: spill once above it;
-   *  docs/dask.md). The device then
-   *  holds at most device_limit + device_overshoot of live bytes, and the
-   *  limit again once the retrieving call returns, unless nothing could be
-   *  spilled (then the next allocation spills first). DMEM_DEVICE_OVERSHOOT
-   *  sets it. Any value is valid. */
-  size_t device_overshoot;
 } dmem_config_t;
 
 /** dmem_config_t.stats_interval_s: the most it may be (a day). */
@@ -348,9 +333,7 @@ typedef struct dmem_config {
   X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
     0, NULL, "spill-ahead")                                                                     \
   X(host_staging, host_staging, size, 0, "DMEM_HOST_STAGING", "host_staging", 0, 0, NULL,       \
-    "pinned staging")                                                                           \
-  X(device_overshoot, device_overshoot, size, 0, "DMEM_DEVICE_OVERSHOOT", "device_overshoot", 0,  \
-    0, NULL, "device overshoot")
+    "pinned staging")
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

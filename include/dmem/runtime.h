@@ -128,9 +128,6 @@ typedef struct dmem_runtime_info {
   /** The eviction policy in effect (DMEM_EVICTION_REUSE or
    *  DMEM_EVICTION_LRU; dmem_config_t.eviction_policy). */
   dmem_eviction_policy_t eviction_policy;
-  /** How far a retrieve may take the device past its limit
-   *  (dmem_config_t.device_overshoot); 0: never. */
-  size_t device_overshoot;
 } dmem_runtime_info_t;
 
 /**

@@ -458,7 +458,6 @@ dmem_status_t dmem_runtime_info(const dmem_runtime_t *rt, dmem_runtime_info_t *i
   info.print_stats = rt->cfg.print_stats;
   info.host_headroom = rt->cfg.host_headroom;
   info.eviction_policy = rt->pol_lru ? DMEM_EVICTION_LRU : DMEM_EVICTION_REUSE;
-  info.device_overshoot = rt->cfg.device_overshoot;
   snprintf(info.backend_reason, sizeof info.backend_reason, "%s", rt->backend_reason);
   snprintf(info.spill_dir, sizeof info.spill_dir, "%s", spill_parent(rt->cfg.spill_dir));
   memcpy(info_out, &info, n < sizeof info ? n : sizeof info);

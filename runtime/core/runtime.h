@@ -246,9 +246,6 @@ struct dmem_runtime {
   dmem_controller_t ctl;
   _Atomic int has_ctl;        /* relaxed hint: skip the mutex when no controller */
   _Atomic int has_ctl_events; /* relaxed hint: the controller has on_event */
-  /* 1 while a thread brings the device back under its limit after
-   * retrieves past it (spill/pressure.c: dmem__pressure_settle) */
-  _Atomic int settling;
   /* The most a spill waits for retrieves' copies to give their pinned
    * staging back before the pinned pool grows, plus their bytes at 10 GB/s
    * (spill/staging.c: dmem__staging_recycle). Set at create; tests lengthen

@@ -256,28 +256,6 @@ bool dmem__device_may_pass_cut(dmem_runtime_t *rt, dmem__devsrc_t src, size_t si
   return ps.reserved <= rt->limit + rt->limit / DMEM__PAST_CUT_DIV - size;
 }
 
-dmem_status_t dmem__device_alloc_over(dmem_runtime_t *rt, size_t size, size_t over,
-                                      void *stream, void **dev_out) {
-  size_t cap = rt->limit + over < rt->limit ? SIZE_MAX : rt->limit + over;
-  if (!dmem__reserve(&rt->device_charged, cap, size, NULL)) {
-    drain(rt);
-    if (!dmem__reserve(&rt->device_charged, cap, size, NULL)) return DMEM_ERR_OUT_OF_MEMORY;
-  }
-  peak_note(rt, my_shard(rt));
-  void *p = NULL;
-  bool ordered = false;
-  dmem_status_t st = dmem__pool_alloc_ordered(rt->pool, size, stream, &p, &ordered);
-  if (st == DMEM_ERR_OUT_OF_MEMORY)
-    st = dmem__pool_alloc_past_limit(rt->pool, size, stream, &p, &ordered);
-  st = dmem__fatal_keep(rt, st);
-  if (st != DMEM_OK) {
-    dmem_atomic_sub_relaxed(&rt->device_charged, size); /* not into a shard: over the limit */
-    return st;
-  }
-  *dev_out = p;
-  return DMEM_OK;
-}
-
 int dmem__device_fits(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size, void *stream) {
   const devsrc_t *s = &devsrc_table[src];
   return s->fits ? s->fits(rt, size, stream) : 1;

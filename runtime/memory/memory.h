@@ -56,15 +56,6 @@ dmem_status_t dmem__device_alloc_from(dmem_runtime_t *rt, dmem__devsrc_t src, si
 dmem_status_t dmem__device_alloc_past_slabs(dmem_runtime_t *rt, dmem__devsrc_t src, size_t size,
                                             void *stream, void **dev_out, bool *ordered_out,
                                             size_t *short_by_out);
-/* A pool block of `size` bytes on `stream`, charged against limit + over
- * instead of the limit (dmem_config_t.device_overshoot): a retrieve brings
- * its buffer back before it spills a victim (spill/retrieve.c), then
- * dmem__pressure_settle (spill/pressure.c) brings the live bytes back
- * under the limit. The block may come from a slab past the pool's cut.
- * DMEM_ERR_OUT_OF_MEMORY (nothing charged: limit + over is full too, or
- * the device has no room); backend errors. Thread-safe. */
-dmem_status_t dmem__device_alloc_over(dmem_runtime_t *rt, size_t size, size_t over,
-                                      void *stream, void **dev_out);
 /* How far the pool's slabs may pass the limit before anything is spilled:
  * limit / DMEM__PAST_CUT_DIV. */
 #define DMEM__PAST_CUT_DIV 16

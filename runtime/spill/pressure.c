@@ -152,10 +152,7 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
     }
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
-    /* At most this allocation's own bytes a pass: past the limit (retrieves
-     * with device_overshoot) the charge is short by the overshoot too,
-     * which dmem__pressure_settle spills; the loop looks again anyway. */
-    st = dmem__evict(rt, need > size ? size : need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
+    st = dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
     if (st != DMEM_OK) return st;
     if (err != DMEM_OK) last_err = err;
     if (freed > 0) {
@@ -210,38 +207,5 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
                        "no device memory for %zu bytes: %zu of %zu bytes used and nothing "
                        "left to spill",
                        size, dmem__device_used(rt), rt->limit);
-  }
-}
-
-/* Spill until the live bytes are under the limit, or nothing can be
- * spilled now. */
-static void settle_passes(dmem_runtime_t *rt) {
-  for (int pass = 0; pass < 64; pass++) {
-    /* every shard's unused budget back first: the limit must hold the
-     * charge itself, or a shard's slack (charged past the limit) would let
-     * later allocations stay past it */
-    dmem__charge_drain(rt);
-    size_t used = dmem__device_used(rt);
-    if (used <= rt->limit) return;
-    size_t freed = 0;
-    if (dmem__evict(rt, used - rt->limit, 0, DMEM__EVICT_ON_DEMAND, &freed, NULL) != DMEM_OK ||
-        freed == 0)
-      return; /* nothing to spill now: the next allocation's charge fails and spills */
-  }
-}
-
-void dmem__pressure_settle(dmem_runtime_t *rt) {
-  /* One thread settles at a time: threads that each spilled what they saw
-   * past the limit spilled the same overshoot several times (a Dask worker's
-   * device ended three chunks under its limit, the host three over). The
-   * one settling looks again after each pass, so it covers retrieves that
-   * go past meanwhile; one that went past as it finished is looked at once
-   * more here, by whichever thread gets the flag. */
-  for (int round = 0; round < 2; round++) {
-    /* acq_rel: partner is the release that ends another thread's settle */
-    if (dmem_atomic_exchange_acq_rel(&rt->settling, 1)) return;
-    settle_passes(rt);
-    dmem_atomic_store_release(&rt->settling, 0);
-    if (dmem__device_used(rt) <= rt->limit) return;
   }
 }

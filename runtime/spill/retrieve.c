@@ -33,25 +33,6 @@ static dmem_status_t order_after_copies(dmem_runtime_t *rt, dmem__buffer_t *b, u
   return DMEM_OK;
 }
 
-/* Device memory for a retrieve on `cs`: at once if the limit holds it;
- * else, with dmem_config_t.device_overshoot, past the limit (*over_out set:
- * the caller settles once its copy is enqueued and its staging pushed, so
- * that the victims' copies reuse that staging); else after making room. */
-static dmem_status_t retrieve_alloc(dmem_runtime_t *rt, size_t size, void *cs, void **dev_out,
-                                    bool *over_out) {
-  const size_t over = rt->cfg.device_overshoot;
-  if (over >= size) {
-    size_t need = 0;
-    dmem_status_t st = dmem__device_alloc(rt, size, cs, dev_out, NULL, &need);
-    if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
-    dmem__spill_poll(rt); /* finished releases and copies first */
-    st = dmem__device_alloc_over(rt, size, over, cs, dev_out);
-    if (st == DMEM_OK) *over_out = true;
-    if (st != DMEM_ERR_OUT_OF_MEMORY) return st;
-  }
-  return dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, dev_out, NULL);
-}
-
 /* Copy a deferred buffer whose TRANSIT we own back to the device. The copy
  * runs on the runtime's host->device stream (rt->unspill_stream), so that
  * it starts at once rather than behind the caller's queued kernels and
@@ -79,9 +60,8 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
   const bool stable = (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) != 0;
-  bool over = false;
   dmem_status_t st = stable ? dmem__pressure_map(rt, dmem__bdev(b), cs)
-                            : retrieve_alloc(rt, size, cs, &dev, &over);
+                            : dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL);
   if (stable && st == DMEM_OK) dev = dmem__bdev(b); /* mapped at the same address */
   bool piped = false;
   if (st == DMEM_OK && row->pipelined && row->pipelined(rt)) {
@@ -151,7 +131,6 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   if (!(nw & DMEM__F_FREED)) dmem__policy_arrive(rt, b, DMEM__ARRIVE_BACK);
   DMEM_NVTX_POP();
   if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_UNSPILL, h, size, tier->tier, 0);
-  if (over) dmem__pressure_settle(rt); /* back under the limit */
   return DMEM_OK;
 
 rollback:
@@ -166,7 +145,6 @@ rollback:
   /* the lock taken with TRANSIT is gone again (no other could be added
    * while UNSPILLING): its bytes no longer count as locked */
   if (locking && dmem__w_count(rw) == 0) dmem__locked_add(rt->table, (uint64_t)0 - size);
-  if (over) dmem__charge_drain(rt); /* no shard keeps budget past the limit */
   return st;
 }
 

@@ -300,16 +300,6 @@ uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exi
  * DMEM_ERR_STALE_HANDLE, DMEM_ERR_NOT_LOCKED. */
 dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
 
-/* After a retrieve took the device past its limit (dmem__device_alloc_over):
- * spill victims by policy until the live bytes are under the limit again,
- * or nothing more can be spilled now. Their copies reuse the retrieved
- * buffers' pinned staging (dmem__staging_recycle). One thread settles at a
- * time (rt->settling); a thread that finds another settling returns at
- * once, since that one looks again after each pass. Never fails: what it
- * cannot spill now, the next allocation does (its charge fails past the
- * limit). */
-void dmem__pressure_settle(dmem_runtime_t *rt);
-
 /* ---- copies in flight (staging.c) ----------------------------------------------- */
 
 /* Remember that b has a copy in flight: UNSPILL_COPY (resident; its staging

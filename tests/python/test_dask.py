@@ -465,33 +465,6 @@ def test_host_headroom_reaches_the_runtime(tmp_path, monkeypatch):
         headroom(host_headroom=1.5)
 
 
-def test_device_overshoot_reaches_the_runtime(tmp_path, monkeypatch):
-    """device_overshoot is passed through to each worker's runtime like the
-    other options (as Dask reads sizes), DMEM_DEVICE_OVERSHOOT too; none by
-    default (a hard device limit)."""
-    monkeypatch.delenv("DMEM_DEVICE_OVERSHOOT", raising=False)
-
-    def overshoot(**kw):
-        d = DmemWorkerData(backend="host", spill_dir=str(tmp_path),
-                           worker_local_directory=str(tmp_path / "local"), **kw)
-        try:
-            return d.runtime.info()["device_overshoot"]
-        finally:
-            d.close()
-            gc.collect()
-            if d._owned:
-                d.runtime.close()
-
-    assert overshoot(device_memory_limit=16 * MiB) == 0
-    assert overshoot(device_memory_limit=16 * MiB, device_overshoot="2MiB") == 2 * MiB
-    assert overshoot(device_memory_limit=16 * MiB, device_overshoot="1MB") == 10**6
-    monkeypatch.setenv("DMEM_DEVICE_OVERSHOOT", "3MiB")
-    assert overshoot(device_memory_limit=16 * MiB) == 3 * MiB
-    monkeypatch.delenv("DMEM_DEVICE_OVERSHOOT")
-    with pytest.raises(ValueError):
-        overshoot(device_memory_limit=16 * MiB, device_overshoot="lots")
-
-
 def test_a_controller_already_installed_is_kept(tmp_path):
     rt = dmem.Runtime(backend="host", host_capacity=MiB, spill_dir=str(tmp_path))
     mine = dmem.Controller()
