@@ -180,60 +180,6 @@ TEST_CASE(equal_blocks_fill_the_limit_without_a_spill) {
   fill_the_limit(20, 4 * MiB - 64 * KiB);
 }
 
-/* ---- a spill takes the staging of a retrieve in flight ------------------------ */
-
-/* Four buffers of S under a limit of 2 S: A and B on the host, C and D
- * on the device. Locking A copies it back (on the runtime's unspill
- * stream) and spills C for it; A's pinned copy is its staging until a poll
- * sees the copy done. Locking B at once needs D spilled: D's staging is the
- * memory A's copy gives back, not more pinned memory. The pinned pool ends
- * holding three buffers' bytes, the most the host tier held (before: four,
- * A's staging and D's copy both, as a Dask worker retrieving one chunk
- * while it spilled another held both at its peak). */
-TEST_CASE(spill_takes_the_staging_of_a_retrieve_in_flight) {
-  const size_t S = 1 * MiB;
-  dmem_config_t cfg;
-  dmem_config_init(&cfg);
-  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
-  cfg.spill_ahead = 0;
-  cfg.device_limit = 2 * S;
-  cfg.host_headroom = 0; /* the pool grows only by what spills need */
-  dmem_runtime_t *rt = check_runtime_cfg(&cfg);
-  /* wait for A's copy however slow the build (a sanitizer's, loaded) */
-  rt->recycle_wait_ns = (uint64_t)10 * 1000 * 1000 * 1000;
-  dmem_handle_t a, b, c, d;
-  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &a));
-  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &b));
-  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &c));
-  REQUIRE_OK(dmem_buffer_alloc(rt, S, 0, &d));
-  CHECK_EQ(state_of(rt, a), DMEM_STATE_DEFERRED_HOST);
-  CHECK_EQ(state_of(rt, b), DMEM_STATE_DEFERRED_HOST);
-  dmem_stats_t st;
-  REQUIRE_OK(dmem_stats(rt, &st));
-  const size_t before = st.host_pool_reserved;
-  CHECK_GE(before, 2 * S);
-  dmem_stream_t s1, s2;
-  REQUIRE_OK(dmem_stream_create(rt, &s1));
-  REQUIRE_OK(dmem_stream_create(rt, &s2));
-  void *pa, *pb;
-  REQUIRE_OK(dmem_buffer_lock(rt, a, s1, &pa)); /* C goes to the host */
-  REQUIRE_OK(dmem_buffer_lock(rt, b, s2, &pb)); /* D goes to the host */
-  CHECK_EQ(state_of(rt, c), DMEM_STATE_DEFERRED_HOST);
-  CHECK_EQ(state_of(rt, d), DMEM_STATE_DEFERRED_HOST);
-  REQUIRE_OK(dmem_stream_synchronize(rt, s1));
-  REQUIRE_OK(dmem_stream_synchronize(rt, s2));
-  REQUIRE_OK(dmem_stats(rt, &st));
-  /* C's copy needed one more buffer's bytes; D's took A's staging */
-  CHECK_LE(st.host_pool_reserved, before + S + S / 4);
-  REQUIRE_OK(dmem_buffer_unlock(rt, a));
-  REQUIRE_OK(dmem_buffer_unlock(rt, b));
-  REQUIRE_OK(dmem_stream_destroy(rt, s1));
-  REQUIRE_OK(dmem_stream_destroy(rt, s2));
-  dmem_handle_t all[] = {a, b, c, d};
-  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_free(rt, all[i]));
-  dmem_runtime_destroy(rt);
-}
-
 /* ---- least recently unlocked first, across threads ---------------------------- */
 
 typedef struct {

@@ -254,7 +254,6 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   rt->pol_lru = cfg.eviction_policy == DMEM_EVICTION_LRU;
   dmem__policy_init(rt);
   dmem__charge_init(rt);
-  rt->recycle_wait_ns = DMEM__RECYCLE_WAIT_NS;
   /* The pinned pool holds the host tier (up to its cap, host_burst past host_limit,
    * while the push-down to disk catches up) plus staging for copies in
    * flight and moves to disk and the controller: cfg.host_staging, or a

@@ -246,11 +246,6 @@ struct dmem_runtime {
   dmem_controller_t ctl;
   _Atomic int has_ctl;        /* relaxed hint: skip the mutex when no controller */
   _Atomic int has_ctl_events; /* relaxed hint: the controller has on_event */
-  /* The most a spill waits for retrieves' copies to give their pinned
-   * staging back before the pinned pool grows, plus their bytes at 10 GB/s
-   * (spill/staging.c: dmem__staging_recycle). Set at create; tests lengthen
-   * it so that slow sanitizer builds do not outrun it. */
-  uint64_t recycle_wait_ns;
   size_t ctl_stores;          /* the controller's stores in flight (under ctl_mu) */
 
   /* Why the runtime refuses work, or DMEM__LIVE: DMEM__FATAL (sticky

@@ -356,9 +356,6 @@ static dmem_status_t batch_staging(dmem_runtime_t *rt, batch_item_t *it, size_t 
     it[j].b->host = NULL;
     if (!it[j].reused) sizes[m++] = it[j].size;
   }
-  size_t total = 0;
-  for (size_t j = 0; j < m; j++) total += sizes[j];
-  if (m) dmem__staging_recycle(rt, total);
   dmem_status_t st = m ? dmem__hostpool_alloc_n(rt->hostpool, sizes, m, ptrs) : DMEM_OK;
   if (st != DMEM_OK) {
     /* Nothing taken. A reused staging stays the item's: batch_undo (which

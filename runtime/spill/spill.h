@@ -317,16 +317,6 @@ void dmem__staging_push_n(dmem_runtime_t *rt, const dmem__reg_entry_t *v, size_t
  * failed move. DMEM_ERR_HOST_OUT_OF_MEMORY: the backend could not pin (or
  * no pageable memory either). */
 dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_out);
-/* Before the pinned pool grows for `need` bytes of spill staging: when its
- * free bytes fall short and unspill copies in flight hold staging (a
- * retrieve's host copy, freed once its copy to the device is done), finish
- * those copies as they complete, up to about 20 ms plus their bytes at
- * 10 GB/s, so that the spill takes the memory they give back instead of
- * pinning more. A worker that retrieves one chunk while it spills another
- * would otherwise hold both on the host at its peak (issue 22). Takes the
- * staging mutex; never waits on a copy the caller's own TRANSIT holds. */
-void dmem__staging_recycle(dmem_runtime_t *rt, size_t need);
-#define DMEM__RECYCLE_WAIT_NS (20u * 1000u * 1000u)
 /* Finish the copies that completed (wait_all: wait for all of them), and
  * give the disk tier's idle read staging back (dmem__disk_stage_trim). */
 void dmem__staging_poll(dmem_runtime_t *rt, bool wait_all);

@@ -36,45 +36,7 @@ void dmem__staging_push_n(dmem_runtime_t *rt, const dmem__reg_entry_t *v, size_t
   dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
 }
 
-/* Bytes of staging that unspill copies in flight hold (entries of
- * resident buffers with UNSPILL_COPY: their b->host goes back to the pool
- * once the copy is done). */
-static size_t unspill_staging_bytes(dmem_runtime_t *rt) {
-  size_t n = 0;
-  dmem__mutex_lock(&rt->staging_mu, DMEM__RANK_STAGING);
-  for (size_t i = 0; i < rt->nstaging; i++) {
-    dmem__buffer_t *b = rt->staging[i].b;
-    /* relaxed: a hint; the poll decides under TRANSIT */
-    uint64_t w = dmem_atomic_load_relaxed(&b->word);
-    if (dmem__w_gen(w) == dmem__h_gen(rt->staging[i].h) &&
-        dmem__w_state(w) == DMEM_STATE_RESIDENT && (w & DMEM__F_UNSPILL_COPY) &&
-        !(w & DMEM__F_FREED))
-      n += dmem__bsize(b);
-  }
-  dmem__mutex_unlock(&rt->staging_mu, DMEM__RANK_STAGING);
-  return n;
-}
-
-void dmem__staging_recycle(dmem_runtime_t *rt, size_t need) {
-  dmem__hostpool_stats_t hs;
-  dmem__hostpool_stats(rt->hostpool, &hs);
-  if (hs.free >= need) return;
-  size_t pending = unspill_staging_bytes(rt);
-  if (pending == 0) return;
-  /* Copies behind other work on their streams may take long: wait about
-   * as long as `pending` bytes take at 10 GB/s, plus 20 ms, then grow. */
-  uint64_t deadline = dmem__now_ns() + rt->recycle_wait_ns + pending / 10u;
-  for (;;) {
-    dmem__staging_poll(rt, false);
-    dmem__hostpool_stats(rt->hostpool, &hs);
-    if (hs.free >= need || unspill_staging_bytes(rt) == 0 || dmem__now_ns() >= deadline)
-      return;
-    dmem__transit_wait_any(rt, 200u * 1000); /* a move's end, or 200 us */
-  }
-}
-
 dmem_status_t dmem__staging_alloc(dmem_runtime_t *rt, size_t size, void **stage_out) {
-  dmem__staging_recycle(rt, size);
   dmem_status_t st = dmem__hostpool_alloc(rt->hostpool, size, stage_out);
   if (st != DMEM_ERR_HOST_OUT_OF_MEMORY) return st;
   /* Unspilled buffers keep their staging until a poll sees the copy done:
