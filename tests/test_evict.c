@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
-#include <string.h>
 
 #include "check.h"
 #include "runtime/api/api.h" /* dmem__hostpool_set_pageable_only */
