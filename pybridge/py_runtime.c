@@ -326,7 +326,7 @@ static PyObject *pyd_runtime_poll(pyd_runtime_t *self, PyObject *unused) {
 
 /* stats() returns every field of dmem_stats_t: a new field must be added to
  * the dict below (and to STATS_FIELDS in tests/python/test_runtime.py). */
-_Static_assert(sizeof(dmem_stats_t) == 16 * sizeof(size_t) + 35 * sizeof(uint64_t) +
+_Static_assert(sizeof(dmem_stats_t) == 16 * sizeof(size_t) + 37 * sizeof(uint64_t) +
                                            11 * sizeof(double) + /* disk tier: */
                                            7 * sizeof(uint64_t) + 2 * sizeof(double) +
                                            /* peaks: */ 4 * sizeof(size_t),
@@ -360,11 +360,13 @@ static int stats_copy_block(PyObject *d, const dmem_stats_t *s) {
       stats_tiers_f64(d, "tier_unspill_seconds", s->tier_unspill_seconds) < 0)
     return -1;
   PyObject *x = Py_BuildValue(
-      "{s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:n,s:K}", "room_waits",
+      "{s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:n,s:K}", "room_waits",
       (unsigned long long)s->room_waits, "seconds_waiting_for_room", s->seconds_waiting_for_room,
       "evict_passes", (unsigned long long)s->evict_passes, "ahead_passes",
       (unsigned long long)s->ahead_passes, "ahead_evictions",
       (unsigned long long)s->ahead_evictions, "ahead_bytes", (unsigned long long)s->ahead_bytes,
+      "ahead_wakeups", (unsigned long long)s->ahead_wakeups, "ahead_polls",
+      (unsigned long long)s->ahead_polls,
       "prefetch_count", (unsigned long long)s->prefetch_count, "prefetch_bytes",
       (unsigned long long)s->prefetch_bytes, "spill_ahead_high", (Py_ssize_t)s->spill_ahead_high,
       "spill_ahead_low", (Py_ssize_t)s->spill_ahead_low, "host_pool_reserved",

@@ -5,6 +5,7 @@
  * gate (a host function that blocks until released) so that the copies are
  * really in flight when the racing call comes. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "check.h"
@@ -381,6 +382,207 @@ TEST_CASE(spill_ahead_off_by_default_on_host_backend) {
   cfg.spill_ahead = 1.5;
   cfg.spill_ahead_low = 0;
   CHECK_STATUS(dmem_runtime_create(&cfg, &bad), DMEM_ERR_INVALID_ARGUMENT);
+}
+
+/* The spill-ahead thread keeps out of the way when it has nothing useful to
+ * do (issue 25): under the mark it makes no poll (no backend query), and
+ * allocations that keep passing the mark when nothing can be spilled, or
+ * that see the mark passed only through the shards' unused budget, do not
+ * make it run a pass (and a poll) every millisecond. Each of the three
+ * cases below failed on the thread before that change (every 50 ms a poll
+ * under the mark; 200-280 wakeups a 300 ms in the two others). */
+
+static dmem_status_t nop_launch(void *user, dmem_stream_t s, void *const *p, size_t n) {
+  (void)user;
+  (void)s;
+  (void)p;
+  (void)n;
+  return DMEM_OK;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Allocate and free 64 KiB for `ms` milliseconds (pinned: never a victim
+ * of the thread itself). */
+static void churn(dmem_runtime_t *rt, double ms) {
+  double end = now_s() + ms * 1e-3;
+  while (now_s() < end) {
+    dmem_handle_t x;
+    if (dmem_buffer_alloc(rt, 64 * KiB, DMEM_ALLOC_PINNED, &x) != DMEM_OK) abort();
+    if (dmem_buffer_free(rt, x) != DMEM_OK) abort();
+  }
+}
+
+/* Under the mark the thread wakes (its period) but polls nothing, even
+ * with stream releases and copies to complete. */
+TEST_CASE(spill_ahead_idle_under_mark_makes_no_poll) {
+  dmem_runtime_t *rt = host_runtime(8 * MiB, 0.5, 0.25);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t h[2];
+  for (int i = 0; i < 2; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 500 + (uint64_t)i);
+  }
+  /* a copy to complete (the unspill's staging) and a stream release
+   * waiting behind a closed gate */
+  REQUIRE_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_unspill(rt, h[0], s));
+  gate_t g;
+  gate_close(rt, &g, (void *)s);
+  REQUIRE_OK(dmem_launch_async(rt, s, &h[1], 1, nop_launch, NULL));
+  REQUIRE_OK(dmem_stream_release(rt, s));
+  dmem_stats_t a, b;
+  CHECK_OK(dmem_stats(rt, &a));
+  sleep_ms(260); /* five periods of the thread */
+  CHECK_OK(dmem_stats(rt, &b));
+  CHECK_GE(b.ahead_wakeups - a.ahead_wakeups, 2);
+  CHECK_UEQ(b.ahead_polls - a.ahead_polls, 0);
+  CHECK_UEQ(b.ahead_passes - a.ahead_passes, 0);
+  CHECK_UEQ(b.spill_count, a.spill_count);
+  gate_open(&g);
+  gate_fini(rt, &g, (void *)s);
+  for (int i = 0; i < 2; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 500 + (uint64_t)i), 0);
+  for (int i = 0; i < 2; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+static void *alloc_free_3mib(void *p) {
+  dmem_runtime_t *rt = p;
+  dmem_handle_t x;
+  if (dmem_buffer_alloc(rt, 3 * MiB, 0, &x) != DMEM_OK) abort();
+  if (dmem_buffer_free(rt, x) != DMEM_OK) abort();
+  return NULL;
+}
+
+/* Device use under the mark, the charge past it only through another
+ * thread's unused budget (it freed 3 MiB and keeps the charge for its next
+ * allocation of that size): the first allocation past the mark wakes the
+ * thread, the ones after it do not, and nothing is spilled or polled. */
+TEST_CASE(spill_ahead_no_wakeup_loop_on_unused_budget) {
+  dmem_runtime_t *rt = host_runtime(8 * MiB, 0.5, 0.25);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
+  dmem_stats_t a, b;
+  CHECK_OK(dmem_stats(rt, &a));
+  /* 4 MiB used at its peak: at the mark, not past it */
+  pthread_t t;
+  REQUIRE_EQ(pthread_create(&t, NULL, alloc_free_3mib, rt), 0);
+  pthread_join(t, NULL);
+  churn(rt, 300);
+  CHECK_OK(dmem_stats(rt, &b));
+  fprintf(stderr, "unused budget: wakeups %llu, polls %llu, passes %llu\n",
+          (unsigned long long)(b.ahead_wakeups - a.ahead_wakeups),
+          (unsigned long long)(b.ahead_polls - a.ahead_polls),
+          (unsigned long long)(b.ahead_passes - a.ahead_passes));
+  CHECK_LE(b.ahead_wakeups - a.ahead_wakeups, 20); /* its period: 6; kicks: 1 */
+  CHECK_UEQ(b.ahead_polls - a.ahead_polls, 0);
+  CHECK_UEQ(b.spill_count, 0);
+  CHECK_UEQ(b.device_used, MiB);
+  CHECK_OK(dmem_buffer_free(rt, h));
+  dmem_runtime_destroy(rt);
+}
+
+/* Past the mark with every buffer locked: allocations keep waking the
+ * thread, which can spill nothing; it backs off (1, 2, 4 ... up to 50 ms
+ * between passes) instead of a pass every millisecond, and spills again
+ * once buffers are unlocked and an allocation wakes it. */
+TEST_CASE(spill_ahead_backs_off_when_all_locked) {
+  dmem_runtime_t *rt = host_runtime(8 * MiB, 0.5, 0.25);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t h[5];
+  void *p;
+  for (int i = 0; i < 5; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+    REQUIRE_OK(dmem_buffer_lock(rt, h[i], s, &p));
+  }
+  dmem_stats_t a, b;
+  CHECK_OK(dmem_stats(rt, &a));
+  churn(rt, 300);
+  CHECK_OK(dmem_stats(rt, &b));
+  fprintf(stderr, "all locked: wakeups %llu, polls %llu, passes %llu\n",
+          (unsigned long long)(b.ahead_wakeups - a.ahead_wakeups),
+          (unsigned long long)(b.ahead_polls - a.ahead_polls),
+          (unsigned long long)(b.ahead_passes - a.ahead_passes));
+  CHECK_GE(b.ahead_passes - a.ahead_passes, 1);
+  CHECK_LE(b.ahead_passes - a.ahead_passes, 30); /* 1+2+4+...+50 ms: about 10 */
+  CHECK_LE(b.ahead_polls - a.ahead_polls, 30);
+  CHECK_UEQ(b.ahead_evictions - a.ahead_evictions, 0);
+  /* unlocked: the thread spills down to the low mark (2 MiB) at its next
+   * look (its period, or the end of its quiet time) */
+  for (int i = 0; i < 5; i++) CHECK_OK(dmem_buffer_unlock(rt, h[i]));
+  double t0 = now_s();
+  do {
+    sleep_ms(1);
+    CHECK_OK(dmem_stats(rt, &b));
+  } while (b.device_used > 2 * MiB && now_s() - t0 < 10);
+  CHECK_UEQ(b.device_used, 2 * MiB);
+  CHECK_UEQ(b.ahead_evictions - a.ahead_evictions, 3);
+  for (int i = 0; i < 5; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+/* The thread spills down to the low mark, not past it, when device use
+ * falls meanwhile (other threads free or spill): it looks at the use again
+ * between steps. Here the controller's select_victims, run by the pass,
+ * frees two buffers first (another thread's frees, at the worst moment). */
+typedef struct free_ctl {
+  dmem_runtime_t *rt;
+  dmem_handle_t h[2];
+  _Atomic int calls; /* written by the spill-ahead thread */
+} free_ctl_t;
+
+static dmem_status_t free_then_default(void *user, size_t need, dmem_handle_t *v, size_t cap,
+                                       size_t *n_out) {
+  (void)need;
+  (void)v;
+  (void)cap;
+  free_ctl_t *f = user;
+  if (atomic_fetch_add(&f->calls, 1) == 0)
+    for (int i = 0; i < 2; i++)
+      if (dmem_buffer_free(f->rt, f->h[i]) != DMEM_OK) abort();
+  *n_out = DMEM_VICTIMS_DEFAULT;
+  return DMEM_OK;
+}
+
+TEST_CASE(spill_ahead_stops_at_low_mark_when_use_falls) {
+  dmem_runtime_t *rt = host_runtime(8 * MiB, 0.5, 0.25);
+  free_ctl_t f = {.rt = rt};
+  dmem_controller_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.user = &f;
+  c.select_victims = free_then_default;
+  dmem_handle_t h[3];
+  for (int i = 0; i < 2; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &f.h[i]));
+  for (int i = 0; i < 2; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 600 + (uint64_t)i);
+  }
+  REQUIRE_OK(dmem_controller_set(rt, &c));
+  /* 5 MiB: past the mark (4 MiB); the pass frees 2 MiB itself (the
+   * callback), so one spill reaches the low mark (2 MiB) */
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[2]));
+  check_put(rt, h[2], MiB, 602);
+  dmem_stats_t s;
+  double t0 = now_s();
+  do {
+    CHECK_OK(dmem_stats(rt, &s));
+  } while ((atomic_load(&f.calls) == 0 || s.device_used > 2 * MiB) && now_s() - t0 < 10);
+  sleep_ms(120); /* a pass still running would spill more */
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_used, 2 * MiB);
+  CHECK_UEQ(s.ahead_evictions, 1);
+  for (int i = 0; i < 3; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 600 + (uint64_t)i), 0);
+  REQUIRE_OK(dmem_controller_set(rt, NULL));
+  for (int i = 0; i < 3; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
 }
 
 /* Lockers on two threads race the background thread (which keeps use

@@ -74,6 +74,11 @@ typedef struct dmem_stats {
   uint64_t ahead_passes;            /**< passes of the spill-ahead thread */
   uint64_t ahead_evictions;         /**< buffers it spilled */
   uint64_t ahead_bytes;             /**< bytes it spilled */
+  uint64_t ahead_wakeups;           /**< times the spill-ahead thread woke (an
+                                         allocation past the mark, or its period) */
+  uint64_t ahead_polls;             /**< times it looked for finished stream
+                                         releases and copies (backend event
+                                         queries when any are in flight) */
   uint64_t prefetch_count;          /**< buffers brought back by dmem_buffer_prefetch */
   uint64_t prefetch_bytes;
   size_t spill_ahead_high;          /**< the marks in bytes (0: spill-ahead off) */

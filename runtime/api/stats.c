@@ -52,6 +52,8 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.ahead_passes = dmem_atomic_load_relaxed(&x->ahead_passes);
   s.ahead_evictions = dmem_atomic_load_relaxed(&x->ahead_evictions);
   s.ahead_bytes = dmem_atomic_load_relaxed(&x->ahead_bytes);
+  s.ahead_wakeups = dmem_atomic_load_relaxed(&x->ahead_wakeups);
+  s.ahead_polls = dmem_atomic_load_relaxed(&x->ahead_polls);
   s.prefetch_count = dmem_atomic_load_relaxed(&x->prefetch_count);
   s.prefetch_bytes = dmem_atomic_load_relaxed(&x->prefetch_bytes);
   s.spill_ahead_high = rt->ahead_high;

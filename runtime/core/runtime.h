@@ -98,6 +98,7 @@ typedef struct dmem__xstats {
   _Atomic uint64_t room_waits, room_wait_ns;   /* allocations that had to make room */
   _Atomic uint64_t evict_passes;               /* eviction passes (any reason) */
   _Atomic uint64_t ahead_passes, ahead_evictions, ahead_bytes;
+  _Atomic uint64_t ahead_wakeups, ahead_polls; /* the thread's wakes; its polls */
   _Atomic uint64_t prefetch_count, prefetch_bytes;
 } dmem__xstats_t;
 

@@ -7,11 +7,29 @@
  * stream-ordered: the thread only enqueues copies; the device ranges go
  * back to the pool tagged with the copies' events.
  *
- * The thread also completes finished stream releases and copies (the
- * buffers a dmem_stream_release unlocks become victims without anyone
- * polling). It sleeps on rt->ahead_cv; allocations that find device use
- * above the mark wake it (dmem__ahead_note: one relaxed load otherwise),
- * and it looks on its own every 50 ms.
+ * It sleeps on rt->ahead_cv; allocations that find the charge above the
+ * mark wake it (dmem__ahead_note: one relaxed load otherwise), and it looks
+ * on its own every 50 ms. It stays out of the way when there is nothing
+ * useful to do (issue 25; before, it ran a pass with backend queries every
+ * millisecond in the two cases below, and polled every 50 ms under the
+ * mark):
+ *  - Under the mark it does nothing but read the use: no poll of stream
+ *    releases or copies (backend event queries, which take the driver's
+ *    locks beside the application's calls), no pass. When it was woken
+ *    because the charge (device_charged: live bytes plus every thread's
+ *    unused budget, what dmem__ahead_note reads) is past the mark while
+ *    the use is not, it gives that budget back (dmem__charge_drain), so
+ *    that allocations stop waking it.
+ *  - A pass that spilled nothing (every buffer locked, pinned or moving)
+ *    or a wake that found nothing to do is followed by a quiet time, 1 ms
+ *    doubling to 50 ms while it stays so; allocations past the mark during
+ *    it set the kick without a signal after the first, and are looked at
+ *    when it ends. A pass that spilled resets it.
+ *  - Above the mark, finished stream releases and copies are completed
+ *    first (their buffers become victims), then it spills in steps of half
+ *    the marks' distance, reading the use again before each: on-demand
+ *    evictions and frees of other threads meanwhile do not take it below
+ *    the low mark.
  */
 #include "spill/spill.h"
 #include "spill/ahead.h"
@@ -19,52 +37,94 @@
 #include <time.h>
 
 #define AHEAD_PERIOD_NS (50ull * 1000 * 1000)
-#define AHEAD_QUIET_NS (1ull * 1000 * 1000)
+#define AHEAD_QUIET_MIN_NS (1ull * 1000 * 1000)
+#define AHEAD_QUIET_MAX_NS AHEAD_PERIOD_NS
 
-static void sleep_ns(uint64_t ns) {
-  struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
+static void deadline_in(struct timespec *dl, uint64_t ns) {
+  clock_gettime(CLOCK_REALTIME, dl);
+  ns += (uint64_t)dl->tv_nsec;
+  dl->tv_sec += (time_t)(ns / 1000000000ull);
+  dl->tv_nsec = (long)(ns % 1000000000ull);
 }
 
-/* Wait for a kick, a stop or the period. Returns false on stop. */
-static bool ahead_wait(dmem_runtime_t *rt) {
+/* Wait for the next look. First `quiet_ns` during which kicks are only
+ * noted (the first one signals, the thread waits on), then, unless one
+ * came, for a kick, a stop or the period. The kick is cleared at the
+ * start: an allocation past the mark from then on sets it again. Returns
+ * false on stop. */
+static bool ahead_wait(dmem_runtime_t *rt, uint64_t quiet_ns) {
   dmem__mutex_lock(&rt->ahead_mu, DMEM__RANK_AHEAD);
+  dmem_atomic_store_relaxed(&rt->ahead_kick, 0);
   struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  uint64_t ns = (uint64_t)dl.tv_nsec + AHEAD_PERIOD_NS;
-  dl.tv_sec += (time_t)(ns / 1000000000ull);
-  dl.tv_nsec = (long)(ns % 1000000000ull);
-  while (!dmem_atomic_load_relaxed(&rt->ahead_stop) && !dmem_atomic_load_relaxed(&rt->ahead_kick)) {
-    if (pthread_cond_timedwait(&rt->ahead_cv, &rt->ahead_mu, &dl) == ETIMEDOUT) break;
+  if (quiet_ns) {
+    deadline_in(&dl, quiet_ns);
+    while (!dmem_atomic_load_relaxed(&rt->ahead_stop)) {
+      if (pthread_cond_timedwait(&rt->ahead_cv, &rt->ahead_mu, &dl) == ETIMEDOUT) break;
+    }
+  }
+  if (!dmem_atomic_load_relaxed(&rt->ahead_kick)) {
+    deadline_in(&dl, AHEAD_PERIOD_NS);
+    while (!dmem_atomic_load_relaxed(&rt->ahead_stop) &&
+           !dmem_atomic_load_relaxed(&rt->ahead_kick)) {
+      if (pthread_cond_timedwait(&rt->ahead_cv, &rt->ahead_mu, &dl) == ETIMEDOUT) break;
+    }
   }
   bool go = !dmem_atomic_load_relaxed(&rt->ahead_stop);
   dmem__mutex_unlock(&rt->ahead_mu, DMEM__RANK_AHEAD);
   return go;
 }
 
+static uint64_t quiet_next(uint64_t quiet_ns) {
+  if (quiet_ns == 0) return AHEAD_QUIET_MIN_NS;
+  return quiet_ns >= AHEAD_QUIET_MAX_NS / 2 ? AHEAD_QUIET_MAX_NS : 2 * quiet_ns;
+}
+
+/* Spill by policy down to the low mark, in steps of half the distance
+ * between the marks, the use read again before each. Returns the bytes
+ * freed. */
+static size_t spill_down(dmem_runtime_t *rt) {
+  size_t step = (rt->ahead_high - rt->ahead_low) / 2;
+  if (step == 0) step = 1;
+  size_t total = 0;
+  while (!dmem_atomic_load_relaxed(&rt->ahead_stop)) {
+    size_t used = dmem__device_used(rt);
+    if (used <= rt->ahead_low) break;
+    size_t need = used - rt->ahead_low < step ? used - rt->ahead_low : step;
+    size_t freed = 0;
+    if (dmem__evict(rt, need, 0, DMEM__EVICT_AHEAD, &freed, NULL) != DMEM_OK || freed == 0)
+      break;
+    total += freed;
+  }
+  return total;
+}
+
 static void *ahead_main(void *arg) {
   dmem_runtime_t *rt = arg;
-  while (ahead_wait(rt)) {
+  uint64_t quiet = 0;
+  while (ahead_wait(rt, quiet)) {
+    dmem_atomic_add_relaxed(&rt->xs.ahead_wakeups, 1);
     if (dmem_atomic_load_relaxed(&rt->fatal)) {
-      dmem_atomic_store_relaxed(&rt->ahead_kick, 0);
+      quiet = AHEAD_QUIET_MAX_NS;
       continue;
     }
-    /* finished stream releases: their buffers become victims */
+    if (dmem__device_used(rt) <= rt->ahead_high) {
+      /* Nothing to do. Woken by the charge alone (other threads' unused
+       * budget): give it back, or every allocation would wake it again. */
+      if (dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high)
+        dmem__charge_drain(rt);
+      quiet = quiet_next(quiet);
+      continue;
+    }
+    dmem_atomic_add_relaxed(&rt->xs.ahead_passes, 1);
+    /* finished stream releases and copies: their buffers become victims */
+    dmem_atomic_add_relaxed(&rt->xs.ahead_polls, 1);
     dmem__pending_poll(rt, false);
     dmem__staging_poll(rt, false);
-    size_t used = dmem__device_used(rt);
-    size_t freed = 0;
-    if (used > rt->ahead_high) {
-      dmem_atomic_add_relaxed(&rt->xs.ahead_passes, 1);
-      (void)dmem__evict(rt, used - rt->ahead_low, 0, DMEM__EVICT_AHEAD, &freed, NULL);
-    }
-    if (freed == 0) {
-      /* Nothing to do, or nothing spillable now: stay quiet a moment
-       * (allocations see the kick still set and do not signal). */
-      sleep_ns(AHEAD_QUIET_NS);
-    }
-    dmem_atomic_store_relaxed(&rt->ahead_kick, 0);
+    size_t freed = spill_down(rt);
+    /* the spills' budget went to this thread's shard, which never
+     * allocates: back to the charge that allocations compare */
+    if (freed > 0) dmem__charge_drain(rt);
+    quiet = freed > 0 ? 0 : quiet_next(quiet);
   }
   return NULL;
 }

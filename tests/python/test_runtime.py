@@ -18,7 +18,8 @@ STATS_FIELDS = {
     # copy engine, spill-ahead, prefetch, pinned pool (per-tier dicts: host/disk/controller)
     "tier_spill_count", "tier_spill_bytes", "tier_spill_seconds", "tier_unspill_count",
     "tier_unspill_bytes", "tier_unspill_seconds", "room_waits", "seconds_waiting_for_room",
-    "evict_passes", "ahead_passes", "ahead_evictions", "ahead_bytes", "prefetch_count",
+    "evict_passes", "ahead_passes", "ahead_evictions", "ahead_bytes", "ahead_wakeups",
+    "ahead_polls", "prefetch_count",
     "prefetch_bytes", "spill_ahead_high", "spill_ahead_low", "host_pool_reserved",
     "host_pool_free", "host_pool_grows", "host_pool_background_grows", "host_pool_trims",
     "host_pageable_used", "host_pageable_allocs",
