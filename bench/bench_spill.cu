@@ -43,6 +43,11 @@
  *
  *   bench_spill [--quick]
  *
+ * The first lines say whether spill-ahead is on (DMEM_SPILL_AHEAD, the
+ * backend's default otherwise; also `RESULT bench_spill.spill_ahead=0|1`),
+ * and at the end what its thread did during each row (wakeups, polls of
+ * stream releases and copies, passes, buffers it spilled: dmem_stats).
+ *
  * --quick: fewer repetitions, nothing above 64 MiB (the CTest run, bench.spill).
  * Plot: python3 bench/plot_spill.py bench.log spill.png (any bench_spill output).
  * Exit 77 when no CUDA device is usable, 1 on any dmem or CUDA error; never
@@ -111,6 +116,31 @@ static void touch(void *p, size_t bytes, cudaStream_t s) {
   unsigned grid = (unsigned)std::min<size_t>((n + 255) / 256 + 1, 1024);
   touch_kernel<<<grid, 256, 0, s>>>((uint32_t *)p, n, 7);
   CU(cudaGetLastError());
+}
+
+/* ---- what the spill-ahead thread did during each row ------------------------------ */
+
+struct ahead_row {
+  char what[56];
+  unsigned long long wakeups, polls, passes, evictions;
+};
+static std::vector<ahead_row> g_ahead;
+static dmem_stats_t g_ahead_at;
+
+static void ahead_begin(dmem_runtime_t *rt) {
+  if (dmem_stats(rt, &g_ahead_at) != DMEM_OK) memset(&g_ahead_at, 0, sizeof g_ahead_at);
+}
+
+static void ahead_end(dmem_runtime_t *rt, const char *what) {
+  dmem_stats_t st;
+  if (dmem_stats(rt, &st) != DMEM_OK) return;
+  ahead_row r{};
+  snprintf(r.what, sizeof r.what, "%s", what);
+  r.wakeups = st.ahead_wakeups - g_ahead_at.ahead_wakeups;
+  r.polls = st.ahead_polls - g_ahead_at.ahead_polls;
+  r.passes = st.ahead_passes - g_ahead_at.ahead_passes;
+  r.evictions = st.ahead_evictions - g_ahead_at.ahead_evictions;
+  g_ahead.push_back(r);
 }
 
 static dmem_runtime_t *make_runtime(void) {
@@ -211,6 +241,7 @@ static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t 
   const double total = (double)size * (double)count;
   std::vector<dmem_handle_t> h = make_buffers(rt, s, size, count);
   std::vector<double> sp, un;
+  ahead_begin(rt);
   for (int r = -1; r < g_reps; r++) { /* r == -1: warm-up (grows the pinned pool) */
     double t0 = now_s();
     for (size_t i = 0; i < count; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
@@ -235,6 +266,7 @@ static void single_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t 
   row.spill = median(sp);
   row.unspill = median(un);
   raw_pair(size, count, (cudaStream_t)s, &row.d2h, &row.h2d);
+  ahead_end(rt, row.what); /* dmem's and the raw copies */
   g_rows.push_back(row);
   print_row(row);
 }
@@ -246,6 +278,7 @@ static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t c
   const double total = (double)size * (double)count;
   std::vector<dmem_handle_t> h = make_buffers(rt, s, size, count);
   std::vector<double> sp, un;
+  ahead_begin(rt);
   for (int r = -1; r < g_reps; r++) {
     size_t freed = 0;
     double t0 = now_s();
@@ -276,6 +309,7 @@ static void batch_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t c
   row.spill = median(sp);
   row.unspill = median(un);
   raw_pair(size, count, (cudaStream_t)s, &row.d2h, &row.h2d);
+  ahead_end(rt, row.what); /* dmem's and the raw copies */
   g_rows.push_back(row);
   print_row(row);
 }
@@ -293,6 +327,7 @@ static void both_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t co
   CU(cudaDeviceSynchronize());
   TRY(dmem_runtime_poll(rt));
   std::vector<double> both;
+  ahead_begin(rt);
   for (int r = -1; r < g_reps; r++) {
     double t0 = now_s();
     for (size_t i = 0; i < count; i++) {
@@ -340,6 +375,7 @@ static void both_row(dmem_runtime_t *rt, dmem_stream_t s, size_t size, size_t co
   }
   CU(cudaStreamDestroy(s1));
   CU(cudaStreamDestroy(s2));
+  ahead_end(rt, "spill + unspill at once");
   g_both_dmem = median(both);
   g_both_raw = median(raw);
   char sz[16];
@@ -474,6 +510,7 @@ static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enu
                        const char *what, const char *result) {
   long iters = mode == ONE_BY_ONE ? (g_quick ? 500 : 5000) : 1000;
   std::vector<double> d, b, q;
+  ahead_begin(rt);
   (void)us_dmem_launch(rt, s, h, iters / 10, mode);
   (void)us_raw_launch((cudaStream_t)s, iters / 10, mode == ONE_BY_ONE);
   /* Each repetition times dmem and the bare launches back to back, the
@@ -495,6 +532,7 @@ static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enu
     b.push_back(tb);
     q.push_back(td / tb);
   }
+  ahead_end(rt, result ? result : what);
   double md = median(d), mb = median(b), mq = median(q);
   printf("%-52s | %8.2f | %8.2f | %5.2f\n", what, md, mb, mq);
   if (result) printf("RESULT bench_spill.%s=%.4f\n", result, mq);
@@ -507,6 +545,7 @@ static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enu
 static void launch_release_split(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h) {
   const long iters = 1000;
   std::vector<double> la, re, ba, sy, sb;
+  ahead_begin(rt);
   for (int r = 0; r < 5; r++) {
     double tl = 0, tr = 0, tb = 0;
     for (long i = 0; i < iters; i++) {
@@ -533,6 +572,7 @@ static void launch_release_split(dmem_runtime_t *rt, dmem_stream_t s, dmem_handl
     re.push_back(tr / iters * 1e9);
     ba.push_back(tb / iters * 1e9);
   }
+  ahead_end(rt, "split of launch + release");
   printf("split of 1000 x (launch + release): launch_async %.0f ns, stream_release %.0f ns, "
          "bare launch %.0f ns; final sync %.0f us (dmem) / %.0f us (bare)\n",
          median(la), median(re), median(ba), median(sy), median(sb));
@@ -568,6 +608,17 @@ int main(int argc, char **argv) {
 #endif
   printf("bench_spill: %s (device %d), %s, %d repetitions (median), %s\n", prop.name, dev,
          g_quick ? "quick" : "full", g_reps, opt);
+  {
+    dmem_stats_t st;
+    TRY(dmem_stats(rt, &st));
+    if (st.spill_ahead_high)
+      printf("spill-ahead: on (above %.0f MiB of the %.0f MiB limit, down to %.0f MiB)\n",
+             (double)st.spill_ahead_high / MiB, (double)st.device_limit / MiB,
+             (double)st.spill_ahead_low / MiB);
+    else
+      printf("spill-ahead: off\n");
+    printf("RESULT bench_spill.spill_ahead=%d\n", st.spill_ahead_high ? 1 : 0);
+  }
 
   printf("\nspill / unspill bandwidth, GB/s (dmem vs raw pinned cudaMemcpyAsync, same bytes)\n");
   printf("%-22s | %8s | %8s | %5s | %8s | %8s | %5s\n", "buffers", "spill", "raw D2H", "ratio",
@@ -592,12 +643,14 @@ int main(int argc, char **argv) {
     dmem_stats_t st;
     TRY(dmem_stats(rt, &st));
     printf("stats: spills %llu (host %llu), unspills %llu, prefetched %llu, evict passes %llu, "
-           "ahead evictions %llu, waits for room %llu (%.3f s), pinned pool %.1f MiB "
-           "(%llu grows, %llu in the background)\n",
+           "spill-ahead %llu wakeups, %llu polls, %llu passes, %llu evictions, waits for room "
+           "%llu (%.3f s), pinned pool %.1f MiB (%llu grows, %llu in the background)\n",
            (unsigned long long)st.spill_count,
            (unsigned long long)st.tier_spill_count[DMEM_TIER_HOST],
            (unsigned long long)st.unspill_count, (unsigned long long)st.prefetch_count,
-           (unsigned long long)st.evict_passes, (unsigned long long)st.ahead_evictions,
+           (unsigned long long)st.evict_passes, (unsigned long long)st.ahead_wakeups,
+           (unsigned long long)st.ahead_polls, (unsigned long long)st.ahead_passes,
+           (unsigned long long)st.ahead_evictions,
            (unsigned long long)st.room_waits, st.seconds_waiting_for_room,
            (double)st.host_pool_reserved / MiB, (unsigned long long)st.host_pool_grows,
            (unsigned long long)st.host_pool_background_grows);
@@ -612,7 +665,9 @@ int main(int argc, char **argv) {
          "MallocAsync", "/Malloc", "/Async");
   printf("-----------+------------+------------+------------+---------+--------\n");
   static const size_t sizes[] = {256, 64 << 10, MiB, 16 * MiB};
+  ahead_begin(rt);
   for (size_t sz : sizes) alloc_row(rt, (cudaStream_t)s, sz);
+  ahead_end(rt, "allocation");
   printf("dmem: dmem_alloc + dmem_free of a spillable buffer; cudaMallocAsync: default pool, "
          "release threshold UINT64_MAX, one synchronise at the end\n");
 
@@ -622,6 +677,7 @@ int main(int argc, char **argv) {
     long iters = g_quick ? 200000 : 2000000;
     std::vector<double> d, b;
     static std::atomic<uint64_t> word{0};
+    ahead_begin(rt);
     for (int r = -1; r < g_reps; r++) {
       void *p;
       double t0 = now_s();
@@ -644,6 +700,7 @@ int main(int argc, char **argv) {
         b.push_back((t2 - t1) / (double)iters * 1e9);
       }
     }
+    ahead_end(rt, "lock + unlock");
     printf("\nlock + unlock of a resident buffer, ns\n");
     printf("%-52s | %8s | %8s | %5s\n", "what", "dmem", "baseline", "ratio");
     printf("-----------------------------------------------------+----------+----------+------\n");
@@ -669,6 +726,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   TRY(dmem_buffer_free(rt, h));
+  printf("\nspill-ahead thread during each row, dmem's part and the baseline's (dmem_stats)\n");
+  printf("%-34s | %8s | %6s | %6s | %9s\n", "row", "wakeups", "polls", "passes", "evictions");
+  for (const ahead_row &r : g_ahead)
+    printf("%-34s | %8llu | %6llu | %6llu | %9llu\n", r.what, r.wakeups, r.polls, r.passes,
+           r.evictions);
   TRY(dmem_stream_destroy(rt, s));
   dmem_runtime_destroy(rt);
   printf("\nbench_spill: done in %.1f s\n", now_s() - t_start);
