@@ -528,6 +528,41 @@ TEST_CASE(spill_ahead_backs_off_when_all_locked) {
   dmem_runtime_destroy(rt);
 }
 
+/* Looks at its period that find nothing to do leave no quiet time behind
+ * (an earlier version of the back-off doubled it at every such look, up to
+ * 50 ms, in which kicks were answered only at its end: 12 looks a second
+ * instead of 20): idle, it looks every 50 ms, and a kick is answered. */
+TEST_CASE(spill_ahead_answers_kick_after_idle_periods) {
+  dmem_runtime_t *rt = host_runtime(8 * MiB, 0.5, 0.25);
+  dmem_handle_t h[5];
+  for (int i = 0; i < 4; i++) REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+  /* the host tier's pool grown once, so that the spill below is quick */
+  REQUIRE_OK(dmem_buffer_spill(rt, h[0], DMEM_TIER_HOST));
+  REQUIRE_OK(dmem_buffer_unspill(rt, h[0], NULL));
+  CHECK_OK(dmem_stream_synchronize(rt, NULL));
+  dmem_stats_t a, b;
+  CHECK_OK(dmem_stats(rt, &a));
+  sleep_ms(1000);
+  CHECK_OK(dmem_stats(rt, &b));
+  fprintf(stderr, "idle 1 s: %llu wakeups\n",
+          (unsigned long long)(b.ahead_wakeups - a.ahead_wakeups));
+  CHECK_GE(b.ahead_wakeups - a.ahead_wakeups, 16); /* 20 (with a quiet time: 12) */
+  CHECK_LE(b.ahead_wakeups - a.ahead_wakeups, 21);
+  CHECK_UEQ(b.ahead_polls, 0);
+  /* past the mark: answered (the time is printed; a loaded machine's
+   * scheduling is in it) */
+  double t0 = now_s();
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[4]));
+  do {
+    CHECK_OK(dmem_stats(rt, &b));
+  } while (b.ahead_evictions == 0 && now_s() - t0 < 10);
+  double waited = now_s() - t0;
+  fprintf(stderr, "kick answered in %.1f ms\n", waited * 1e3);
+  CHECK_GT(b.ahead_evictions, 0);
+  for (int i = 0; i < 5; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
 /* The thread spills down to the low mark, not past it, when device use
  * falls meanwhile (other threads free or spill): it looks at the use again
  * between steps. Here the controller's select_victims, run by the pass,

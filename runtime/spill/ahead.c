@@ -21,10 +21,11 @@
  *    the use is not, it gives that budget back (dmem__charge_drain), so
  *    that allocations stop waking it.
  *  - A pass that spilled nothing (every buffer locked, pinned or moving)
- *    or a wake that found nothing to do is followed by a quiet time, 1 ms
- *    doubling to 50 ms while it stays so; allocations past the mark during
- *    it set the kick without a signal after the first, and are looked at
- *    when it ends. A pass that spilled resets it.
+ *    is followed by a quiet time, 1 ms doubling to 50 ms while it stays
+ *    so (a kick that found nothing to do: 1 ms); allocations past the mark
+ *    during it set the kick without a signal after the first, and are
+ *    looked at when it ends. A pass that spilled, or a look at its period
+ *    that found nothing to do, ends it.
  *  - Above the mark, finished stream releases and copies are completed
  *    first (their buffers become victims), then it spills in steps of half
  *    the marks' distance, reading the use again before each: on-demand
@@ -47,12 +48,14 @@ static void deadline_in(struct timespec *dl, uint64_t ns) {
   dl->tv_nsec = (long)(ns % 1000000000ull);
 }
 
+/* Why the thread looks (ahead_wait). */
+typedef enum { AHEAD_STOP, AHEAD_PERIOD, AHEAD_KICKED } ahead_why_t;
+
 /* Wait for the next look. First `quiet_ns` during which kicks are only
  * noted (the first one signals, the thread waits on), then, unless one
  * came, for a kick, a stop or the period. The kick is cleared at the
- * start: an allocation past the mark from then on sets it again. Returns
- * false on stop. */
-static bool ahead_wait(dmem_runtime_t *rt, uint64_t quiet_ns) {
+ * start: an allocation past the mark from then on sets it again. */
+static ahead_why_t ahead_wait(dmem_runtime_t *rt, uint64_t quiet_ns) {
   dmem__mutex_lock(&rt->ahead_mu, DMEM__RANK_AHEAD);
   dmem_atomic_store_relaxed(&rt->ahead_kick, 0);
   struct timespec dl;
@@ -69,9 +72,11 @@ static bool ahead_wait(dmem_runtime_t *rt, uint64_t quiet_ns) {
       if (pthread_cond_timedwait(&rt->ahead_cv, &rt->ahead_mu, &dl) == ETIMEDOUT) break;
     }
   }
-  bool go = !dmem_atomic_load_relaxed(&rt->ahead_stop);
+  ahead_why_t why = dmem_atomic_load_relaxed(&rt->ahead_stop)   ? AHEAD_STOP
+                    : dmem_atomic_load_relaxed(&rt->ahead_kick) ? AHEAD_KICKED
+                                                                : AHEAD_PERIOD;
   dmem__mutex_unlock(&rt->ahead_mu, DMEM__RANK_AHEAD);
-  return go;
+  return why;
 }
 
 static uint64_t quiet_next(uint64_t quiet_ns) {
@@ -101,7 +106,7 @@ static size_t spill_down(dmem_runtime_t *rt) {
 static void *ahead_main(void *arg) {
   dmem_runtime_t *rt = arg;
   uint64_t quiet = 0;
-  while (ahead_wait(rt, quiet)) {
+  for (ahead_why_t why; (why = ahead_wait(rt, quiet)) != AHEAD_STOP;) {
     dmem_atomic_add_relaxed(&rt->xs.ahead_wakeups, 1);
     if (dmem_atomic_load_relaxed(&rt->fatal)) {
       quiet = AHEAD_QUIET_MAX_NS;
@@ -109,10 +114,12 @@ static void *ahead_main(void *arg) {
     }
     if (dmem__device_used(rt) <= rt->ahead_high) {
       /* Nothing to do. Woken by the charge alone (other threads' unused
-       * budget): give it back, or every allocation would wake it again. */
-      if (dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high)
+       * budget): give it back, or every allocation would wake it again;
+       * and a short quiet time in case it comes back at once. Its period:
+       * no quiet time, so that the next kick is answered at once. */
+      if (why == AHEAD_KICKED && dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high)
         dmem__charge_drain(rt);
-      quiet = quiet_next(quiet);
+      quiet = why == AHEAD_KICKED ? AHEAD_QUIET_MIN_NS : 0;
       continue;
     }
     dmem_atomic_add_relaxed(&rt->xs.ahead_passes, 1);
@@ -124,6 +131,7 @@ static void *ahead_main(void *arg) {
     /* the spills' budget went to this thread's shard, which never
      * allocates: back to the charge that allocations compare */
     if (freed > 0) dmem__charge_drain(rt);
+    /* spilled nothing (all locked, pinned or moving): back off */
     quiet = freed > 0 ? 0 : quiet_next(quiet);
   }
   return NULL;
