@@ -1,7 +1,7 @@
 /*
  * spill/ahead.c - eviction ahead of need. When device use passes the
- * high-water mark (rt->ahead_high; DMEM_SPILL_AHEAD, default 95 % of the
- * limit on the CUDA backend, off on the host backend) a background thread
+ * high-water mark (rt->ahead_high; DMEM_SPILL_AHEAD, or the backend's
+ * default: runtime/api/runtime.c, ahead_marks) a background thread
  * spills by policy down to the low-water mark, so that an allocation
  * rarely has to wait for a spill. Spills to the host tier are
  * stream-ordered: the thread only enqueues copies; the device ranges go
