@@ -111,7 +111,11 @@ def start_rss_sampler(client, period=0.02):
                     if rt is not None:
                         s = rt.stats()
                         n |= {k: s[k] for k in ("device_used", "device_reserved", "host_used",
-                                                "host_pool_reserved", "disk_used")}
+                                                "host_pool_reserved", "host_pool_free",
+                                                "host_pool_grows", "host_used_peak",
+                                                "device_used_peak", "raw_used", "disk_used",
+                                                "swaps", "spill_count", "unspill_count",
+                                                "cancelled_spills", "prefetch_count")}
                     note.update(n)
                 time.sleep(period)
 
