@@ -404,7 +404,10 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
     dmem__reclaim(rt, b, w);
   }
   dmem__blocks_destroy(rt->blocks); /* live or cached dedicated blocks */
-  if (rt->swap_bounce) (void)rt->be->device_free(rt->be, rt->swap_bounce); /* copies done */
+  if (rt->swap_bounce) { /* its copies are done (the streams were synchronised) */
+    (void)rt->be->device_free(rt->be, rt->swap_bounce);
+    for (int i = 0; i < 4; i++) (void)rt->be->event_destroy(rt->be, rt->swap_ev[i]);
+  }
   dmem__event_pool_fini(rt);
   dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
   dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */

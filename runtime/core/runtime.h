@@ -189,11 +189,13 @@ struct dmem_runtime {
   _Atomic int ahead_stop; /* written under ahead_mu; read by the thread */
   _Atomic int ahead_kick; /* set (exchange) by allocations past ahead_high */
   /* A retrieve's swap with a victim (spill/swap.c): the device bounce
-   * buffer (DMEM__SWAP_PIECE bytes, outside the limit, allocated at the
-   * first swap), and the mutex that keeps one swap's copies through it
-   * together on rt->unspill_stream. swap_off: dmem_config_t.retrieve_swap. */
+   * buffer (two pieces of DMEM__SWAP_PIECE bytes, outside the limit, made
+   * at the first swap) with its events, and the mutex that keeps one
+   * swap's copies through it together. swap_off:
+   * dmem_config_t.retrieve_swap. */
   pthread_mutex_t swap_mu;
   void *swap_bounce;
+  void *swap_ev[4]; /* per half of the bounce: filled (0, 1), emptied (2, 3) */
   bool swap_off;
   /* Buffers allocated without a stream (dmem_buffer_alloc) get pool blocks in this
    * stream's order; it carries nothing but the waits the pool enqueues. */

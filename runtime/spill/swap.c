@@ -12,25 +12,26 @@
  * pass would spill has the returning buffer's size (the same pool block)
  * and no staging of its own, the pass hands it over (spill/policy.c) and
  * the two trade places piece by piece through a small device bounce
- * buffer, all on rt->unspill_stream:
+ * buffer:
  *
- *   victim's device piece -> bounce        (device to device)
- *   returning pinned piece -> device piece (host to device)
- *   bounce -> returning pinned piece       (device to host)
+ *   victim's device piece -> bounce        (device to device, unspill stream)
+ *   returning pinned piece -> device piece (host to device, unspill stream)
+ *   bounce -> returning pinned piece       (device to host, spill stream)
  *
  * The returning buffer then owns the victim's device block, the victim owns
  * the returning buffer's pinned memory (DEFERRED_HOST, SPILL_COPY until the
  * copies are seen complete), and the host tier and the device hold what
- * they held. The copies of one direction wait for the other's, so a swap
- * moves its bytes at about the rate of a spill followed by a retrieve,
- * which is what a retrieve that must spill first costs anyway (its device
- * range is reusable only after the victim's copy).
+ * they held. The bounce buffer has two halves used in turn, each guarded
+ * by two events (filled on the unspill stream, emptied on the spill
+ * stream), so that one piece's host-to-device copy runs beside the
+ * previous piece's device-to-host copy: a swap keeps both directions of
+ * the link busy, as a spill and a retrieve on their own streams do.
  *
- * The bounce buffer (DMEM__SWAP_PIECE bytes) is allocated from the backend
- * at the first swap, outside the device limit (like the CUDA context, it is
- * the runtime's own), and freed at destroy. One swap at a time enqueues
- * through it (rt->swap_mu, held only while enqueueing): the copies of
- * successive swaps are ordered on the one stream.
+ * The bounce buffer (2 x DMEM__SWAP_PIECE bytes) and its events are made at
+ * the first swap, outside the device limit (like the CUDA context, they
+ * are the runtime's own), and freed at destroy. One swap at a time
+ * enqueues through it (rt->swap_mu, held only while enqueueing); the
+ * events order the next swap's use of each half after this one's.
  *
  * A swap that fails part way (a backend error enqueueing a copy) swaps the
  * pieces already traded back (the three copies are their own inverse) and
@@ -39,58 +40,106 @@
 #include "spill/spill.h"
 #include "spill/summary.h"
 
-/* The bounce buffer, and the size of each piece traded through it. */
+/* The size of each piece traded; the bounce buffer holds two. */
 #define DMEM__SWAP_PIECE ((size_t)8 << 20)
 
+/* How far the trade of one piece got. */
+enum { PIECE_UNTOUCHED, PIECE_IN_BOUNCE, PIECE_TRADED };
+
 /* Enqueue the trade of [off, off + n) of the victim's device range `dev` and
- * the pinned memory `host`, from copy `step` (0..2) of the three on.
- * *step_out: the copies of this piece enqueued (3: all). */
+ * the pinned memory `host` through half j of the bounce buffer: on
+ * rt->unspill_stream (cs), once the half is free, the victim's piece into
+ * it and the pinned piece onto the device; on rt->spill_stream (ss), once
+ * those are done, the half into the pinned piece. The two halves alternate,
+ * so the copies of one direction overlap the other's. *phase_out: how far
+ * it got (PIECE_TRADED on success). */
 static dmem_status_t trade(dmem_runtime_t *rt, char *dev, char *host, size_t off, size_t n,
-                           int step, int *step_out) {
-  void *cs = rt->unspill_stream, *bounce = rt->swap_bounce;
-  dmem_status_t st = DMEM_OK;
-  for (; step < 3 && st == DMEM_OK; step++) {
-    if (step == 0)
-      st = rt->be->memcpy_async(rt->be, bounce, dev + off, n, cs);
-    else if (step == 1)
-      st = rt->be->memcpy_async(rt->be, dev + off, host + off, n, cs);
-    else
-      st = rt->be->memcpy_async(rt->be, host + off, bounce, n, cs);
-    if (st != DMEM_OK) break;
-  }
-  *step_out = step;
+                           int j, int *phase_out) {
+  void *cs = rt->unspill_stream, *ss = rt->spill_stream;
+  char *half = (char *)rt->swap_bounce + (size_t)j * DMEM__SWAP_PIECE;
+  void *ready = rt->swap_ev[j], *freed = rt->swap_ev[2 + j];
+  const dmem__backend_t *be = rt->be;
+  *phase_out = PIECE_UNTOUCHED;
+  dmem_status_t st = be->stream_wait_event(rt->be, cs, freed);
+  if (st == DMEM_OK) st = be->memcpy_async(rt->be, half, dev + off, n, cs);
+  if (st == DMEM_OK) st = be->memcpy_async(rt->be, dev + off, host + off, n, cs);
+  if (st != DMEM_OK) return dmem__fatal_keep(rt, st);
+  *phase_out = PIECE_IN_BOUNCE;
+  st = be->event_record(rt->be, ready, cs);
+  if (st == DMEM_OK) st = be->stream_wait_event(rt->be, ss, ready);
+  if (st == DMEM_OK) st = be->memcpy_async(rt->be, host + off, half, n, ss);
+  if (st != DMEM_OK) return dmem__fatal_keep(rt, st);
+  *phase_out = PIECE_TRADED;
+  /* a failure here leaves the piece traded: the caller synchronises */
+  return dmem__fatal_keep(rt, be->event_record(rt->be, freed, ss));
+}
+
+/* Trade a piece back, or finish putting one back, on cs alone through half
+ * 0 (both streams are idle: the caller synchronised them). */
+static dmem_status_t trade_back(dmem_runtime_t *rt, char *dev, char *host, size_t off, size_t n) {
+  void *cs = rt->unspill_stream, *half = rt->swap_bounce;
+  dmem_status_t st = rt->be->memcpy_async(rt->be, half, dev + off, n, cs);
+  if (st == DMEM_OK) st = rt->be->memcpy_async(rt->be, dev + off, host + off, n, cs);
+  if (st == DMEM_OK) st = rt->be->memcpy_async(rt->be, host + off, half, n, cs);
   return dmem__fatal_keep(rt, st);
 }
 
-/* The copies of one swap, under rt->swap_mu. On failure, the pieces traded
- * so far are traded back (and a piece half traded is put back), so that
- * both ranges hold what they held. */
+/* The copies of one swap, under rt->swap_mu. On failure both streams are
+ * synchronised and the pieces traded so far are traded back (a piece half
+ * traded is put back), so that both ranges hold what they held. */
 static dmem_status_t trade_all(dmem_runtime_t *rt, char *dev, char *host, size_t size) {
   size_t off = 0, n = 0;
-  int step = 0;
+  int phase = PIECE_TRADED, j = 0;
   dmem_status_t st = DMEM_OK;
-  for (; off < size; off += n) {
+  for (; off < size; off += n, j ^= 1) {
     n = size - off < DMEM__SWAP_PIECE ? size - off : DMEM__SWAP_PIECE;
-    st = trade(rt, dev, host, off, n, 0, &step);
+    st = trade(rt, dev, host, off, n, j, &phase);
     if (st != DMEM_OK) break;
   }
   if (st == DMEM_OK) return DMEM_OK;
-  /* piece [off, off + n) failed at copy `step`: before the device piece
-   * was written (steps 0, 1) nothing of it changed; after (step 2) the
-   * victim's piece is only in the bounce buffer: put it back */
-  int s = 0;
+  (void)rt->be->stream_synchronize(rt->be, rt->unspill_stream);
+  (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  /* [off, off + n) got to `phase`: untouched, nothing to do; traded, one
+   * more to trade back; in the bounce (the device piece is the pinned
+   * one's now), the victim's piece goes back from half j */
   dmem_status_t u = DMEM_OK;
-  if (step == 2)
-    u = dmem__fatal_keep(
-        rt, rt->be->memcpy_async(rt->be, dev + off, rt->swap_bounce, n, rt->unspill_stream));
-  for (size_t back = 0; back < off && u == DMEM_OK; back += DMEM__SWAP_PIECE)
-    u = trade(rt, dev, host, back, DMEM__SWAP_PIECE, 0, &s);
+  size_t back_to = phase == PIECE_TRADED ? off + n : off;
+  if (phase == PIECE_IN_BOUNCE)
+    u = dmem__fatal_keep(rt, rt->be->memcpy_async(rt->be, dev + off,
+                                                  (char *)rt->swap_bounce +
+                                                      (size_t)j * DMEM__SWAP_PIECE,
+                                                  n, rt->unspill_stream));
+  for (size_t back = 0; back < back_to && u == DMEM_OK; back += DMEM__SWAP_PIECE) {
+    size_t m = back_to - back < DMEM__SWAP_PIECE ? back_to - back : DMEM__SWAP_PIECE;
+    u = trade_back(rt, dev, host, back, m);
+  }
+  if (u == DMEM_OK) u = dmem__fatal_keep(rt, rt->be->stream_synchronize(rt->be, rt->unspill_stream));
   if (u != DMEM_OK)
     DMEM_RT_LOG(rt, DMEM_LOG_ERROR,
                 "swap: a copy failed (%s) and trading the %zu bytes already swapped back "
                 "failed too (%s): two buffers' bytes are mixed",
-                dmem_status_name(st), off, dmem_status_name(u));
+                dmem_status_name(st), back_to, dmem_status_name(u));
   return st;
+}
+
+/* The bounce buffer and its four events (each half: ready on cs, free on
+ * ss), made at the first swap. Under rt->swap_mu. */
+static dmem_status_t bounce_get(dmem_runtime_t *rt) {
+  if (rt->swap_bounce) return DMEM_OK;
+  void *ev[4] = {NULL, NULL, NULL, NULL};
+  void *bounce = NULL;
+  dmem_status_t st = dmem__fatal_keep(rt, rt->be->device_alloc(rt->be, 2 * DMEM__SWAP_PIECE, &bounce));
+  for (int i = 0; i < 4 && st == DMEM_OK; i++)
+    st = dmem__fatal_keep(rt, rt->be->event_create(rt->be, &ev[i]));
+  if (st != DMEM_OK) {
+    for (int i = 0; i < 4; i++)
+      if (ev[i]) (void)rt->be->event_destroy(rt->be, ev[i]);
+    if (bounce) (void)rt->be->device_free(rt->be, bounce);
+    return st;
+  }
+  for (int i = 0; i < 4; i++) rt->swap_ev[i] = ev[i];
+  rt->swap_bounce = bounce;
+  return DMEM_OK;
 }
 
 void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw) {
@@ -122,33 +171,31 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t
   st = dmem__event_get(rt, &ev);
   if (st != DMEM_OK) goto undo;
   dmem__mutex_lock(&rt->swap_mu, DMEM__RANK_SWAP);
-  if (!rt->swap_bounce) {
-    st = dmem__fatal_keep(rt, rt->be->device_alloc(rt->be, DMEM__SWAP_PIECE, &rt->swap_bounce));
-    if (st != DMEM_OK) {
-      rt->swap_bounce = NULL;
-      dmem__mutex_unlock(&rt->swap_mu, DMEM__RANK_SWAP);
-      if (st == DMEM_ERR_DEVICE) st = DMEM_ERR_OUT_OF_MEMORY; /* no bounce: the usual way */
-      goto undo;
-    }
+  st = bounce_get(rt);
+  if (st != DMEM_OK) {
+    dmem__mutex_unlock(&rt->swap_mu, DMEM__RANK_SWAP);
+    if (st == DMEM_ERR_DEVICE) st = DMEM_ERR_OUT_OF_MEMORY; /* no bounce: the usual way */
+    goto undo;
   }
   /* r's own spill copy may still write `host`; the victim's unspill copy
    * may still write its device range (both on other streams or earlier) */
   if (after) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, after));
   if (st == DMEM_OK && (sw->w & DMEM__F_UNSPILL_COPY))
     st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, v->unspill_event));
-  if (st == DMEM_OK) st = trade_all(rt, dev, host, size);
+  if (st == DMEM_OK) st = trade_all(rt, dev, host, size); /* synchronised on failure */
+  /* the victim's bytes are in `host` once the spill stream gets here */
   dmem_status_t rec = st == DMEM_OK
-                          ? dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, cs))
+                          ? dmem__fatal_keep(rt, rt->be->event_record(rt->be, ev, rt->spill_stream))
                           : DMEM_OK;
   dmem__mutex_unlock(&rt->swap_mu, DMEM__RANK_SWAP);
-  if (st != DMEM_OK) {
-    (void)rt->be->stream_synchronize(rt->be, cs); /* the copies back are done */
-    goto undo;
-  }
+  if (st != DMEM_OK) goto undo;
   /* Traded: from here on there is no going back. Without the event the
    * copies are waited for instead (the victim's copy is then complete). */
   bool copied = rec != DMEM_OK;
-  if (copied) (void)rt->be->stream_synchronize(rt->be, cs);
+  if (copied) {
+    (void)rt->be->stream_synchronize(rt->be, cs);
+    (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
+  }
 
   /* Commit the victim: DEFERRED_HOST at `host`, its copy in flight. No lock
    * could cancel this spill (SPILL_COPY was never set before now: lockers
