@@ -76,8 +76,10 @@ def start_rss_sampler(client, period=0.02):
     and, at each new maximum, notes what the worker held: the keys in
     memory it computed and those it fetched from a peer (replicas), their
     bytes, how many of those replicas no task of the worker needs any more,
-    and dmem's device and host tiers. worker_at_peak_rss() reads it:
-    where a worker's peak host memory went."""
+    and dmem's device and host tiers; and the most device memory the
+    worker's GPU had in use at any sample (gpu_used_max: both clusters' use
+    of the device, to compare with the host memory they held).
+    worker_at_peak_rss() reads it: where a worker's peak host memory went."""
     def install(dask_worker, period=period):
         import threading
 
@@ -85,10 +87,17 @@ def start_rss_sampler(client, period=0.02):
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-        note = {"rss": 0}
+        note = {"rss": 0, "gpu_used_max": 0}
+        try:  # the whole device's memory in use (one worker per GPU)
+            from cupy.cuda.runtime import memGetInfo
+        except Exception:  # no CuPy, no GPU: the host backend
+            memGetInfo = None
 
         def sample():
             while not note.get("stop"):
+                if memGetInfo is not None:
+                    free, total = memGetInfo()
+                    note["gpu_used_max"] = max(note["gpu_used_max"], total - free)
                 r = rss()
                 if r > note["rss"]:
                     computed = fetched = cb = fb = unneeded = 0
@@ -111,7 +120,11 @@ def start_rss_sampler(client, period=0.02):
                     if rt is not None:
                         s = rt.stats()
                         n |= {k: s[k] for k in ("device_used", "device_reserved", "host_used",
-                                                "host_pool_reserved", "disk_used")}
+                                                "host_pool_reserved", "host_pool_free",
+                                                "host_pool_grows", "host_used_peak",
+                                                "device_used_peak", "raw_used", "disk_used",
+                                                "swaps", "spill_count", "unspill_count",
+                                                "cancelled_spills", "prefetch_count")}
                     note.update(n)
                 time.sleep(period)
 

@@ -545,3 +545,149 @@ TEST_CASE(first_spills_from_many_threads) {
   pthread_barrier_destroy(&go);
   dmem_runtime_destroy(rt);
 }
+
+/* ---- a retrieve that trades places with its victim (spill/swap.c) ------------- */
+
+#define SWAP_N 16    /* buffers, twice what the limit holds */
+#define SWAP_HOLD 8
+
+static dmem_runtime_t *swap_runtime(size_t size, int swap) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  if (!getenv("DMEM_BACKEND")) cfg.backend = DMEM_BACKEND_HOST;
+  if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0;
+  cfg.device_limit = SWAP_HOLD * size;
+  cfg.host_headroom = 0;
+  cfg.retrieve_swap = swap ? 0 : 1;
+  return check_runtime_cfg(&cfg);
+}
+
+/* Every 8-byte word of buffer `id` at generation `gen`. */
+static uint64_t swap_word(int id, int gen, size_t i) {
+  return ((uint64_t)id << 48) ^ ((uint64_t)gen << 32) ^ (uint64_t)i;
+}
+
+static int swap_check_fill(dmem_runtime_t *rt, dmem_handle_t h, size_t size, int id, int gen,
+                           uint64_t *tmp) {
+  void *p;
+  if (dmem_buffer_lock(rt, h, NULL, &p) != DMEM_OK) return -1;
+  size_t n = size / 8;
+  int bad = 0;
+  if (gen > 0) {
+    if (dmem_stream_copy(rt, tmp, p, size, NULL) != DMEM_OK ||
+        dmem_stream_synchronize(rt, NULL) != DMEM_OK)
+      bad = 1;
+    for (size_t i = 0; i < n && !bad; i++) bad = tmp[i] != swap_word(id, gen - 1, i);
+  }
+  for (size_t i = 0; i < n; i++) tmp[i] = swap_word(id, gen, i);
+  if (dmem_stream_copy(rt, p, tmp, size, NULL) != DMEM_OK ||
+      dmem_stream_synchronize(rt, NULL) != DMEM_OK)
+    bad = 1;
+  if (dmem_buffer_unlock(rt, h) != DMEM_OK) bad = 1;
+  return bad;
+}
+
+/* Sixteen buffers of one size, cycled through a limit that holds eight:
+ * every lock brings one back from the host tier into a full device. With
+ * the swap each trades places with its victim and the pinned pool, trimmed
+ * to what the host tier holds, never grows; without it each retrieve spills
+ * its victim into new pinned memory first. Every byte checked after every
+ * move. */
+static void swap_cycle(int swap, size_t size) {
+  dmem_runtime_t *rt = swap_runtime(size, swap);
+  dmem_handle_t h[SWAP_N];
+  uint64_t *tmp = malloc(size);
+  REQUIRE_TRUE(tmp != NULL);
+  for (int i = 0; i < SWAP_N; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, size, 0, &h[i]));
+    REQUIRE_EQ(swap_check_fill(rt, h[i], size, i, 0, tmp), 0);
+  }
+  REQUIRE_OK(dmem_runtime_poll(rt));
+  REQUIRE_OK(dmem_host_trim(rt, 0, NULL));
+  dmem_stats_t s0, s1;
+  REQUIRE_OK(dmem_stats(rt, &s0));
+  int bad = 0;
+  for (int gen = 1; gen <= 3; gen++)
+    for (int i = 0; i < SWAP_N; i++) bad += swap_check_fill(rt, h[i], size, i, gen, tmp);
+  CHECK_EQ(bad, 0);
+  REQUIRE_OK(dmem_stats(rt, &s1));
+  uint64_t retrieves = s1.unspill_count - s0.unspill_count;
+  CHECK_GT(retrieves, SWAP_N); /* the policy keeps some resident; most come back */
+  if (swap) {
+    CHECK_EQ(s1.swaps - s0.swaps, retrieves);
+    CHECK_EQ(s1.host_pool_grows, s0.host_pool_grows);
+    CHECK_LE(s1.host_pool_reserved, s0.host_pool_reserved);
+  } else {
+    CHECK_EQ(s1.swaps, 0);
+    CHECK_GT(s1.host_pool_grows, s0.host_pool_grows); /* what the swap saves */
+  }
+  CHECK_EQ(s1.spill_count - s0.spill_count, retrieves);
+  CHECK_LE(s1.device_used, SWAP_HOLD * size);
+  for (int i = 0; i < SWAP_N; i++) REQUIRE_OK(dmem_buffer_free(rt, h[i]));
+  free(tmp);
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(retrieve_swaps_places_and_pins_nothing) {
+  /* past the pinned pool's 4 MiB chunks, each spilled buffer has a chunk
+   * of its own: trimmed, the pool holds nothing free, and a victim spilled
+   * the usual way pins a new one */
+  swap_cycle(1, 6 * MiB + 4096); /* not a whole number of pages, nor of 8 MiB pieces */
+  swap_cycle(0, 6 * MiB + 4096);
+  swap_cycle(1, 2000128);
+  swap_cycle(1, 17 * MiB); /* pieces: two whole and a tail */
+}
+
+/* Four threads each cycle through buffers of their own while the victims
+ * their retrieves take are the others' (one device): a lock that meets a
+ * buffer being swapped out waits for the swap, then brings it back.
+ * Mixed sizes: only equal ones swap, the others spill. */
+#define SWAP_THREADS 4
+#define SWAP_PER 6
+
+typedef struct {
+  dmem_runtime_t *rt;
+  int id;
+  int bad;
+} swapper_t;
+
+static size_t swapper_size(int j) { return j % 3 == 2 ? 3 * MiB / 2 : MiB; }
+
+static void *swapper_main(void *arg) {
+  swapper_t *s = arg;
+  dmem_handle_t h[SWAP_PER];
+  uint64_t *tmp = malloc(2 * MiB);
+  if (!tmp) abort();
+  for (int j = 0; j < SWAP_PER; j++) {
+    if (dmem_buffer_alloc(s->rt, swapper_size(j), 0, &h[j]) != DMEM_OK) abort();
+    s->bad += swap_check_fill(s->rt, h[j], swapper_size(j), s->id * SWAP_PER + j, 0, tmp) != 0;
+  }
+  for (int gen = 1; gen <= 8; gen++)
+    for (int j = 0; j < SWAP_PER; j++)
+      s->bad += swap_check_fill(s->rt, h[j], swapper_size(j), s->id * SWAP_PER + j, gen, tmp) != 0;
+  for (int j = 0; j < SWAP_PER; j++)
+    if (dmem_buffer_free(s->rt, h[j]) != DMEM_OK) s->bad++;
+  free(tmp);
+  return NULL;
+}
+
+TEST_CASE(retrieve_swaps_race_locks_of_their_victims) {
+  dmem_runtime_t *rt = swap_runtime(MiB, 1); /* 8 MiB: a third of what the threads hold */
+  pthread_t t[SWAP_THREADS];
+  swapper_t s[SWAP_THREADS];
+  for (int i = 0; i < SWAP_THREADS; i++) {
+    s[i] = (swapper_t){.rt = rt, .id = i};
+    REQUIRE_EQ(pthread_create(&t[i], NULL, swapper_main, &s[i]), 0);
+  }
+  int bad = 0;
+  for (int i = 0; i < SWAP_THREADS; i++) {
+    pthread_join(t[i], NULL);
+    bad += s[i].bad;
+  }
+  CHECK_EQ(bad, 0);
+  dmem_stats_t st;
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_GT(st.swaps, 0);
+  CHECK_EQ(st.device_used, 0);
+  dmem_runtime_destroy(rt);
+}

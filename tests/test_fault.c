@@ -678,6 +678,21 @@ static void evict_batch_run(fx_t *f) {
   if (t_lock(f, 9, NULL, &p) == DMEM_OK) (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[9]));
 }
 
+/* swap: six equal buffers under a limit that holds four, locked in turn:
+ * each one brought back from the host tier trades places with a victim of
+ * its size (spill/swap.c: a device bounce buffer, three copies a piece). A
+ * failure before, during or after the copies leaves both buffers' bytes
+ * where they were. */
+static void swap_setup(fx_t *f) { setup_buffers(f, 6, 16 * U); }
+static void swap_run(fx_t *f) {
+  for (int round = 0; round < 2; round++)
+    for (int i = 0; i < 6; i++) {
+      void *p;
+      if (t_lock(f, i, NULL, &p) == DMEM_OK)
+        (void)DO(API_UNLOCK, dmem_buffer_unlock(f->rt, f->h[i]));
+    }
+}
+
 /* launch_async / stream_release / sync_and_unlock / lock_and_launch, a
  * host function, and a spill of a buffer a release still holds. */
 static void launch_setup(fx_t *f) {
@@ -1237,6 +1252,11 @@ TEST_CASE(evict) {
 TEST_CASE(evict_batch) {
   scenario_t sc = {"evict_batch", LIMIT, 0, false, false, true, evict_batch_setup,
                    evict_batch_run};
+  run_scenario(&sc);
+}
+
+TEST_CASE(swap) {
+  scenario_t sc = {"swap", LIMIT, 0, false, false, true, swap_setup, swap_run};
   run_scenario(&sc);
 }
 

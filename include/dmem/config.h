@@ -247,6 +247,13 @@ typedef struct dmem_config {
    *  sets the process's pinned memory for a given host_limit; the disk
    *  tier pipelines its reads and writes only from 128 MiB of staging. */
   size_t host_staging;
+  /** A retrieve from the host tier into a full device trades places with
+   *  one victim of its size (spill/swap.c): the victim's bytes go into the
+   *  retrieved buffer's pinned memory, through a small device bounce
+   *  buffer, rather than into newly pinned memory. 0 (DMEM_RETRIEVE_SWAP
+   *  on, the default) or 1 (off: the victim is spilled first, as any
+   *  eviction). DMEM_RETRIEVE_SWAP; no Python keyword. */
+  int retrieve_swap;
 } dmem_config_t;
 
 /** dmem_config_t.stats_interval_s: the most it may be (a day). */
@@ -334,7 +341,9 @@ typedef struct dmem_config {
   X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
     0, NULL, "spill-ahead")                                                                     \
   X(host_staging, host_staging, size, 0, "DMEM_HOST_STAGING", "host_staging", 0, 0, NULL,       \
-    "pinned staging")
+    "pinned staging")                                                                           \
+  X(retrieve_swap, retrieve_swap, choice, 0, "DMEM_RETRIEVE_SWAP", NULL, 0, 0, "on|off",        \
+    "retrieve swap")
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

@@ -38,6 +38,7 @@ static void destroy_mutexes(dmem_runtime_t *rt) {
   pthread_mutex_destroy(&rt->disk_mu);
   pthread_cond_destroy(&rt->ahead_cv);
   pthread_mutex_destroy(&rt->ahead_mu);
+  pthread_mutex_destroy(&rt->swap_mu);
 }
 
 /* `path` made absolute against the current directory (not resolved: it
@@ -238,6 +239,8 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   pthread_mutex_init(&rt->ctl_mu, NULL);
   pthread_mutex_init(&rt->ahead_mu, NULL);
   pthread_cond_init(&rt->ahead_cv, NULL);
+  pthread_mutex_init(&rt->swap_mu, NULL);
+  rt->swap_off = rt->cfg.retrieve_swap != 0;
   /* before the first thread starts: a fork from now on marks it */
   st = dmem__fork_track(rt);
   if (st != DMEM_OK) goto fail_mutexes;
@@ -412,6 +415,10 @@ void dmem_runtime_destroy(dmem_runtime_t *rt) {
     dmem__reclaim(rt, b, w);
   }
   dmem__blocks_destroy(rt->blocks); /* live or cached dedicated blocks */
+  if (rt->swap_bounce) { /* its copies are done (the streams were synchronised) */
+    (void)rt->be->device_free(rt->be, rt->swap_bounce);
+    for (int i = 0; i < 4; i++) (void)rt->be->event_destroy(rt->be, rt->swap_ev[i]);
+  }
   dmem__event_pool_fini(rt);
   dmem__disk_destroy(dmem_atomic_load_relaxed(&rt->disk));
   dmem__raw_destroy(rt->raw); /* raw allocations still live go with the pool */

@@ -51,6 +51,9 @@
  *                                 is taken under it)
  *  17 policy    rt->pol.mu       (the default eviction policy's lists,
  *                                 spill/reuse.c; nothing is taken under it)
+ *  18 swap      rt->swap_mu      (a retrieve's swap enqueues its copies
+ *                                 through the bounce buffer, spill/swap.c;
+ *                                 nothing is taken under it)
  *
  * The device pool's mutexes (memory/pool*.c), the stable ranges' shard
  * mutexes (memory/stable.c: held only to find or unlink a range's record)
@@ -114,7 +117,8 @@ typedef enum dmem__rank {
   DMEM__RANK_DISK_SPACE,
   DMEM__RANK_AHEAD,
   DMEM__RANK_LOCKED,
-  DMEM__RANK_POLICY
+  DMEM__RANK_POLICY,
+  DMEM__RANK_SWAP
 } dmem__rank_t;
 
 #ifdef DMEM_DEBUG

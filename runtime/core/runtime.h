@@ -100,6 +100,7 @@ typedef struct dmem__xstats {
   _Atomic uint64_t ahead_passes, ahead_evictions, ahead_bytes;
   _Atomic uint64_t ahead_wakeups, ahead_polls; /* the thread's wakes; its polls */
   _Atomic uint64_t prefetch_count, prefetch_bytes;
+  _Atomic uint64_t swaps; /* retrieves that traded places (spill/swap.c) */
 } dmem__xstats_t;
 
 /* A priority class of the default eviction policy (spill/reuse.c): lists
@@ -188,6 +189,15 @@ struct dmem_runtime {
   bool ahead_started;
   _Atomic int ahead_stop; /* written under ahead_mu; read by the thread */
   _Atomic int ahead_kick; /* set (exchange) by allocations past ahead_high */
+  /* A retrieve's swap with a victim (spill/swap.c): the device bounce
+   * buffer (two pieces of DMEM__SWAP_PIECE bytes, outside the limit, made
+   * at the first swap) with its events, and the mutex that keeps one
+   * swap's copies through it together. swap_off:
+   * dmem_config_t.retrieve_swap. */
+  pthread_mutex_t swap_mu;
+  void *swap_bounce;
+  void *swap_ev[4]; /* per half of the bounce: filled (0, 1), emptied (2, 3) */
+  bool swap_off;
   /* Buffers allocated without a stream (dmem_buffer_alloc) get pool blocks in this
    * stream's order; it carries nothing but the waits the pool enqueues. */
   void *order_stream;

@@ -65,10 +65,46 @@ typedef struct pass {
   size_t victims;
   size_t freed;
   dmem_status_t first;
+  dmem__swap_t *swap; /* a retrieve's offer to trade places, or NULL */
 } pass_t;
+
+/* Under a pass with a swap offer: take b for the swap rather than spill it
+ * when it can trade places with the retrieved buffer (spill.h:
+ * dmem__swap_t). true: taken, counted as freed. */
+static bool swap_take(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, pass_t *ps) {
+  dmem__swap_t *sw = ps->swap;
+  if (!sw || sw->b || b == sw->self || dmem__bsize(b) != sw->size) return false;
+  if (dmem__bflags(b) & (DMEM_BUFFER_STABLE_ADDRESS | DMEM_ALLOC_PINNED)) return false;
+  /* acquire: partner is the release of the last mover / dmem_buffer_alloc */
+  uint64_t w = dmem_atomic_load_acquire(&b->word);
+  for (;;) {
+    if (!dmem__word_live(w, h) || dmem__w_state(w) != DMEM_STATE_RESIDENT ||
+        dmem__w_count(w) > 0 || (w & DMEM__F_TRANSIT))
+      return false;
+    /* counted before it leaves the spillable set, as dmem__spill_buffer does */
+    dmem_atomic_add_relaxed(&rt->spills_in_flight, 1);
+    if (dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) break;
+    dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
+  }
+  if (b->host) {
+    /* staging of its own (b->host is stable while we own TRANSIT): its
+     * spill reuses that and pins nothing; spilled the usual way */
+    dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT)});
+    dmem__move_finished(rt);
+    return false;
+  }
+  sw->b = b;
+  sw->h = h;
+  sw->w = w;
+  ps->freed += sw->size;
+  ps->victims++;
+  dmem_atomic_add_relaxed(&rt->oom_evictions, 1);
+  return true;
+}
 
 static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
                                   pass_t *ps) {
+  if (swap_take(rt, b, h, ps)) return DMEM_OK;
   size_t size = dmem__bsize(b);
   /* to the chain's first tier (spill/tier.c: the host tier) */
   dmem_status_t st = dmem__spill_buffer(rt, b, h, dmem__tier_top()->tier, true);
@@ -93,6 +129,11 @@ static dmem_status_t spill_victim(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_ha
  * *used_out: candidates consumed. */
 static dmem_status_t spill_batch(dmem_runtime_t *rt, dmem__victim_t *cand, size_t n, size_t need,
                                  pass_t *ps, size_t *used_out) {
+  /* the batch's first candidate is the victim a swap would take */
+  if (n > 0 && cand[0].b && swap_take(rt, cand[0].b, cand[0].h, ps)) {
+    *used_out = 1;
+    return DMEM_OK;
+  }
   dmem__spill_batch_result_t r;
   dmem_status_t st = dmem__spill_batch(rt, cand, n, need - ps->freed, &r);
   *used_out = r.used ? r.used : 1;
@@ -170,10 +211,10 @@ static void note_freed_since_scan(dmem_runtime_t *rt, const dmem__victim_t *cand
   if (any) dmem_atomic_add_relaxed(&rt->moves_done, 1);
 }
 
-dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
-                          dmem__evict_reason_t reason, size_t *freed_out,
-                          dmem_status_t *first_error_out) {
-  pass_t ps = {.reason = reason, .first = DMEM_OK};
+static dmem_status_t evict(dmem_runtime_t *rt, size_t need, size_t contig,
+                           dmem__evict_reason_t reason, dmem__swap_t *swap, size_t *freed_out,
+                           dmem_status_t *first_error_out) {
+  pass_t ps = {.reason = reason, .first = DMEM_OK, .swap = swap};
   DMEM_NVTX_PUSH("dmem eviction pass");
   uint64_t t0 = dmem__now_ns();
   dmem_atomic_add_relaxed(&rt->xs.evict_passes, 1);
@@ -199,6 +240,17 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
   *freed_out = ps.freed;
   if (first_error_out) *first_error_out = ps.first;
   return DMEM_OK;
+}
+
+dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
+                          dmem__evict_reason_t reason, size_t *freed_out,
+                          dmem_status_t *first_error_out) {
+  return evict(rt, need, contig, reason, NULL, freed_out, first_error_out);
+}
+
+dmem_status_t dmem__evict_swap(dmem_runtime_t *rt, size_t need, size_t contig, dmem__swap_t *swap,
+                               size_t *freed_out, dmem_status_t *first_error_out) {
+  return evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, swap, freed_out, first_error_out);
 }
 
 /* The default policy's victims (spill/reuse.c), a batch at a time, until

@@ -22,7 +22,7 @@ void dmem__spill_poll(dmem_runtime_t *rt) {
 #define FROM_STABLE ((int)DMEM__SRC_COUNT)
 
 static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int src,
-                               void **dev_out, bool *ordered_out, size_t need);
+                               void **dev_out, bool *ordered_out, size_t need, dmem__swap_t *sw);
 
 /* One attempt, without making room. */
 static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, int src,
@@ -33,15 +33,20 @@ static dmem_status_t try_alloc(dmem_runtime_t *rt, size_t size, void *stream, in
 }
 
 static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                    int src, void **dev_out, bool *ordered_out);
+                                    int src, void **dev_out, bool *ordered_out, dmem__swap_t *sw);
 
 dmem_status_t dmem__pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
                                    dmem__devsrc_t src, void **dev_out, bool *ordered_out) {
-  return pressure_alloc(rt, size, stream, (int)src, dev_out, ordered_out);
+  return pressure_alloc(rt, size, stream, (int)src, dev_out, ordered_out, NULL);
+}
+
+dmem_status_t dmem__pressure_retrieve(dmem_runtime_t *rt, size_t size, void *stream,
+                                      dmem__swap_t *sw, void **dev_out) {
+  return pressure_alloc(rt, size, stream, (int)DMEM__SRC_POOL, dev_out, NULL, sw);
 }
 
 dmem_status_t dmem__pressure_map(dmem_runtime_t *rt, void *va, void *stream) {
-  return pressure_alloc(rt, dmem__stable_size(va), stream, FROM_STABLE, &va, NULL);
+  return pressure_alloc(rt, dmem__stable_size(va), stream, FROM_STABLE, &va, NULL, NULL);
 }
 
 dmem_status_t dmem__pressure_stable_alloc(dmem_runtime_t *rt, size_t size, void **va_out) {
@@ -61,7 +66,7 @@ dmem_status_t dmem__pressure_stable_alloc(dmem_runtime_t *rt, size_t size, void 
 }
 
 static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *stream,
-                                    int src, void **dev_out, bool *ordered_out) {
+                                    int src, void **dev_out, bool *ordered_out, dmem__swap_t *sw) {
   if (size > rt->limit)
     return dmem__error(DMEM_ERR_OUT_OF_MEMORY, "%zu bytes exceed the device limit of %zu bytes",
                        size, rt->limit);
@@ -75,7 +80,7 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
   uint64_t t0 = dmem__now_ns();
   DMEM_NVTX_PUSH("dmem wait for room");
   if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
-  st = make_room(rt, size, stream, src, dev_out, ordered_out, need);
+  st = make_room(rt, size, stream, src, dev_out, ordered_out, need, sw);
   DMEM_NVTX_POP();
   uint64_t waited = dmem__now_ns() - t0;
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
@@ -107,7 +112,7 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
  * buffers behind), the empty slabs were given back, and a slab past the
  * pool's cut (dmem__device_alloc_past_slabs) does not fit either. */
 static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, int src,
-                               void **dev_out, bool *ordered_out, size_t need) {
+                               void **dev_out, bool *ordered_out, size_t need, dmem__swap_t *sw) {
   uint64_t deadline = 0;
   dmem_status_t last_err = DMEM_OK;
   bool told = false, trimmed = false, cut_trimmed = false, passed = false;
@@ -152,8 +157,13 @@ static dmem_status_t make_room(dmem_runtime_t *rt, size_t size, void *stream, in
     }
     size_t freed = 0;
     dmem_status_t err = DMEM_OK;
-    st = dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
+    st = sw ? dmem__evict_swap(rt, need, contig, sw, &freed, &err)
+            : dmem__evict(rt, need, contig, DMEM__EVICT_ON_DEMAND, &freed, &err);
     if (st != DMEM_OK) return st;
+    if (sw && sw->b) {
+      *dev_out = NULL; /* a victim to trade places with, not room */
+      return DMEM_OK;
+    }
     if (err != DMEM_OK) last_err = err;
     if (freed > 0) {
       deadline = 0;

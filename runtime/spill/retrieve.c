@@ -60,11 +60,30 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
                        ? dmem_atomic_load_relaxed(&b->spill_event)
                        : NULL;
   const bool stable = (dmem__bflags(b) & DMEM_BUFFER_STABLE_ADDRESS) != 0;
-  dmem_status_t st = stable ? dmem__pressure_map(rt, dmem__bdev(b), cs)
-                            : dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL);
+  /* From the host tier into a full device: trade places with the victim
+   * rather than pin its bytes anew (spill/swap.c) */
+  dmem__swap_t sw = {.size = size, .self = b};
+  bool offer = !stable && !rt->swap_off && tier == &dmem__tier_host && b->host && size > 0;
+  bool swapped = false;
+  dmem_status_t st;
+  /* a swap cannot be undone once traded: its event first */
+  if (offer && !b->unspill_event && dmem__event_get(rt, &b->unspill_event) != DMEM_OK)
+    offer = false;
+  if (offer) {
+    st = dmem__pressure_retrieve(rt, size, cs, &sw, &dev);
+    if (st == DMEM_OK && !dev) {
+      st = dmem__swap_in(rt, b, h, &sw, spill_ev, &dev);
+      swapped = st == DMEM_OK;
+      if (st == DMEM_ERR_HOST_OUT_OF_MEMORY || st == DMEM_ERR_OUT_OF_MEMORY)
+        st = dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL); /* the usual way */
+    }
+  } else {
+    st = stable ? dmem__pressure_map(rt, dmem__bdev(b), cs)
+                : dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL);
+  }
   if (stable && st == DMEM_OK) dev = dmem__bdev(b); /* mapped at the same address */
   bool piped = false;
-  if (st == DMEM_OK && row->pipelined && row->pipelined(rt)) {
+  if (!swapped && st == DMEM_OK && row->pipelined && row->pipelined(rt)) {
     /* pipelined: the tier enqueues the copies on cs itself, piece by piece
      * (after the wait for the spill copy) */
     if (spill_ev) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, spill_ev));
@@ -81,7 +100,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     if (!piped) st = DMEM_OK;
     else if (st != DMEM_OK) goto rollback; /* dev goes back ordered after the copies */
   }
-  if (!piped) {
+  if (!piped && !swapped) {
     if (st != DMEM_OK) goto rollback; /* no device range: nothing to load into */
     st = tier->load(rt, b, h); /* the bytes are now pinned at b->host */
     if (st == DMEM_ERR_HOST_OUT_OF_MEMORY && !tier->adopts_staging) {
@@ -100,6 +119,11 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, stream, b->unspill_event));
   if (st != DMEM_OK) {
     (void)rt->be->stream_synchronize(rt->be, cs);
+    /* traded places: the bytes are on the device now, and b->host is the
+     * victim's; there is nothing to go back to, and nothing left to order */
+    if (swapped) st = DMEM_OK;
+  }
+  if (st != DMEM_OK) {
     if (!tier->adopts_staging) dmem__host_copy_release(rt, b); /* the tier keeps its copy */
     goto rollback;
   }

@@ -537,6 +537,49 @@ typedef enum dmem__evict_reason {
 dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
                           dmem__evict_reason_t reason, size_t *freed_out,
                           dmem_status_t *first_error_out);
+/* A retrieve's offer to trade places (spill/swap.c): an on-demand pass
+ * given one takes, instead of spilling it, the first victim it would spill
+ * that has `size` bytes, an ordinary pool block and no staging of its own
+ * (b->host NULL: a victim with staging spills into it, pinning nothing),
+ * and is not `self`. Taken: b, h and w (the word after the take) are set,
+ * the victim's TRANSIT is the caller's (state SPILLING), spills_in_flight
+ * is raised for it, and the pass counts its bytes as freed. */
+typedef struct dmem__swap {
+  size_t size;
+  const dmem__buffer_t *self;
+  dmem__buffer_t *b;
+  dmem_handle_t h;
+  uint64_t w;
+} dmem__swap_t;
+/* dmem__evict(need, contig, DMEM__EVICT_ON_DEMAND) with a swap offer: the
+ * pass ends once it has taken the swap's victim. */
+dmem_status_t dmem__evict_swap(dmem_runtime_t *rt, size_t need, size_t contig, dmem__swap_t *swap,
+                               size_t *freed_out, dmem_status_t *first_error_out);
+/* dmem__pressure_alloc(size, stream, DMEM__SRC_POOL) for a retrieve from
+ * the host tier: when room must be made, the eviction passes carry the
+ * swap offer `sw`. DMEM_OK with *dev_out set: memory was found as usual;
+ * DMEM_OK with *dev_out NULL: sw->b was taken instead, and the caller
+ * swaps with it (dmem__swap_in) or gives it back (dmem__swap_cancel). */
+dmem_status_t dmem__pressure_retrieve(dmem_runtime_t *rt, size_t size, void *stream,
+                                      dmem__swap_t *sw, void **dev_out);
+/* Trade places (spill/swap.c): r (handle hr, TRANSIT ours, UNSPILLING from
+ * the host tier, its bytes pinned at r->host, size sw->size) takes the
+ * device block of sw->b, the victim a pass took (dmem__pressure_retrieve),
+ * and the victim's bytes take r's pinned memory, piece by piece through
+ * the device bounce buffer on rt->unspill_stream, after `after` (NULL: no
+ * wait; r's own spill copy still writing r->host). On success *dev_out is
+ * r's device range, its bytes there once rt->unspill_stream reaches its
+ * current point; r->host is NULL (r is still charged to the host tier:
+ * the caller drops it); the victim is DEFERRED_HOST, charged to the host
+ * tier, with SPILL_COPY until its copy is seen complete (spill/staging.c),
+ * and its move is over. On failure both are as they were (copies already
+ * made are swapped back) and the victim is resident again; statuses:
+ * DMEM_ERR_HOST_OUT_OF_MEMORY (the host tier refused the victim's bytes),
+ * DMEM_ERR_OUT_OF_MEMORY (no bounce buffer), backend errors. */
+dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t hr,
+                            dmem__swap_t *sw, void *after, void **dev_out);
+/* Give a taken swap victim back unswapped: resident again, its move over. */
+void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw);
 /* Device memory for size bytes in stream order on `stream`, spilling (and
  * waiting for moves and stream releases in flight, up to a deadline) when
  * memory runs short: a block of source `src` (memory/memory.h: a pool

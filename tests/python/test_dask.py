@@ -143,6 +143,59 @@ def test_pressure_spills_least_recently_used_keys(d):
         np.testing.assert_array_equal(d[i], chunk(i))
 
 
+def test_stored_keys_keep_to_device_memory_limit(tmp_path):
+    """device_memory_limit bounds the stored keys' device bytes, as
+    dask-cuda's device LRU does, not every byte of the runtime: memory a
+    task still computes with (a raw block, here) does not push stored keys
+    out, and the runtime's own (larger) limit still holds every byte."""
+    rt = dmem.Runtime(backend="host", host_capacity=16 * MiB, device_limit=16 * MiB,
+                      spill_dir=str(tmp_path))
+    d = DmemWorkerData(runtime=rt, device_memory_limit="4MiB",
+                       worker_local_directory=str(tmp_path / "local"))
+    try:
+        for i in range(12):  # 6 MiB of 512 KiB keys
+            d[i] = chunk(i)
+        gc.collect()
+        s = rt.stats()
+        assert s["device_used"] - s["raw_used"] <= 4 * MiB, s
+        assert s["spill_count"] >= 4 and d.counts["target_evictions"] >= 1
+        assert [i for i in range(12) if d.tier_of(i) != "device"] == [0, 1, 2, 3]  # LRU first
+        # a task's 6 MiB of temporaries: over the target, under the runtime's
+        # limit: no stored key leaves for it
+        tmp = rt.device_malloc(6 * MiB)
+        before = rt.stats()["spill_count"]
+        d[12] = chunk(12)
+        assert rt.stats()["spill_count"] == before + 1  # one key for one key
+        del tmp
+        gc.collect()
+        for i in range(13):
+            np.testing.assert_array_equal(d[i], chunk(i))
+        s = rt.stats()
+        assert s["device_used"] - s["raw_used"] <= 4 * MiB + 512 * KiB, s  # d[12]'s read
+    finally:
+        d.close()
+        gc.collect()
+        rt.close()
+
+
+def test_device_memory_limit_share_of_the_device(tmp_path):
+    rt = dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(tmp_path))
+    d = DmemWorkerData(runtime=rt, device_memory_limit="25%",
+                       worker_local_directory=str(tmp_path / "local"))
+    try:
+        assert d._target == 2 * MiB
+    finally:
+        d.close()
+        rt.close()
+    with pytest.raises(ValueError):
+        rt2 = dmem.Runtime(backend="host", host_capacity=8 * MiB, spill_dir=str(tmp_path))
+        try:
+            DmemWorkerData(runtime=rt2, device_memory_limit="150%",
+                           worker_local_directory=str(tmp_path / "l2"))
+        finally:
+            rt2.close()
+
+
 class _TS:
     def __init__(self, deps):
         self.dependencies = [type("Dep", (), {"key": k})() for k in deps]

@@ -204,7 +204,12 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
         kw["backend"] = backend
     if device is not None:
         kw["device"] = device
-    if device_memory_limit is not None:
+    # device_memory_limit is the stored keys' target (DmemWorkerData keeps
+    # them under it, as dask-cuda does), not a hard limit on every byte: on
+    # a GPU the runtime's limit stays the device's (DMEM_DEVICE_LIMIT or the
+    # card), so that a task's temporaries and output in flight do not push
+    # stored keys out. The host backend's "device" is the limit itself.
+    if device_memory_limit is not None and backend == "host":
         kw["device_limit"] = device_memory_limit
     if host_memory_limit is not None:
         kw["host_limit"] = host_memory_limit
@@ -228,16 +233,40 @@ def _runtime_for(backend, device, device_memory_limit, host_memory_limit, spill_
     return dmem.default_runtime(device), False
 
 
+def _device_target(runtime, device_memory_limit):
+    """The stored keys' device bytes DmemWorkerData keeps to: the bytes of
+    device_memory_limit ("N%" of the device's capacity), or None (none
+    given: the runtime's limit alone)."""
+    limit = parse_size(device_memory_limit, "device_memory_limit")
+    if limit is None:
+        return None
+    if isinstance(limit, str):
+        frac = float(limit.strip()[:-1]) / 100.0
+        if not 0 < frac <= 1:
+            raise ValueError(f"device_memory_limit {limit!r} is not a share of the device "
+                             f"(0-100%)")
+        return int(frac * runtime.stats()["device_capacity"])
+    return limit
+
+
 class DmemWorkerData(MutableMapping):
     """The data mapping of a dmem-backed Dask worker.
 
     Parameters
     ----------
     device_memory_limit, host_memory_limit:
-        The runtime's device limit and pinned host limit: bytes, or strings
-        read as Dask reads them (dask.utils.parse_bytes: ``"8GB"`` is 8e9
-        bytes, ``"8GiB"`` 2**33), or ``"80%"`` of the device for
-        device_memory_limit; None: the ``DMEM_*`` environment / dmem's
+        Bytes, or strings read as Dask reads them (dask.utils.parse_bytes:
+        ``"8GB"`` is 8e9 bytes, ``"8GiB"`` 2**33), or ``"80%"`` of the
+        device for device_memory_limit. device_memory_limit bounds the
+        device bytes of stored keys, as dask-cuda's does: past it the
+        mapping spills keys (cold, then least recently used) right after a
+        store or a task's read, while a task's temporaries and its output
+        being computed are not counted. The runtime's own device limit, on
+        every byte, stays the device's (``DMEM_DEVICE_LIMIT`` or the card;
+        on the host backend, device_memory_limit itself). With
+        ``runtime=``, device_memory_limit is still the stored keys' bound.
+        host_memory_limit is the runtime's pinned host limit. None: no
+        bound of the mapping's own / the ``DMEM_*`` environment, dmem's
         defaults.
     host_burst:
         How far past host_memory_limit (a fraction of it, 0 to 1) the host
@@ -301,6 +330,7 @@ class DmemWorkerData(MutableMapping):
                 backend, device, device_memory_limit, host_memory_limit,
                 spill_dir if spill_dir is not None else local, host_burst, host_headroom,
                 runtime_options)
+        self._target = _device_target(self.runtime, device_memory_limit)
         if host_target is None:
             host_target = sys.maxsize
         elif not isinstance(host_target, int) or isinstance(host_target, bool) or host_target < 0:
@@ -360,6 +390,7 @@ class DmemWorkerData(MutableMapping):
             self._dev[key] = _Entry(tree, leaves)
             self._lru[key] = None
         self._cool_dependencies(key)
+        self._keep_to_target()
 
     def __getitem__(self, key):
         with self._lock:
@@ -381,7 +412,9 @@ class DmemWorkerData(MutableMapping):
             return value
         if key in self._cold:  # a task needs it after all (a new graph)
             self._set_priority(key, entry, 0)
-        return _arrays.unpack(entry.tree, self._stream())
+        value = _arrays.unpack(entry.tree, self._stream())
+        self._keep_to_target()  # it may have come back from the host
+        return value
 
     def __delitem__(self, key):
         with self._lock:
@@ -471,6 +504,23 @@ class DmemWorkerData(MutableMapping):
         with self._lock:
             if key in self._dev:
                 (self._cold.add if priority == COLD else self._cold.discard)(key)
+
+    def _keep_to_target(self):
+        """Spill stored keys (by _victims' order) until the bytes of dmem
+        buffers on the device are within device_memory_limit, as
+        dask-cuda's device LRU does; memory that is not a stored buffer (a
+        task's temporaries and output being computed: raw allocations) is
+        not counted, and the runtime's own limit still bounds every byte."""
+        if self._target is None:
+            return
+        s = self.runtime.stats()
+        over = s["device_used"] - s["raw_used"] - self._target
+        if over > 0:
+            try:
+                self.runtime.evict(over)
+            except dmem.DmemError as e:  # the runtime's limit still holds
+                logger.debug("dmem.dask: keeping to the device target: %s", e)
+            self.counts["target_evictions"] += 1
 
     def _victims(self, nbytes):
         """Buffers to spill for nbytes of room: resident, unlocked buffers of
