@@ -642,15 +642,16 @@ int main(int argc, char **argv) {
   {
     dmem_stats_t st;
     TRY(dmem_stats(rt, &st));
-    printf("stats: spills %llu (host %llu), unspills %llu, prefetched %llu, evict passes %llu, "
-           "spill-ahead %llu wakeups, %llu polls, %llu passes, %llu evictions, waits for room "
-           "%llu (%.3f s), pinned pool %.1f MiB (%llu grows, %llu in the background)\n",
+    printf("stats: spills %llu (host %llu; swaps %llu), unspills %llu, prefetched %llu, evict "
+           "passes %llu, spill-ahead %llu wakeups, %llu polls, %llu passes, %llu evictions, "
+           "waits for room %llu (%.3f s), pinned pool %.1f MiB (%llu grows, %llu in the "
+           "background)\n",
            (unsigned long long)st.spill_count,
            (unsigned long long)st.tier_spill_count[DMEM_TIER_HOST],
-           (unsigned long long)st.unspill_count, (unsigned long long)st.prefetch_count,
-           (unsigned long long)st.evict_passes, (unsigned long long)st.ahead_wakeups,
-           (unsigned long long)st.ahead_polls, (unsigned long long)st.ahead_passes,
-           (unsigned long long)st.ahead_evictions,
+           (unsigned long long)st.swaps, (unsigned long long)st.unspill_count,
+           (unsigned long long)st.prefetch_count, (unsigned long long)st.evict_passes,
+           (unsigned long long)st.ahead_wakeups, (unsigned long long)st.ahead_polls,
+           (unsigned long long)st.ahead_passes, (unsigned long long)st.ahead_evictions,
            (unsigned long long)st.room_waits, st.seconds_waiting_for_room,
            (double)st.host_pool_reserved / MiB, (unsigned long long)st.host_pool_grows,
            (unsigned long long)st.host_pool_background_grows);

@@ -63,7 +63,8 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   /* From the host tier into a full device: trade places with the victim
    * rather than pin its bytes anew (spill/swap.c) */
   dmem__swap_t sw = {.size = size, .self = b};
-  bool offer = !stable && !rt->swap_off && tier == &dmem__tier_host && b->host && size > 0;
+  bool offer = !stable && !rt->swap_off && !dmem_atomic_load_relaxed(&rt->swap_no_bounce) &&
+               tier == &dmem__tier_host && b->host && size > 0;
   bool swapped = false;
   dmem_status_t st;
   /* a swap cannot be undone once traded: its event first */

@@ -29,7 +29,8 @@
  *
  * The bounce buffer (2 x DMEM__SWAP_PIECE bytes) and its events are made at
  * the first swap, outside the device limit (like the CUDA context, they
- * are the runtime's own), and freed at destroy. One swap at a time
+ * are the runtime's own), and freed at destroy; when they cannot be made,
+ * swaps stay off for the runtime (rt->swap_no_bounce). One swap at a time
  * enqueues through it (rt->swap_mu, held only while enqueueing); the
  * events order the next swap's use of each half after this one's.
  *
@@ -173,8 +174,14 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t
   dmem__mutex_lock(&rt->swap_mu, DMEM__RANK_SWAP);
   st = bounce_get(rt);
   if (st != DMEM_OK) {
+    /* No bounce buffer (the device is full to its last bytes, or a
+     * backend error): retrieves go the usual way from now on, rather than
+     * take a victim, try, and give it back every time. */
+    dmem_atomic_store_relaxed(&rt->swap_no_bounce, 1);
     dmem__mutex_unlock(&rt->swap_mu, DMEM__RANK_SWAP);
-    if (st == DMEM_ERR_DEVICE) st = DMEM_ERR_OUT_OF_MEMORY; /* no bounce: the usual way */
+    DMEM_RT_LOG(rt, DMEM_LOG_INFO, "swap: no device bounce buffer (%s): retrieves spill first",
+                dmem_status_name(st));
+    if (st == DMEM_ERR_DEVICE) st = DMEM_ERR_OUT_OF_MEMORY; /* the usual way */
     goto undo;
   }
   /* r's own spill copy may still write `host`; the victim's unspill copy

@@ -228,9 +228,12 @@ class LocalCluster(distributed.LocalCluster):
         Worker processes; default one per GPU (``devices``), or 2 on the host
         backend.
     device_memory_limit, host_memory_limit:
-        Per worker: dmem's device limit and pinned host limit (bytes or
-        strings as Dask reads them: ``"8GB"`` is 8e9 bytes, ``"8GiB"``
-        2**33; ``"80%"`` of the device). host_memory_limit None: derived
+        Per worker: the device bytes of stored keys (as dask-cuda's
+        device_memory_limit: a task's temporaries are not counted; the
+        runtime's own limit stays the device's, DmemWorkerData) and dmem's
+        pinned host limit (bytes or strings as Dask reads them: ``"8GB"``
+        is 8e9 bytes, ``"8GiB"`` 2**33; ``"80%"`` of the device).
+        host_memory_limit None: derived
         from the worker's ``memory_limit`` (default_host_limit: the pinned
         pool's bound under Dask's spill threshold), with host_burst 0.2;
         ``memory_limit=0`` (none): no host limit.

@@ -21,7 +21,8 @@ def _parser():
         description="Start dmem-backed Dask workers (one per GPU) for a remote scheduler.")
     p.add_argument("scheduler", help="scheduler address, e.g. tcp://10.0.0.1:8786")
     p.add_argument("--device-memory-limit", default=None,
-                   help="dmem device limit per worker (bytes, '8GB', '80%%')")
+                   help="device bytes of stored keys per worker, as dask-cuda's "
+                        "(bytes, '8GB', '80%%')")
     p.add_argument("--host-memory-limit", default=None,
                    help="dmem pinned host limit per worker (bytes, '32GB'; default: derived "
                         "from --memory-limit, see docs/dask.md)")
