@@ -385,21 +385,261 @@ static int replay(const trace_t *t, dmem_eviction_policy_t pol, uint64_t *moved_
   return st == DMEM_OK ? 0 : -1;
 }
 
+/* ---- examples/cupy_loop.py replayed ---------------------------------------------- */
+
+/* Loads and write-backs (in buffers) of Belady's MIN over the events
+ * ev[0..n) (ids < nids) with room for `cap`, starting with the `nres`
+ * buffers res[] resident (every buffer written: a load that finds the
+ * room full writes one back). An id accessed by ev is brought in there. */
+static void min_loads(const uint32_t *ev, size_t n, uint32_t nids, size_t cap, const uint32_t *res,
+                      size_t nres, uint64_t *loads_out, uint64_t *evictions_out) {
+  size_t *next = malloc((n ? n : 1) * sizeof *next), *last = malloc(nids * sizeof *last);
+  uint8_t *in = calloc(nids, 1);
+  size_t *up = malloc(nids * sizeof *up); /* next use of each resident id */
+  for (uint32_t i = 0; i < nids; i++) last[i] = SIZE_MAX;
+  for (size_t i = n; i-- > 0;) {
+    next[i] = last[ev[i]];
+    last[ev[i]] = i;
+  }
+  size_t inn = 0;
+  for (size_t r = 0; r < nres && inn < cap; r++)
+    if (!in[res[r]]) {
+      in[res[r]] = 1;
+      up[res[r]] = last[res[r]];
+      inn++;
+    }
+  uint64_t loads = 0, evictions = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t id = ev[i];
+    if (!in[id]) {
+      loads++;
+      if (inn == cap) {
+        uint32_t v = UINT32_MAX;
+        for (uint32_t j = 0; j < nids; j++)
+          if (in[j] && (v == UINT32_MAX || up[j] > up[v])) v = j;
+        in[v] = 0;
+        inn--;
+        evictions++;
+      }
+      in[id] = 1;
+      inn++;
+    }
+    up[id] = next[i];
+  }
+  free(next);
+  free(last);
+  free(in);
+  free(up);
+  *loads_out = loads;
+  *evictions_out = evictions;
+}
+
+/* The loop's accesses (the uses alone, or with each prefetch as an access:
+ * a policy that honours every prefetch holds the prefetched buffers from
+ * then on). Returns the count written to ev. */
+static size_t loop_events(uint32_t nbuf, int passes, uint32_t depth, bool with_prefetch,
+                          uint32_t *ev) {
+  size_t n = 0;
+  for (int p = 0; p < passes; p++)
+    for (uint32_t i = 0; i < nbuf; i++) {
+      if (with_prefetch)
+        for (uint32_t k = 1; k <= depth; k++) ev[n++] = (i + k) % nbuf;
+      ev[n++] = i;
+    }
+  return n;
+}
+
+/* How a replay runs: which timings of the GPU it imitates. */
+typedef struct {
+  const char *name;
+  bool sync_prefetch; /* the prefetch stream synchronised before each lock */
+  double gbps;        /* simulated link (DMEM_HOST_COPY_GBPS): copies still in flight */
+  double ahead;       /* spill_ahead (0: off) */
+  unsigned kernel_us; /* a "kernel" on the lock's stream, this long */
+} loop_variant_t;
+
+static void sleep_us(void *user) {
+  unsigned us = (unsigned)(uintptr_t)user;
+  struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)us * 1000};
+  nanosleep(&ts, NULL);
+}
+
+#define LOOP_SIZE ((size_t)1 << 20)
+
+/* examples/cupy_loop.py's calls on the host backend: nbuf buffers, room
+ * for cap, the fill (each locked on cs, written, unlocked), then `passes`
+ * passes: dmem_buffer_prefetch of the next `depth` on stream ps (depth 0:
+ * none), dmem_buffer_lock of buffer i on stream cs, a synchronise of cs,
+ * the write (x += 1 on its first and last float), dmem_buffer_unlock. The
+ * bytes spilled and unspilled during the passes, in buffers; -1 on an
+ * error or a wrong value. */
+static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
+                       const loop_variant_t *v, dmem_eviction_policy_t pol, uint64_t *out_out,
+                       uint64_t *in_out) {
+  char g[32];
+  snprintf(g, sizeof g, "%g", v->gbps);
+  setenv("DMEM_HOST_COPY_GBPS", g, 1); /* read once: the first variant's value holds */
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.host_backend_capacity = (cap + 8) * LOOP_SIZE;
+  cfg.device_limit = cap * LOOP_SIZE;
+  cfg.spill_ahead = v->ahead;
+  cfg.eviction_policy = pol;
+  dmem_runtime_t *rt;
+  dmem_status_t st = dmem_runtime_create(&cfg, &rt);
+  if (st != DMEM_OK) {
+    fprintf(stderr, "bench_policy: create: %s (%s)\n", dmem_status_name(st),
+            dmem_last_error_detail());
+    return -1;
+  }
+  dmem_stream_t cs = NULL, ps = NULL;
+  dmem_handle_t *h = calloc(nbuf, sizeof *h);
+  st = dmem_stream_create(rt, &cs);
+  if (st == DMEM_OK) st = dmem_stream_create(rt, &ps);
+  int bad = 0;
+  for (uint32_t i = 0; i < nbuf && st == DMEM_OK; i++) { /* the fill */
+    void *p;
+    st = dmem_buffer_alloc(rt, LOOP_SIZE, 0, &h[i]);
+    if (st == DMEM_OK) st = dmem_buffer_lock(rt, h[i], cs, &p);
+    if (st == DMEM_OK) st = dmem_stream_synchronize(rt, cs);
+    if (st == DMEM_OK) {
+      float *x = p;
+      x[0] = x[LOOP_SIZE / sizeof *x - 1] = (float)i;
+      st = dmem_buffer_unlock(rt, h[i]);
+    }
+  }
+  dmem_stats_t s0, s1;
+  if (st == DMEM_OK) st = dmem_runtime_poll(rt);
+  if (st == DMEM_OK) st = dmem_stats(rt, &s0);
+  for (int pass = 0; pass < passes && st == DMEM_OK; pass++)
+    for (uint32_t i = 0; i < nbuf && st == DMEM_OK; i++) {
+      if (depth > 0) {
+        dmem_handle_t ahead[64];
+        for (uint32_t k = 1; k <= depth && k <= 64; k++) ahead[k - 1] = h[(i + k) % nbuf];
+        st = dmem_buffer_prefetch(rt, ahead, depth, ps);
+        if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_OK; /* a hint: the lock makes room */
+        if (st == DMEM_OK && v->sync_prefetch) st = dmem_stream_synchronize(rt, ps);
+      }
+      void *p = NULL;
+      if (st == DMEM_OK) st = dmem_buffer_lock(rt, h[i], cs, &p);
+      if (st != DMEM_OK) break;
+      if (v->kernel_us)
+        st = dmem_stream_enqueue_host(rt, cs, sleep_us, (void *)(uintptr_t)v->kernel_us);
+      if (st == DMEM_OK) st = dmem_stream_synchronize(rt, cs);
+      if (st == DMEM_OK) {
+        float *x = p;
+        x[0] += 1.0f;
+        x[LOOP_SIZE / sizeof *x - 1] += 1.0f;
+      }
+      dmem_status_t u = dmem_buffer_unlock(rt, h[i]);
+      if (st == DMEM_OK) st = u;
+    }
+  if (st == DMEM_OK) st = dmem_stream_synchronize(rt, ps);
+  if (st == DMEM_OK) st = dmem_runtime_poll(rt);
+  if (st == DMEM_OK) st = dmem_stats(rt, &s1);
+  for (uint32_t i = 0; i < nbuf && st == DMEM_OK; i++) { /* every value checked */
+    float x[2];
+    st = dmem_buffer_read(rt, h[i], 0, x, sizeof x[0]);
+    if (st == DMEM_OK) st = dmem_buffer_read(rt, h[i], LOOP_SIZE - sizeof x[1], &x[1], sizeof x[1]);
+    if (st == DMEM_OK && (x[0] != (float)(i + (uint32_t)passes) || x[1] != x[0])) bad++;
+  }
+  if (st != DMEM_OK)
+    fprintf(stderr, "bench_policy: loop replay: %s (%s)\n", dmem_status_name(st),
+            dmem_last_error_detail());
+  if (bad) fprintf(stderr, "bench_policy: loop replay: %d buffers wrong\n", bad);
+  if (st == DMEM_OK && !bad) {
+    *out_out = (s1.bytes_spilled - s0.bytes_spilled) / LOOP_SIZE;
+    *in_out = (s1.bytes_unspilled - s0.bytes_unspilled) / LOOP_SIZE;
+  }
+  if (ps) (void)dmem_stream_destroy(rt, ps);
+  if (cs) (void)dmem_stream_destroy(rt, cs);
+  free(h);
+  dmem_runtime_destroy(rt);
+  return st == DMEM_OK && !bad ? 0 : -1;
+}
+
+static const loop_variant_t loop_variants[] = {
+    {"sync", true, 0, 0, 0},        /* every prefetch's copies done before the lock */
+    {"async", false, 0, 0, 0},      /* none waited for: done when the worker gets to them */
+    {"link", false, 2, 0, 100},     /* a 2 GB/s link, 100 us kernels: copies in flight */
+    {"link-ahead", false, 2, 0.95, 100}, /* the same, spill-ahead on */
+    {"slowkern", false, 2, 0, 2000}, /* kernels longer than the copies */
+};
+
+/* bench_policy --loop: examples/cupy_loop.py's calls (32 buffers, room for
+ * 16, 3 passes) at prefetch depths 0, 1, 2, 4 under each variant. */
+static int loop_main(bool quick, bool check) {
+  const uint32_t nbuf = 32;
+  const size_t cap = 16;
+  const int passes = 3;
+  const uint32_t depths[] = {0, 1, 2, 4};
+  size_t nvar = sizeof loop_variants / sizeof loop_variants[0];
+  uint32_t *ev = malloc((size_t)passes * nbuf * 5 * sizeof *ev), res[64], best[64];
+  for (size_t r = 0; r < cap; r++) res[r] = (uint32_t)(nbuf - cap + r); /* the fill's last */
+  int bad = 0;
+  printf("bench_policy --loop: examples/cupy_loop.py replayed: %u buffers, room for %zu, %d "
+         "passes; moved = spilled + unspilled, in buffers\n", nbuf, cap, passes);
+  printf("  MIN: Belady over the uses from the best start (examples/linkbound.py's minimum);\n"
+         "  from fill: the same from the fill's resident set; pf-best: the fewest with every\n"
+         "  prefetch honoured (each prefetch an access), from the fill's resident set\n");
+  printf("%-5s %6s %9s %7s %-11s %6s %6s %9s %9s\n", "depth", "MIN", "from-fill", "pf-best",
+         "variant", "lru", "reuse", "reuse/MIN", "reuse/pf");
+  for (size_t d = 0; d < sizeof depths / sizeof depths[0]; d++) {
+    uint32_t depth = depths[d];
+    size_t n = loop_events(nbuf, passes, depth, false, ev);
+    for (size_t r = 0; r < cap; r++) best[r] = (uint32_t)r; /* the first `cap` used */
+    uint64_t l, e, min, fill, pf;
+    min_loads(ev, n, nbuf, cap, best, cap, &l, &e);
+    min = l + e;
+    min_loads(ev, n, nbuf, cap, res, cap, &l, &e);
+    fill = l + e;
+    n = loop_events(nbuf, passes, depth, true, ev);
+    min_loads(ev, n, nbuf, cap, res, cap, &l, &e);
+    pf = l + e;
+    for (size_t vi = 0; vi < nvar; vi++) {
+      const loop_variant_t *v = &loop_variants[vi];
+      if (quick && v->kernel_us >= 1000) continue;
+      uint64_t lo = 0, li = 0, ro = 0, ri = 0;
+      if (loop_replay(nbuf, cap, passes, depth, v, DMEM_EVICTION_LRU, &lo, &li) != 0 ||
+          loop_replay(nbuf, cap, passes, depth, v, DMEM_EVICTION_REUSE, &ro, &ri) != 0) {
+        free(ev);
+        return 1;
+      }
+      double rmin = (double)(ro + ri) / (double)min, rpf = (double)(ro + ri) / (double)pf;
+      printf("%-5u %6llu %9llu %7llu %-11s %6llu %6llu %9.3f %9.3f\n", depth,
+             (unsigned long long)min, (unsigned long long)fill, (unsigned long long)pf, v->name,
+             (unsigned long long)(lo + li), (unsigned long long)(ro + ri), rmin, rpf);
+      printf("RESULT bench_policy.loop.d%u.%s.reuse_over_min=%.3f\n", depth, v->name, rmin);
+      printf("RESULT bench_policy.loop.d%u.%s.reuse_over_pf=%.3f\n", depth, v->name, rpf);
+      if (check && rpf > 1.1) {
+        printf("FAILED: loop depth %u, %s: reuse moved %.3fx the fewest any policy honouring "
+               "the prefetches moves (target 1.1)\n", depth, v->name, rpf);
+        bad = 1;
+      }
+    }
+  }
+  free(ev);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   bool quick = false, check = false;
   const char *only = NULL;
-  bool scale = false;
+  bool scale = false, loop = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) quick = true;
     else if (strcmp(argv[i], "--check") == 0) check = true;
     else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else if (strcmp(argv[i], "--scale") == 0) scale = true;
+    else if (strcmp(argv[i], "--loop") == 0) loop = true;
     else {
-      fprintf(stderr, "usage: bench_policy [--quick] [--check] [--only TRACE] [--scale]\n");
+      fprintf(stderr, "usage: bench_policy [--quick] [--check] [--only TRACE] [--scale | --loop]\n");
       return 2;
     }
   }
   if (scale) return scale_main(quick, check);
+  if (loop) return loop_main(quick, check);
   int passes = quick ? 4 : 10;
   trace_t traces[] = {
       scan_trace("scan15", 96, 64, passes),
