@@ -80,6 +80,10 @@
 /* b->parr of an arrival the drain has linked, until it ends */
 #define DONE 0xFF
 
+/* b->pback's bits (core/core.h) */
+#define DMEM__PB_BACK 1u /* last taken from the back list */
+#define DMEM__PB_SOON 2u /* on the window, prefetched and not used since */
+
 /* Arrivals drained by the arriving thread (when the policy is free). */
 #define DMEM__DRAIN_EVERY 256u
 
@@ -148,9 +152,14 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
   }
   if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
     /* an arrival already pending re-classes the buffer too, and puts it at
-     * its list's newest end */
+     * its list's newest end; a pending return (BACK) that this prefetch
+     * made is marked as prefetched (BACK_SOON) */
     uint8_t none = 0;
-    if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) return;
+    if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) {
+      if (kind == DMEM__ARRIVE_SOON && none == DMEM__ARRIVE_BACK)
+        (void)dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)DMEM__ARRIVE_BACK_SOON);
+      return;
+    }
   } else {
     /* the arrival's own unlock marks 1; a second unlock, 2: used again */
     dmem_atomic_store_relaxed(&b->ref, 0);
@@ -419,18 +428,27 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
   }
   if (kind == DMEM__ARRIVE_SOON && b->pcls) {
     /* prefetched while resident: about to be locked, so the newest of its
-     * list (back's buffers go to the window's newest end), recency renewed;
-     * not a use: a loop that prefetches ahead stays a loop */
-    int l = b->plist == BACK ? WIN : b->plist;
+     * list, recency renewed; not a use: a loop that prefetches ahead stays
+     * a loop. One of the loop's (on back: used since it came) or one not
+     * used since it came (cold) joins the window, unused (its mark
+     * consumed: the use it stood for is counted), so that once used it is
+     * the next victim (back's newest), not a buffer needed sooner; one
+     * marked twice is hot. A hot one stays hot. */
+    int l = b->plist;
+    if (l == BACK || l == COLD) {
+      uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
+      l = mark >= 2 ? hot_list(b) : WIN;
+    }
     unlink_b(rt, b);
     link_tail(rt, b, cid, l);
+    if (l == WIN) b->pback = DMEM__PB_SOON;
     return;
   }
   if (b->pcls) unlink_b(rt, b);
-  bool was_back = b->pback;
+  bool was_back = b->pback & DMEM__PB_BACK;
   b->pback = 0;
   int l = COLD;
-  if (kind == DMEM__ARRIVE_BACK) {
+  if (kind == DMEM__ARRIVE_BACK || kind == DMEM__ARRIVE_BACK_SOON) {
     /* Back after as many victims as the class's oldest buffer has been
      * unused, or more: LRU would have evicted it too. (Not when no victim
      * was taken since its last known use: a dmem_buffer_spill and the lock or
@@ -460,7 +478,13 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
       else p->win_max = p->win_max + size < p->win_top ? p->win_max + size : p->win_top;
     }
   }
+  /* prefetched: about to be used, whatever its past (a loop's member that
+   * the heuristic above cannot tell from a buffer unused as long: the
+   * loop's kept buffers are idle for about as many victims) */
+  bool soon = kind == DMEM__ARRIVE_BACK_SOON || kind == DMEM__ARRIVE_SOON;
+  if (soon) l = WIN;
   link_tail(rt, b, cid, l);
+  if (soon) b->pback = DMEM__PB_SOON;
 }
 
 /* Link the buffers that arrived since the last drain, in arrival order. */
@@ -484,7 +508,7 @@ static void drain(dmem_runtime_t *rt) {
     uint8_t kind = dmem_atomic_load_relaxed(&b->parr);
     /* DONE, not 0: still pending for arrivals (they push nothing), so
      * anext stays as it is until the second loop */
-    if (kind != DMEM__ARRIVE_BACK &&
+    if (kind != DMEM__ARRIVE_BACK && kind != DMEM__ARRIVE_BACK_SOON &&
         dmem_atomic_cas_strong_acq_rel(&b->parr, &kind, (uint8_t)DONE))
       link_arrival(rt, b, kind);
   }
@@ -518,17 +542,26 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
           continue;
         }
         uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-        if (dmem__w_count(wb) > 0 || mark >= 2) {
+        if (mark >= 2) {
           to_hot(rt, b); /* used again meanwhile */
           continue;
         }
         restore(b, mark);
+        if (mark == 0 && (dmem__w_count(wb) > 0 || (b->pback & DMEM__PB_SOON))) {
+          /* in its first use (locked: its unlock marks it), or prefetched
+           * and not used yet: it stays, whatever the window's size (to its
+           * newest end: the walk goes on) */
+          if (dmem__w_count(wb) > 0) b->pback &= (uint8_t)~DMEM__PB_SOON;
+          move_tail(rt, b, WIN);
+          continue;
+        }
         if (mark == 0 && (c->win_bytes <= p->win_max || c->n[WIN] <= 1)) break;
+        b->pback &= (uint8_t)~DMEM__PB_SOON;
         move_tail(rt, b, BACK);
       }
       /* a buffer predicted dead, then back's newest */
       dmem__buffer_t *b = overdue(rt, c, &w);
-      if (!b && (b = first(rt, c, BACK, true, &w)) != NULL) b->pback = 1;
+      if (!b && (b = first(rt, c, BACK, true, &w)) != NULL) b->pback = DMEM__PB_BACK;
       if (!b) b = oldest(rt, c, &w);
       if (!b) b = first(rt, c, WIN, false, &w);
       if (!b) b = oldest(rt, c, &w); /* what the window promoted to hot */
