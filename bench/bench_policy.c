@@ -42,12 +42,29 @@
  *
  *   bench_policy [--quick] [--check] [--only TRACE]
  *   bench_policy --scale [--quick] [--check]
+ *   bench_policy --loop [--quick] [--check]
  *
  * --quick: shorter traces (the CTest run, bench.policy; the GEMM traces
  * keep their 3 repetitions). --check: exit 1 unless the default policy
  * moves at most 1.2x MIN's bytes on the scan traces and the GEMM trace
  * (gemm) and at most 1.05x LRU's on every trace (the replay is
  * deterministic: one thread, fixed seeds). --only TRACE: that trace alone.
+ *
+ * --loop: examples/cupy_loop.py's own calls (not a trace of accesses):
+ * 32 buffers of 1 MiB, room for 16, the fill, then 3 passes that prefetch
+ * the next 0, 1, 2 or 4 buffers on one stream and lock, write and unlock
+ * each on another, under timings a GPU shows: the prefetch's copies waited
+ * for or not, the lock before the prefetch (which then evicts while the
+ * buffer is locked), a simulated 2 GB/s link (DMEM_HOST_COPY_GBPS: copies
+ * in flight at the lock), spill-ahead on, kernels longer than the copies
+ * (not with --quick). Bytes moved are dmem's counts over the passes,
+ * against Belady's MIN over the uses from the best start (the "minimum" of
+ * examples/linkbound.py) and against pf-best, the fewest any policy moves
+ * that honours every prefetch (MIN with each prefetch an access: the
+ * prefetched buffers are held from then on), from the resident set the
+ * fill leaves. `RESULT bench_policy.loop.d<depth>.<variant>.reuse_over_min
+ * / reuse_over_pf`; --check: exit 1 if the default policy moves more than
+ * 1.1x pf-best in a variant with spill-ahead off.
  *
  * --scale: the cost of one eviction as the number of live buffers grows
  * (10^3 .. 10^6; --quick: to 10^5): mean time of an allocation that
@@ -456,6 +473,7 @@ typedef struct {
   double gbps;        /* simulated link (DMEM_HOST_COPY_GBPS): copies still in flight */
   double ahead;       /* spill_ahead (0: off) */
   unsigned kernel_us; /* a "kernel" on the lock's stream, this long */
+  bool lock_first;    /* buffer i locked before the prefetch (which evicts while it is) */
 } loop_variant_t;
 
 static void sleep_us(void *user) {
@@ -470,7 +488,8 @@ static void sleep_us(void *user) {
  * for cap, the fill (each locked on cs, written, unlocked), then `passes`
  * passes: dmem_buffer_prefetch of the next `depth` on stream ps (depth 0:
  * none), dmem_buffer_lock of buffer i on stream cs, a synchronise of cs,
- * the write (x += 1 on its first and last float), dmem_buffer_unlock. The
+ * the write (x += 1 on its first and last float), dmem_buffer_unlock
+ * (v->lock_first: the lock before the prefetch). The
  * bytes spilled and unspilled during the passes, in buffers; -1 on an
  * error or a wrong value. */
 static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
@@ -514,15 +533,16 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
   if (st == DMEM_OK) st = dmem_stats(rt, &s0);
   for (int pass = 0; pass < passes && st == DMEM_OK; pass++)
     for (uint32_t i = 0; i < nbuf && st == DMEM_OK; i++) {
-      if (depth > 0) {
+      void *p = NULL;
+      if (v->lock_first) st = dmem_buffer_lock(rt, h[i], cs, &p);
+      if (depth > 0 && st == DMEM_OK) {
         dmem_handle_t ahead[64];
         for (uint32_t k = 1; k <= depth && k <= 64; k++) ahead[k - 1] = h[(i + k) % nbuf];
         st = dmem_buffer_prefetch(rt, ahead, depth, ps);
         if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_OK; /* a hint: the lock makes room */
         if (st == DMEM_OK && v->sync_prefetch) st = dmem_stream_synchronize(rt, ps);
       }
-      void *p = NULL;
-      if (st == DMEM_OK) st = dmem_buffer_lock(rt, h[i], cs, &p);
+      if (st == DMEM_OK && !v->lock_first) st = dmem_buffer_lock(rt, h[i], cs, &p);
       if (st != DMEM_OK) break;
       if (v->kernel_us)
         st = dmem_stream_enqueue_host(rt, cs, sleep_us, (void *)(uintptr_t)v->kernel_us);
@@ -560,11 +580,12 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
 }
 
 static const loop_variant_t loop_variants[] = {
-    {"sync", true, 0, 0, 0},        /* every prefetch's copies done before the lock */
-    {"async", false, 0, 0, 0},      /* none waited for: done when the worker gets to them */
-    {"link", false, 2, 0, 100},     /* a 2 GB/s link, 100 us kernels: copies in flight */
-    {"link-ahead", false, 2, 0.95, 100}, /* the same, spill-ahead on */
-    {"slowkern", false, 2, 0, 2000}, /* kernels longer than the copies */
+    {"sync", true, 0, 0, 0, false},   /* every prefetch's copies done before the lock */
+    {"async", false, 0, 0, 0, false}, /* none waited for: done when the worker gets to them */
+    {"lockfirst", false, 0, 0, 0, true}, /* lock, then prefetch: an eviction while locked */
+    {"link", false, 2, 0, 100, false}, /* a 2 GB/s link, 100 us kernels: copies in flight */
+    {"link-ahead", false, 2, 0.95, 100, false}, /* the same, spill-ahead on */
+    {"slowkern", false, 2, 0, 2000, false},     /* kernels longer than the copies */
 };
 
 /* bench_policy --loop: examples/cupy_loop.py's calls (32 buffers, room for
@@ -612,7 +633,9 @@ static int loop_main(bool quick, bool check) {
              (unsigned long long)(lo + li), (unsigned long long)(ro + ri), rmin, rpf);
       printf("RESULT bench_policy.loop.d%u.%s.reuse_over_min=%.3f\n", depth, v->name, rmin);
       printf("RESULT bench_policy.loop.d%u.%s.reuse_over_pf=%.3f\n", depth, v->name, rpf);
-      if (check && rpf > 1.1) {
+      /* spill-ahead keeps device use below its low-water mark: fewer
+       * places than the bound counts (reported, not held to it) */
+      if (check && v->ahead == 0 && rpf > 1.1) {
         printf("FAILED: loop depth %u, %s: reuse moved %.3fx the fewest any policy honouring "
                "the prefetches moves (target 1.1)\n", depth, v->name, rpf);
         bad = 1;
