@@ -458,14 +458,20 @@ static void min_loads(const uint32_t *ev, size_t n, uint32_t nids, size_t cap, c
 
 /* The loop's accesses (the uses alone, or with each prefetch as an access:
  * a policy that honours every prefetch holds the prefetched buffers from
- * then on). Returns the count written to ev. */
+ * then on; and a buffer locked across the prefetch, an access right
+ * before it (lock_first: the one about to be used) or right after it
+ * (late_unlock: the one used last), since it cannot be evicted then).
+ * Returns the count written to ev. */
 static size_t loop_events(uint32_t nbuf, int passes, uint32_t depth, bool with_prefetch,
-                          uint32_t *ev) {
+                          bool lock_first, bool late_unlock, uint32_t *ev) {
   size_t n = 0;
   for (int p = 0; p < passes; p++)
     for (uint32_t i = 0; i < nbuf; i++) {
+      if (with_prefetch && lock_first && depth > 0) ev[n++] = i;
       if (with_prefetch)
         for (uint32_t k = 1; k <= depth; k++) ev[n++] = (i + k) % nbuf;
+      if (with_prefetch && late_unlock && depth > 0 && (p > 0 || i > 0))
+        ev[n++] = (i + nbuf - 1) % nbuf;
       ev[n++] = i;
     }
   return n;
@@ -479,6 +485,8 @@ typedef struct {
   double ahead;       /* spill_ahead (0: off) */
   unsigned kernel_us; /* a "kernel" on the lock's stream, this long */
   bool lock_first;    /* buffer i locked before the prefetch (which evicts while it is) */
+  bool late_unlock;   /* buffer i unlocked after the next prefetch (a Python view that
+                         dies late: its export holds the lock) */
 } loop_variant_t;
 
 static void sleep_us(void *user) {
@@ -494,7 +502,8 @@ static void sleep_us(void *user) {
  * passes: dmem_buffer_prefetch of the next `depth` on stream ps (depth 0:
  * none), dmem_buffer_lock of buffer i on stream cs, a synchronise of cs,
  * the write (x += 1 on its first and last float), dmem_buffer_unlock
- * (v->lock_first: the lock before the prefetch). The
+ * (v->lock_first: the lock before the prefetch; v->late_unlock: the unlock
+ * after the next step's prefetch). The
  * bytes spilled and unspilled during the passes, in buffers; -1 on an
  * error or a wrong value. */
 static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
@@ -536,6 +545,7 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
   dmem_stats_t s0, s1;
   if (st == DMEM_OK) st = dmem_runtime_poll(rt);
   if (st == DMEM_OK) st = dmem_stats(rt, &s0);
+  dmem_handle_t held = 0; /* late_unlock: the buffer still locked */
   for (int pass = 0; pass < passes && st == DMEM_OK; pass++)
     for (uint32_t i = 0; i < nbuf && st == DMEM_OK; i++) {
       void *p = NULL;
@@ -547,6 +557,10 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
         if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_OK; /* a hint: the lock makes room */
         if (st == DMEM_OK && v->sync_prefetch) st = dmem_stream_synchronize(rt, ps);
       }
+      if (held && st == DMEM_OK) {
+        st = dmem_buffer_unlock(rt, held);
+        held = 0;
+      }
       if (st == DMEM_OK && !v->lock_first) st = dmem_buffer_lock(rt, h[i], cs, &p);
       if (st != DMEM_OK) break;
       if (v->kernel_us)
@@ -557,9 +571,14 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
         x[0] += 1.0f;
         x[LOOP_SIZE / sizeof *x - 1] += 1.0f;
       }
-      dmem_status_t u = dmem_buffer_unlock(rt, h[i]);
-      if (st == DMEM_OK) st = u;
+      if (v->late_unlock) {
+        held = h[i];
+      } else {
+        dmem_status_t u = dmem_buffer_unlock(rt, h[i]);
+        if (st == DMEM_OK) st = u;
+      }
     }
+  if (held && st == DMEM_OK) st = dmem_buffer_unlock(rt, held);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, ps);
   if (st == DMEM_OK) st = dmem_runtime_poll(rt);
   if (st == DMEM_OK) st = dmem_stats(rt, &s1);
@@ -585,12 +604,13 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
 }
 
 static const loop_variant_t loop_variants[] = {
-    {"sync", true, 0, 0, 0, false},   /* every prefetch's copies done before the lock */
-    {"async", false, 0, 0, 0, false}, /* none waited for: done when the worker gets to them */
-    {"lockfirst", false, 0, 0, 0, true}, /* lock, then prefetch: an eviction while locked */
-    {"link", false, 2, 0, 100, false}, /* a 2 GB/s link, 100 us kernels: copies in flight */
-    {"link-ahead", false, 2, 0.95, 100, false}, /* the same, spill-ahead on */
-    {"slowkern", false, 2, 0, 2000, false},     /* kernels longer than the copies */
+    {"sync", true, 0, 0, 0, false, false},   /* every prefetch's copies done before the lock */
+    {"async", false, 0, 0, 0, false, false}, /* none waited for: done when the worker gets to them */
+    {"lockfirst", false, 0, 0, 0, true, false},  /* lock, then prefetch: it evicts while locked */
+    {"lateunlock", false, 0, 0, 0, false, true}, /* the unlock after the next prefetch */
+    {"link", false, 2, 0, 100, false, false}, /* a 2 GB/s link, 100 us kernels: copies in flight */
+    {"link-ahead", false, 2, 0.95, 100, false, false}, /* the same, spill-ahead on */
+    {"slowkern", false, 2, 0, 2000, false, false},     /* kernels longer than the copies */
 };
 
 /* bench_policy --loop: examples/cupy_loop.py's calls (32 buffers, room for
@@ -601,31 +621,32 @@ static int loop_main(bool quick, bool check) {
   const int passes = 3;
   const uint32_t depths[] = {0, 1, 2, 4, 8};
   size_t nvar = sizeof loop_variants / sizeof loop_variants[0];
-  uint32_t *ev = malloc((size_t)passes * nbuf * 9 * sizeof *ev), res[64], best[64];
+  uint32_t *ev = malloc((size_t)passes * nbuf * 10 * sizeof *ev), res[64], best[64];
   for (size_t r = 0; r < cap; r++) res[r] = (uint32_t)(nbuf - cap + r); /* the fill's last */
   int bad = 0;
   printf("bench_policy --loop: examples/cupy_loop.py replayed: %u buffers, room for %zu, %d "
          "passes; moved = spilled + unspilled, in buffers\n", nbuf, cap, passes);
   printf("  MIN: Belady over the uses from the best start (examples/linkbound.py's minimum);\n"
          "  from fill: the same from the fill's resident set; pf-best: the fewest with every\n"
-         "  prefetch honoured (each prefetch an access), from the fill's resident set\n");
+         "  prefetch honoured (each prefetch an access; a buffer locked across the prefetch\n"
+         "  held), from the fill's resident set\n");
   printf("%-5s %6s %9s %7s %-11s %6s %6s %9s %9s\n", "depth", "MIN", "from-fill", "pf-best",
          "variant", "lru", "reuse", "reuse/MIN", "reuse/pf");
   for (size_t d = 0; d < sizeof depths / sizeof depths[0]; d++) {
     uint32_t depth = depths[d];
-    size_t n = loop_events(nbuf, passes, depth, false, ev);
+    size_t n = loop_events(nbuf, passes, depth, false, false, false, ev);
     for (size_t r = 0; r < cap; r++) best[r] = (uint32_t)r; /* the first `cap` used */
     uint64_t l, e, min, fill, pf;
     min_loads(ev, n, nbuf, cap, best, cap, &l, &e);
     min = l + e;
     min_loads(ev, n, nbuf, cap, res, cap, &l, &e);
     fill = l + e;
-    n = loop_events(nbuf, passes, depth, true, ev);
-    min_loads(ev, n, nbuf, cap, res, cap, &l, &e);
-    pf = l + e;
     for (size_t vi = 0; vi < nvar; vi++) {
       const loop_variant_t *v = &loop_variants[vi];
       if (quick && v->kernel_us >= 1000) continue;
+      n = loop_events(nbuf, passes, depth, true, v->lock_first, v->late_unlock, ev);
+      min_loads(ev, n, nbuf, cap, res, cap, &l, &e);
+      pf = l + e;
       uint64_t lo = 0, li = 0, ro = 0, ri = 0;
       if (loop_replay(nbuf, cap, passes, depth, v, DMEM_EVICTION_LRU, &lo, &li) != 0 ||
           loop_replay(nbuf, cap, passes, depth, v, DMEM_EVICTION_REUSE, &ro, &ri) != 0) {
