@@ -459,6 +459,40 @@ TEST_CASE(prefetch_loop_moves_close_to_the_fewest) {
     }
 }
 
+/* Prefetched buffers are kept from the victims until their use, but only
+ * while they hold less than 3/4 of the limit: past that, a prefetch evicts
+ * the newest of them (the one needed last), not the buffers in use. Room
+ * for 16, 32 buffers used once each (the last 16 resident), then one
+ * prefetch of the 16 spilled ones (never locked): 4 of the 16 that were
+ * resident stay, and every byte is intact. */
+TEST_CASE(prefetch_of_more_than_fits_keeps_a_quarter) {
+  const size_t sz = 64 << 10;
+  dmem_runtime_t *rt = check_runtime_policy(16 * sz, DMEM_EVICTION_REUSE);
+  dmem_handle_t h[32];
+  for (int i = 0; i < 32; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &h[i]));
+    check_put(rt, h[i], sz, (uint64_t)i);
+  }
+  dmem_handle_t spilled[32], resident[32];
+  size_t n = 0, nres = 0;
+  for (int i = 0; i < 32; i++) {
+    if (state_of(rt, h[i]) == DMEM_STATE_RESIDENT) resident[nres++] = h[i];
+    else spilled[n++] = h[i];
+  }
+  CHECK_UEQ(n, 16);
+  CHECK_OK(dmem_buffer_prefetch(rt, spilled, n, NULL));
+  CHECK_OK(dmem_stream_synchronize(rt, NULL));
+  int kept = 0, fetched = 0;
+  for (size_t i = 0; i < nres; i++) kept += state_of(rt, resident[i]) == DMEM_STATE_RESIDENT;
+  for (size_t i = 0; i < n; i++) fetched += state_of(rt, spilled[i]) == DMEM_STATE_RESIDENT;
+  fprintf(stderr, "kept %d of %zu, prefetched and resident %d of %zu\n", kept, nres, fetched, n);
+  CHECK_EQ(kept, 4);
+  CHECK_EQ(fetched, 12);
+  for (int i = 0; i < 32; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], sz, (uint64_t)i), 0);
+  for (int i = 0; i < 32; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
 /* Retrieves of a tiled C += A * B (8x8 tiles of each, blocked i-j-k order,
  * 3 repetitions; room for 64 of the 192 tiles) under policy pol: to
  * *retrieves_out. */

@@ -17,8 +17,12 @@
  *         least the age of the cold and hot heads: LRU would not have kept
  *         them either), unless used in bursts (their interval before the
  *         pause more than DMEM__BURST times shorter than it): a loop's (or
- *         a long scan's) members, until they are used (a loop that
- *         prefetches ahead brings them before their use);
+ *         a long scan's) members, until they are used; and buffers
+ *         prefetched (dmem_buffer_prefetch: brought back, or resident on
+ *         cold or back), marked DMEM__PB_SOON until their first unlock and
+ *         kept there whatever the window's size, while such buffers hold
+ *         less than soon_top (3/4 of the limit: past it the newest goes to
+ *         back, as if its prefetch had been dropped);
  *   back  the loop's members once used (or past the window's size).
  *         Newest first out.
  *
@@ -102,6 +106,7 @@ void dmem__policy_init(dmem_runtime_t *rt) {
   rt->pol.win_max = rt->limit / DMEM__WIN_START;
   rt->pol.win_min = rt->limit / DMEM__WIN_MIN;
   rt->pol.win_top = rt->limit / DMEM__WIN_TOP;
+  rt->pol.soon_top = rt->limit - rt->limit / 4;
   atomic_init(&rt->pol.arrivals, (uint64_t)DMEM__NO_SLOT);
   atomic_init(&rt->pol.tick, 0);
 }
@@ -202,6 +207,10 @@ static void unlink_b(dmem_runtime_t *rt, dmem__buffer_t *b) {
   else c->tail[l] = b->pprev;
   c->n[l]--;
   if (l == WIN) c->win_bytes -= (size_t)b->psize * 256;
+  if (l == WIN && (b->pback & DMEM__PB_SOON)) { /* the mark means "on the window" */
+    c->soon_bytes -= (size_t)b->psize * 256;
+    b->pback &= (uint8_t)~DMEM__PB_SOON;
+  }
   b->pcls = 0;
 }
 
@@ -239,6 +248,13 @@ static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l) {
   uint32_t cid = b->pcls - 1u;
   unlink_b(rt, b);
   link_tail(rt, b, cid, l);
+}
+
+/* b, on its class's window: prefetched and not used since. */
+static void set_soon(dmem_runtime_t *rt, dmem__buffer_t *b) {
+  if (b->pback & DMEM__PB_SOON) return;
+  b->pback |= DMEM__PB_SOON;
+  rt->pol.cls[b->pcls - 1].soon_bytes += (size_t)b->psize * 256;
 }
 
 /* The hot list of b: by its last reuse interval (a bucket per 7-bit code's
@@ -339,9 +355,11 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
     }
     if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
       uint32_t cid = b->pcls - 1u;
+      bool soon = b->pback & DMEM__PB_SOON;
       unlink_b(rt, b);
       if (newest_first) link_head(rt, b, cid, l); /* the end this walk reaches last */
       else link_tail(rt, b, cid, l);
+      if (soon) set_soon(rt, b);
       continue;
     }
     uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
@@ -421,8 +439,10 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
   if (kind == DMEM__ARRIVE_PRIO && b->pcls) {
     if (b->pcls != cid + 1) { /* the same list of its new class */
       int l = b->plist;
+      bool soon = b->pback & DMEM__PB_SOON;
       unlink_b(rt, b);
       link_tail(rt, b, cid, l);
+      if (soon) set_soon(rt, b);
     }
     return;
   }
@@ -441,7 +461,7 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     }
     unlink_b(rt, b);
     link_tail(rt, b, cid, l);
-    if (l == WIN) b->pback = DMEM__PB_SOON;
+    if (l == WIN) set_soon(rt, b);
     return;
   }
   if (b->pcls) unlink_b(rt, b);
@@ -484,7 +504,7 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
   bool soon = kind == DMEM__ARRIVE_BACK_SOON || kind == DMEM__ARRIVE_SOON;
   if (soon) l = WIN;
   link_tail(rt, b, cid, l);
-  if (soon) b->pback = DMEM__PB_SOON;
+  if (soon) set_soon(rt, b);
 }
 
 /* Link the buffers that arrived since the last drain, in arrival order. */
@@ -531,6 +551,13 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
   for (uint32_t i = 0; i < p->ncls && bytes < need && k < max; i++) {
     dmem__pclass_t *c = &p->cls[p->order[i]];
     while (bytes < need && k < max) {
+      /* Unused prefetched buffers holding soon_top or more: the newest
+       * (the one needed last) goes to back, the next victim, as if its
+       * prefetch had been dropped, rather than a buffer in use (a prefetch
+       * of more than fits does not push everything else out) */
+      while (c->soon_bytes >= p->soon_top && c->tail[WIN] != DMEM__NO_SLOT &&
+             (at(rt, c->tail[WIN])->pback & DMEM__PB_SOON))
+        move_tail(rt, at(rt, c->tail[WIN]), BACK);
       /* the window's oldest go on to back once used (or to hot, used
        * again meanwhile), and beyond its size even if not */
       uint64_t w = 0;
@@ -547,16 +574,16 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
           continue;
         }
         restore(b, mark);
-        if (mark == 0 && (dmem__w_count(wb) > 0 || (b->pback & DMEM__PB_SOON))) {
-          /* in its first use (locked: its unlock marks it), or prefetched
-           * and not used yet: it stays, whatever the window's size (to its
-           * newest end: the walk goes on) */
-          if (dmem__w_count(wb) > 0) b->pback &= (uint8_t)~DMEM__PB_SOON;
+        /* in its first use (locked: its unlock marks it), or prefetched and
+         * not used yet: it stays, whatever the window's size (to its newest
+         * end: the walk goes on) */
+        bool soon = b->pback & DMEM__PB_SOON;
+        if (mark == 0 && (dmem__w_count(wb) > 0 || soon)) {
           move_tail(rt, b, WIN);
+          if (soon && dmem__w_count(wb) == 0) set_soon(rt, b);
           continue;
         }
         if (mark == 0 && (c->win_bytes <= p->win_max || c->n[WIN] <= 1)) break;
-        b->pback &= (uint8_t)~DMEM__PB_SOON;
         move_tail(rt, b, BACK);
       }
       /* a buffer predicted dead, then back's newest */
