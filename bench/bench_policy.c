@@ -64,9 +64,12 @@
  * examples/linkbound.py) and against pf-best, the fewest any policy moves
  * that honours every prefetch (MIN with each prefetch an access: the
  * prefetched buffers are held from then on), from the resident set the
- * fill leaves. `RESULT bench_policy.loop.d<depth>.<variant>.reuse_over_min
- * / reuse_over_pf`; --check: exit 1 if the default policy moves more than
- * 1.1x pf-best in a variant with spill-ahead off.
+ * fill leaves ("rotated": passes that start at the first buffer the fill
+ * left resident, from that set, the best start). `RESULT
+ * bench_policy.loop.d<depth>.<variant>.reuse_over_min / reuse_over_pf`;
+ * --check: exit 1 if the default policy moves more than 1.1x pf-best (1.2x
+ * rotated, where MIN's knowledge that the last pass is the last weighs
+ * more) in a variant with spill-ahead off.
  *
  * --scale: the cost of one eviction as the number of live buffers grows
  * (10^3 .. 10^6; --quick: to 10^5): mean time of an allocation that
@@ -487,6 +490,7 @@ typedef struct {
   bool lock_first;    /* buffer i locked before the prefetch (which evicts while it is) */
   bool late_unlock;   /* buffer i unlocked after the next prefetch (a Python view that
                          dies late: its export holds the lock) */
+  bool rotate;        /* the passes start at the first buffer the fill left resident */
 } loop_variant_t;
 
 static void sleep_us(void *user) {
@@ -546,13 +550,15 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
   if (st == DMEM_OK) st = dmem_runtime_poll(rt);
   if (st == DMEM_OK) st = dmem_stats(rt, &s0);
   dmem_handle_t held = 0; /* late_unlock: the buffer still locked */
+  dmem_handle_t *L = calloc(nbuf, sizeof *L); /* the loop's order */
+  for (uint32_t j = 0; j < nbuf; j++) L[j] = h[(j + (v->rotate ? nbuf - cap : 0)) % nbuf];
   for (int pass = 0; pass < passes && st == DMEM_OK; pass++)
     for (uint32_t i = 0; i < nbuf && st == DMEM_OK; i++) {
       void *p = NULL;
-      if (v->lock_first) st = dmem_buffer_lock(rt, h[i], cs, &p);
+      if (v->lock_first) st = dmem_buffer_lock(rt, L[i], cs, &p);
       if (depth > 0 && st == DMEM_OK) {
         dmem_handle_t ahead[64];
-        for (uint32_t k = 1; k <= depth && k <= 64; k++) ahead[k - 1] = h[(i + k) % nbuf];
+        for (uint32_t k = 1; k <= depth && k <= 64; k++) ahead[k - 1] = L[(i + k) % nbuf];
         st = dmem_buffer_prefetch(rt, ahead, depth, ps);
         if (st == DMEM_ERR_OUT_OF_MEMORY) st = DMEM_OK; /* a hint: the lock makes room */
         if (st == DMEM_OK && v->sync_prefetch) st = dmem_stream_synchronize(rt, ps);
@@ -561,7 +567,7 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
         st = dmem_buffer_unlock(rt, held);
         held = 0;
       }
-      if (st == DMEM_OK && !v->lock_first) st = dmem_buffer_lock(rt, h[i], cs, &p);
+      if (st == DMEM_OK && !v->lock_first) st = dmem_buffer_lock(rt, L[i], cs, &p);
       if (st != DMEM_OK) break;
       if (v->kernel_us)
         st = dmem_stream_enqueue_host(rt, cs, sleep_us, (void *)(uintptr_t)v->kernel_us);
@@ -572,12 +578,13 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
         x[LOOP_SIZE / sizeof *x - 1] += 1.0f;
       }
       if (v->late_unlock) {
-        held = h[i];
+        held = L[i];
       } else {
-        dmem_status_t u = dmem_buffer_unlock(rt, h[i]);
+        dmem_status_t u = dmem_buffer_unlock(rt, L[i]);
         if (st == DMEM_OK) st = u;
       }
     }
+  free(L);
   if (held && st == DMEM_OK) st = dmem_buffer_unlock(rt, held);
   if (st == DMEM_OK) st = dmem_stream_synchronize(rt, ps);
   if (st == DMEM_OK) st = dmem_runtime_poll(rt);
@@ -604,13 +611,14 @@ static int loop_replay(uint32_t nbuf, size_t cap, int passes, uint32_t depth,
 }
 
 static const loop_variant_t loop_variants[] = {
-    {"sync", true, 0, 0, 0, false, false},   /* every prefetch's copies done before the lock */
-    {"async", false, 0, 0, 0, false, false}, /* none waited for: done when the worker gets to them */
-    {"lockfirst", false, 0, 0, 0, true, false},  /* lock, then prefetch: it evicts while locked */
-    {"lateunlock", false, 0, 0, 0, false, true}, /* the unlock after the next prefetch */
-    {"link", false, 2, 0, 100, false, false}, /* a 2 GB/s link, 100 us kernels: copies in flight */
-    {"link-ahead", false, 2, 0.95, 100, false, false}, /* the same, spill-ahead on */
-    {"slowkern", false, 2, 0, 2000, false, false},     /* kernels longer than the copies */
+    {"sync", true, 0, 0, 0, false, false, false}, /* every prefetch's copies done before the lock */
+    {"rotated", true, 0, 0, 0, false, false, true}, /* the same, starting at buffer 16 */
+    {"async", false, 0, 0, 0, false, false, false}, /* none waited for: done when the worker gets to them */
+    {"lockfirst", false, 0, 0, 0, true, false, false},  /* lock, then prefetch: it evicts while locked */
+    {"lateunlock", false, 0, 0, 0, false, true, false}, /* the unlock after the next prefetch */
+    {"link", false, 2, 0, 100, false, false, false}, /* a 2 GB/s link, 100 us kernels: copies in flight */
+    {"link-ahead", false, 2, 0.95, 100, false, false, false}, /* the same, spill-ahead on */
+    {"slowkern", false, 2, 0, 2000, false, false, false},     /* kernels longer than the copies */
 };
 
 /* bench_policy --loop: examples/cupy_loop.py's calls (32 buffers, room for
@@ -645,7 +653,9 @@ static int loop_main(bool quick, bool check) {
       const loop_variant_t *v = &loop_variants[vi];
       if (quick && v->kernel_us >= 1000) continue;
       n = loop_events(nbuf, passes, depth, true, v->lock_first, v->late_unlock, ev);
-      min_loads(ev, n, nbuf, cap, res, cap, &l, &e);
+      /* rotated: the loop starts with the buffers the fill left (in the
+       * loop's own order, the first `cap`) */
+      min_loads(ev, n, nbuf, cap, v->rotate ? best : res, cap, &l, &e);
       pf = l + e;
       uint64_t lo = 0, li = 0, ro = 0, ri = 0;
       if (loop_replay(nbuf, cap, passes, depth, v, DMEM_EVICTION_LRU, &lo, &li) != 0 ||
@@ -660,10 +670,14 @@ static int loop_main(bool quick, bool check) {
       printf("RESULT bench_policy.loop.d%u.%s.reuse_over_min=%.3f\n", depth, v->name, rmin);
       printf("RESULT bench_policy.loop.d%u.%s.reuse_over_pf=%.3f\n", depth, v->name, rpf);
       /* spill-ahead keeps device use below its low-water mark: fewer
-       * places than the bound counts (reported, not held to it) */
-      if (check && v->ahead == 0 && rpf > 1.1) {
+       * places than the bound counts (reported, not held to it). Rotated:
+       * MIN from the best start keeps nothing for after the last pass,
+       * which it knows is the last (worth a few places over 3 passes, that
+       * no policy can know): 1.2 */
+      double target = v->rotate ? 1.2 : 1.1;
+      if (check && v->ahead == 0 && rpf > target) {
         printf("FAILED: loop depth %u, %s: reuse moved %.3fx the fewest any policy honouring "
-               "the prefetches moves (target 1.1)\n", depth, v->name, rpf);
+               "the prefetches moves (target %.1f)\n", depth, v->name, rpf, target);
         bad = 1;
       }
     }
