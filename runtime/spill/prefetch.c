@@ -30,11 +30,12 @@ dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t
      * the lock it was brought back for. LRU: the most recently used, as an
      * unlock would make it (its old stamp made it the first victim). The
      * default policy (spill/reuse.c): brought back (its arrival is
-     * retrieve.c's) or resident, it joins the window unused (a hot one
-     * stays hot), and once used it is the first victim: a loop that
-     * prefetches ahead keeps the buffers it did not cycle, as Belady's MIN
-     * does. Not a use: a loop that prefetches ahead would make every
-     * buffer hot (LRU again). */
+     * retrieve.c's), it joins the window unused, and once used it is the
+     * first victim: a loop that prefetches ahead keeps the buffers it did
+     * not cycle, as Belady's MIN does; resident, it moves to its list's
+     * newest end (to hot if used since it came back: it fits). Not a use:
+     * a loop that prefetches ahead would make every buffer hot (LRU
+     * again). */
     if (rt->pol_lru) dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
     else dmem__policy_arrive(rt, b, DMEM__ARRIVE_SOON);
   }

@@ -18,11 +18,13 @@
  *         them either), unless used in bursts (their interval before the
  *         pause more than DMEM__BURST times shorter than it): a loop's (or
  *         a long scan's) members, until they are used; and buffers
- *         prefetched (dmem_buffer_prefetch: brought back, or resident on
- *         cold or back), marked DMEM__PB_SOON until their first unlock and
- *         kept there whatever the window's size, while such buffers hold
- *         less than soon_top (3/4 of the limit: past it the newest goes to
- *         back, as if its prefetch had been dropped);
+ *         brought back by dmem_buffer_prefetch (or on the window unused
+ *         when prefetched), marked DMEM__PB_SOON until their first unlock
+ *         and kept there whatever the window's size, while such buffers
+ *         hold less than soon_top (3/4 of the limit: past it the newest
+ *         goes to back, as if its prefetch had been dropped). A resident
+ *         buffer prefetched again after a use (on back, or marked on the
+ *         window) fits: it is hot; a cold one stays cold;
  *   back  the loop's members once used (or past the window's size).
  *         Newest first out.
  *
@@ -158,10 +160,14 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
   if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
     /* an arrival already pending re-classes the buffer too, and puts it at
      * its list's newest end; a pending return (BACK) that this prefetch
-     * made is marked as prefetched (BACK_SOON) */
+     * made is marked as prefetched (BACK_SOON). A prefetch of a buffer
+     * marked used since it came (SOON_USED) says so now: the drain may link
+     * it after the use it announces, which marks it too. */
+    if (kind == DMEM__ARRIVE_SOON && dmem_atomic_load_relaxed(&b->ref) > 0)
+      kind = DMEM__ARRIVE_SOON_USED;
     uint8_t none = 0;
     if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) {
-      if (kind == DMEM__ARRIVE_SOON && none == DMEM__ARRIVE_BACK)
+      if (kind != DMEM__ARRIVE_PRIO && none == DMEM__ARRIVE_BACK)
         (void)dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)DMEM__ARRIVE_BACK_SOON);
       return;
     }
@@ -446,18 +452,20 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
     }
     return;
   }
-  if (kind == DMEM__ARRIVE_SOON && b->pcls) {
+  if ((kind == DMEM__ARRIVE_SOON || kind == DMEM__ARRIVE_SOON_USED) && b->pcls) {
     /* prefetched while resident: about to be locked, so the newest of its
      * list, recency renewed; not a use: a loop that prefetches ahead stays
-     * a loop. One of the loop's (on back: used since it came) or one not
-     * used since it came (cold) joins the window, unused (its mark
-     * consumed: the use it stood for is counted), so that once used it is
-     * the next victim (back's newest), not a buffer needed sooner; one
-     * marked twice is hot. A hot one stays hot. */
+     * a loop. One that was marked used at the prefetch, on back or on the
+     * window, is wanted again before it was evicted: it fits, and is hot
+     * (a loop's buffer that survived a pass, a GEMM's A tile that each
+     * product of a row prefetches); its mark is consumed. One on back not
+     * marked joins the window, unused. A cold one stays cold. */
     int l = b->plist;
-    if (l == BACK || l == COLD) {
-      uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-      l = mark >= 2 ? hot_list(b) : WIN;
+    if (kind == DMEM__ARRIVE_SOON_USED && (l == BACK || l == WIN)) {
+      (void)dmem_atomic_exchange_relaxed(&b->ref, 0);
+      l = hot_list(b);
+    } else if (l == BACK) {
+      l = WIN;
     }
     unlink_b(rt, b);
     link_tail(rt, b, cid, l);
@@ -501,7 +509,8 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
   /* prefetched: about to be used, whatever its past (a loop's member that
    * the heuristic above cannot tell from a buffer unused as long: the
    * loop's kept buffers are idle for about as many victims) */
-  bool soon = kind == DMEM__ARRIVE_BACK_SOON || kind == DMEM__ARRIVE_SOON;
+  bool soon = kind == DMEM__ARRIVE_BACK_SOON || kind == DMEM__ARRIVE_SOON ||
+              kind == DMEM__ARRIVE_SOON_USED;
   if (soon) l = WIN;
   link_tail(rt, b, cid, l);
   if (soon) set_soon(rt, b);
