@@ -30,7 +30,11 @@ the loop's time, the link-bound time and their ratio (1.0 = the minimum
 bytes at the speed of the link), and the ratio for the bytes dmem did move
 (how well it kept the link busy), plus ``RESULT name=value`` lines for
 scripts/gpu-test: ``cupy_loop.ratio``, ``cupy_loop.ratio_moved``,
-``cupy_loop.moved_over_min``. It checks every buffer's first and last
+``cupy_loop.moved_over_min``, and ``cupy_loop.moved_over_pf``: dmem's bytes
+over the fewest any schedule moves that honours every prefetch, from the
+resident set the fill leaves (``linkbound.prefetch_trace``; 1.0 = the
+eviction policy did the best it could: prefetching d ahead costs about d
+of the places). It checks every buffer's first and last
 element at the end; exit status 1 if one is wrong, 77 without CuPy or a
 CUDA device.
 """
@@ -45,7 +49,7 @@ except ImportError:  # pragma: no cover
     sys.exit(77)
 
 import dmem
-from linkbound import cyclic_trace, link_bound_seconds, min_transfers
+from linkbound import cyclic_trace, link_bound_seconds, min_transfers, prefetch_trace
 
 
 def parse_size(s):
@@ -153,6 +157,15 @@ def main():
         slots = max(1, limit // size)
         loads, evictions = min_transfers(cyclic_trace(nbuf, a.passes), slots)
         min_in, min_out = loads * size, evictions * size
+        # the fewest any schedule moves that honours every prefetch, from
+        # the resident set the fill leaves (its last `slots` buffers): the
+        # best the eviction policy can do for this loop
+        depth = 0 if a.no_prefetch else a.depth
+        fill = list(range(max(0, nbuf - slots), nbuf))
+        pf_loads, pf_evictions = min_transfers(prefetch_trace(nbuf, a.passes, depth), slots,
+                                               resident=fill)
+        pf_bytes = (pf_loads + pf_evictions) * size
+        moved_over_pf = (spilled + unspilled) / pf_bytes if pf_bytes else float("inf")
         bound = link_bound_seconds(min_out, min_in, d2h_bw, h2d_bw, both_bw)
         bound_moved = link_bound_seconds(spilled, unspilled, d2h_bw, h2d_bw, both_bw)
         moved_over_min = ((spilled + unspilled) / (min_in + min_out)
@@ -177,6 +190,9 @@ def main():
         print("cupy_loop: minimum %.2f GiB out, %.2f GiB in (Belady MIN: %d loads with room for "
               "%d of %d buffers); dmem moved %.2fx the minimum"
               % (min_out / 2**30, min_in / 2**30, loads, slots, nbuf, moved_over_min))
+        print("cupy_loop: fewest honouring the prefetches from the fill's resident set: %.2f GiB "
+              "each way (%d loads); dmem moved %.2fx that"
+              % (pf_loads * size / 2**30, pf_loads, moved_over_pf))
         ratio = bound / elapsed if elapsed > 0 else 0.0
         ratio_moved = bound_moved / elapsed if elapsed > 0 else 0.0
         print("cupy_loop: loop %.3f s, link-bound %.3f s (minimum bytes at the raw bandwidth): "
@@ -185,6 +201,7 @@ def main():
         print("RESULT cupy_loop.ratio=%.4f" % ratio)
         print("RESULT cupy_loop.ratio_moved=%.4f" % ratio_moved)
         print("RESULT cupy_loop.moved_over_min=%.4f" % moved_over_min)
+        print("RESULT cupy_loop.moved_over_pf=%.4f" % moved_over_pf)
         print("cupy_loop: %s" % ("OK" if bad == 0 else "FAILED (%d buffers wrong)" % bad))
         view = None  # the last view: its export holds the buffer
         for b in bufs:

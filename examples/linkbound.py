@@ -12,6 +12,7 @@ buffer back: the minimum is that many bytes each way.
 
     min_transfers(trace, slots)            -> loads, evictions (MIN)
     cyclic_trace(nbuf, passes)             -> the cupy_loop trace
+    prefetch_trace(nbuf, passes, depth)    -> the same, each prefetch an access
     link_bound_seconds(out, in, d2h, h2d, both) -> seconds at the link
 
 Pure Python, no CuPy: tests/python/test_linkbound.py checks it on the host.
@@ -66,6 +67,17 @@ def cyclic_trace(nbuf, passes):
     """The buffers cupy_loop locks in its timed loop: `passes` passes over
     buffers 0..nbuf-1 in order."""
     return [i for _ in range(passes) for i in range(nbuf)]
+
+
+def prefetch_trace(nbuf, passes, depth):
+    """cupy_loop's trace with its prefetches honoured: before the use of
+    buffer i, an access to each of the next `depth` (a prefetch brings the
+    buffer in and keeps it until its use). MIN over it is the fewest loads
+    of any schedule that honours every prefetch: with `slots` places it
+    keeps about slots - depth - 1 buffers for the whole loop, where MIN
+    over the uses alone keeps slots - 1."""
+    return [b for _ in range(passes) for i in range(nbuf)
+            for b in [(i + k) % nbuf for k in range(1, depth + 1)] + [i]]
 
 
 def link_bound_seconds(out_bytes, in_bytes, d2h_gbps, h2d_gbps, both_gbps):

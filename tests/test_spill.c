@@ -336,6 +336,221 @@ TEST_CASE(loop_keeps_most_buffers_resident) {
   CHECK_LE(unspills[0], 20);
 }
 
+/* The fewest loads of `nbuf` buffers with room for `cap`, from the
+ * resident set {nbuf - cap, ..., nbuf - 1} (what a fill in order leaves),
+ * over `passes` cyclic passes in which each use of buffer i is preceded by
+ * a prefetch of i+1..i+depth that is honoured (each prefetch an access:
+ * the buffer is resident from then until its use), and (late) buffer i-1
+ * still locked after the prefetch: Belady's MIN over that trace (evict the
+ * buffer whose next access is farthest away). */
+static uint64_t prefetch_loop_min_loads(int nbuf, int cap, int passes, int depth, bool late) {
+  int n = passes * nbuf * (depth + 2), k = 0;
+  int *ev = malloc((size_t)n * sizeof *ev), *next = malloc((size_t)n * sizeof *next);
+  int last[64], up[64];
+  bool in[64] = {false};
+  for (int p = 0; p < passes; p++)
+    for (int i = 0; i < nbuf; i++) {
+      for (int d = 1; d <= depth; d++) ev[k++] = (i + d) % nbuf;
+      if (late && (p > 0 || i > 0)) ev[k++] = (i + nbuf - 1) % nbuf;
+      ev[k++] = i;
+    }
+  n = k;
+  for (int b = 0; b < nbuf; b++) last[b] = n + b; /* never again: past the end */
+  for (int i = n - 1; i >= 0; i--) {
+    next[i] = last[ev[i]];
+    last[ev[i]] = i;
+  }
+  for (int b = nbuf - cap; b < nbuf; b++) {
+    in[b] = true;
+    up[b] = last[b];
+  }
+  uint64_t loads = 0;
+  for (int i = 0; i < n; i++) {
+    if (!in[ev[i]]) {
+      int v = -1;
+      for (int b = 0; b < nbuf; b++)
+        if (in[b] && (v < 0 || up[b] > up[v])) v = b;
+      in[v] = false;
+      in[ev[i]] = true;
+      loads++;
+    }
+    up[ev[i]] = next[i];
+  }
+  free(ev);
+  free(next);
+  return loads;
+}
+
+/* examples/cupy_loop.py's calls, scaled down: 32 buffers, room for 16, 3
+ * passes; before each use, a prefetch of the next `depth` on stream ps;
+ * then buffer i locked on stream cs, cs synchronised, written, unlocked.
+ * order 1: locked before the prefetch, which then evicts while it is
+ * locked; order 2: unlocked only after the next prefetch (a Python view
+ * whose export dies late). Its retrieves after the fill, under the default
+ * policy, to *retrieves_out. */
+static void prefetch_loop_retrieves(int depth, int order, uint64_t *retrieves_out) {
+  const bool lock_first = order == 1, late = order == 2;
+  const size_t sz = 64 << 10;
+  dmem_runtime_t *rt = check_runtime_policy(16 * sz, DMEM_EVICTION_REUSE);
+  dmem_stream_t cs, ps;
+  REQUIRE_OK(dmem_stream_create(rt, &cs));
+  REQUIRE_OK(dmem_stream_create(rt, &ps));
+  dmem_handle_t h[32];
+  for (int i = 0; i < 32; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &h[i]));
+    check_put(rt, h[i], sz, (uint64_t)i);
+  }
+  uint64_t val[32];
+  dmem_stats_t s0, s1;
+  dmem_handle_t held = 0;
+  CHECK_OK(dmem_stats(rt, &s0));
+  for (int pass = 0; pass < 3; pass++)
+    for (int i = 0; i < 32; i++) {
+      dmem_handle_t ahead[4];
+      for (int d = 1; d <= depth; d++) ahead[d - 1] = h[(i + d) % 32];
+      void *p = NULL;
+      if (lock_first) CHECK_OK(dmem_buffer_lock(rt, h[i], cs, &p));
+      dmem_status_t st = dmem_buffer_prefetch(rt, ahead, (size_t)depth, ps);
+      if (st != DMEM_ERR_OUT_OF_MEMORY) CHECK_OK(st); /* a hint: the lock makes room */
+      if (held) CHECK_OK(dmem_buffer_unlock(rt, held));
+      held = 0;
+      if (!lock_first) CHECK_OK(dmem_buffer_lock(rt, h[i], cs, &p));
+      /* the write ("x += 1"): the pass and the buffer, checked at the end */
+      val[i] = (uint64_t)(pass + 1) * 100 + (uint64_t)i;
+      if (p) CHECK_OK(dmem_stream_copy(rt, p, &val[i], sizeof val[i], cs));
+      CHECK_OK(dmem_stream_synchronize(rt, cs));
+      if (late) held = h[i];
+      else CHECK_OK(dmem_buffer_unlock(rt, h[i]));
+    }
+  if (held) CHECK_OK(dmem_buffer_unlock(rt, held));
+  CHECK_OK(dmem_stream_synchronize(rt, ps));
+  CHECK_OK(dmem_stats(rt, &s1));
+  for (int i = 0; i < 32; i++) {
+    uint64_t x = 0;
+    CHECK_OK(dmem_buffer_read(rt, h[i], 0, &x, sizeof x));
+    CHECK_UEQ(x, (uint64_t)300 + (uint64_t)i);
+    CHECK_OK(dmem_buffer_free(rt, h[i]));
+  }
+  CHECK_OK(dmem_stream_destroy(rt, ps));
+  CHECK_OK(dmem_stream_destroy(rt, cs));
+  dmem_runtime_destroy(rt);
+  *retrieves_out = s1.unspill_count - s0.unspill_count;
+}
+
+/* A loop over twice what fits that prefetches ahead (examples/cupy_loop.py):
+ * the best any policy that honours the prefetches can do keeps 16 - depth - 1
+ * buffers for the whole loop and cycles the rest through the other places,
+ * evicting the buffer just used (Belady's MIN over the trace with each
+ * prefetch an access). The default policy brought 1.2-1.5x that many back
+ * (it classed some prefetched buffers as cold, evicted prefetched ones
+ * before their use, and made a buffer locked during the prefetch's
+ * eviction hot); now within 1.1x, whether the prefetch comes before the
+ * lock, after it, or before the unlock of the buffer used last. */
+TEST_CASE(prefetch_loop_moves_close_to_the_fewest) {
+  static const char *const orders[] = {"", " (locked first)", " (unlocked late)"};
+  for (int depth = 1; depth <= 4; depth *= 2)
+    for (int order = 0; order < 3; order++) {
+      uint64_t got = 0;
+      prefetch_loop_retrieves(depth, order, &got);
+      uint64_t best = prefetch_loop_min_loads(32, 16, 3, depth, order == 2);
+      fprintf(stderr, "depth %d%s: %llu retrieves, the fewest %llu\n", depth, orders[order],
+              (unsigned long long)got, (unsigned long long)best);
+      CHECK_LE(got * 10, best * 11);
+    }
+}
+
+/* Prefetched buffers are kept from the victims until their use, but only
+ * while they hold less than 3/4 of the limit: past that, a prefetch evicts
+ * the newest of them (the one needed last), not the buffers in use. Room
+ * for 16, 32 buffers used once each (the last 16 resident), then one
+ * prefetch of the 16 spilled ones (never locked): 4 of the 16 that were
+ * resident stay, and every byte is intact. */
+TEST_CASE(prefetch_of_more_than_fits_keeps_a_quarter) {
+  const size_t sz = 64 << 10;
+  dmem_runtime_t *rt = check_runtime_policy(16 * sz, DMEM_EVICTION_REUSE);
+  dmem_handle_t h[32];
+  for (int i = 0; i < 32; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &h[i]));
+    check_put(rt, h[i], sz, (uint64_t)i);
+  }
+  dmem_handle_t spilled[32], resident[32];
+  size_t n = 0, nres = 0;
+  for (int i = 0; i < 32; i++) {
+    if (state_of(rt, h[i]) == DMEM_STATE_RESIDENT) resident[nres++] = h[i];
+    else spilled[n++] = h[i];
+  }
+  CHECK_UEQ(n, 16);
+  CHECK_OK(dmem_buffer_prefetch(rt, spilled, n, NULL));
+  CHECK_OK(dmem_stream_synchronize(rt, NULL));
+  int kept = 0, fetched = 0;
+  for (size_t i = 0; i < nres; i++) kept += state_of(rt, resident[i]) == DMEM_STATE_RESIDENT;
+  for (size_t i = 0; i < n; i++) fetched += state_of(rt, spilled[i]) == DMEM_STATE_RESIDENT;
+  fprintf(stderr, "kept %d of %zu, prefetched and resident %d of %zu\n", kept, nres, fetched, n);
+  CHECK_EQ(kept, 4);
+  CHECK_EQ(fetched, 12);
+  for (int i = 0; i < 32; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], sz, (uint64_t)i), 0);
+  for (int i = 0; i < 32; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  dmem_runtime_destroy(rt);
+}
+
+/* Spills plus retrieves of examples/cublas_gemm.c's order under policy pol:
+ * C[i][j] = A[i] x B[j] for i, j < 7 (A and B filled first, each C
+ * allocated by its product), the next product's A and B prefetched after
+ * each product; room for 16 of the 63 tiles. */
+static void blas_moves(dmem_eviction_policy_t pol, uint64_t *moves_out) {
+  const size_t sz = 64 << 10;
+  enum { T = 7 };
+  dmem_runtime_t *rt = check_runtime_policy(16 * sz, pol);
+  dmem_handle_t A[T], B[T], C[T * T];
+  for (int x = 0; x < T; x++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &A[x]));
+    check_put(rt, A[x], sz, (uint64_t)x);
+  }
+  for (int x = 0; x < T; x++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &B[x]));
+    check_put(rt, B[x], sz, (uint64_t)(T + x));
+  }
+  for (int k = 0; k < T * T; k++) {
+    void *p;
+    dmem_handle_t use[3] = {0, A[k / T], B[k % T]};
+    REQUIRE_OK(dmem_buffer_alloc(rt, sz, 0, &C[k]));
+    use[0] = C[k];
+    for (int u = 0; u < 3; u++) {
+      CHECK_OK(dmem_buffer_lock(rt, use[u], NULL, &p));
+      CHECK_OK(dmem_buffer_unlock(rt, use[u]));
+    }
+    if (k + 1 < T * T) {
+      dmem_handle_t next[2] = {A[(k + 1) / T], B[(k + 1) % T]};
+      dmem_status_t st = dmem_buffer_prefetch(rt, next, 2, NULL);
+      if (st != DMEM_ERR_OUT_OF_MEMORY) CHECK_OK(st);
+    }
+  }
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  for (int x = 0; x < T; x++) CHECK_UEQ(check_bad_bytes(rt, A[x], sz, (uint64_t)x), 0);
+  for (int x = 0; x < T; x++) CHECK_UEQ(check_bad_bytes(rt, B[x], sz, (uint64_t)(T + x)), 0);
+  for (int x = 0; x < T; x++) CHECK_OK(dmem_buffer_free(rt, A[x]));
+  for (int x = 0; x < T; x++) CHECK_OK(dmem_buffer_free(rt, B[x]));
+  for (int k = 0; k < T * T; k++) CHECK_OK(dmem_buffer_free(rt, C[k]));
+  dmem_runtime_destroy(rt);
+  *moves_out = s.spill_count + s.unspill_count;
+}
+
+/* cublas_gemm's order: the A tile that every product of a row uses (and
+ * prefetches again right after its use) fits, and the B tiles are used
+ * once a row; the C tiles are used once. The default policy must not move
+ * more than LRU here (it moved 1.2x LRU's buffers, and a prefetch-aware
+ * version that made every prefetched buffer a loop's member evicted the A
+ * tile after each product: 2.2x). */
+TEST_CASE(prefetch_after_use_keeps_a_buffer_that_fits) {
+  uint64_t reuse = 0, lru = 0;
+  blas_moves(DMEM_EVICTION_REUSE, &reuse);
+  blas_moves(DMEM_EVICTION_LRU, &lru);
+  fprintf(stderr, "moved: default policy %llu, LRU %llu\n", (unsigned long long)reuse,
+          (unsigned long long)lru);
+  CHECK_LE(reuse, lru);
+}
+
 /* Retrieves of a tiled C += A * B (8x8 tiles of each, blocked i-j-k order,
  * 3 repetitions; room for 64 of the 192 tiles) under policy pol: to
  * *retrieves_out. */

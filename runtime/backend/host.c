@@ -30,6 +30,11 @@
  * time. Reservations and allocations live on lists under vmm_mu (a leaf);
  * those left at destroy are freed there.
  *
+ * Simulated link: DMEM_HOST_COPY_GBPS=G (read at backend create; unset or
+ * 0: off) makes each copy of n bytes also sleep n / G ns on its stream's
+ * worker, so that copies are still in flight when the next call comes, as
+ * they are on a GPU (bench_policy --loop replays examples/cupy_loop.py so).
+ *
  * Lock order: backend streams_mu is never held with another lock; stream mu
  * before event mu; workers run ops with no stream lock held.
  */
@@ -43,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/atomic.h"
@@ -146,6 +152,7 @@ struct hb_backend {
   pthread_mutex_t vmm_mu; /* the two lists below; a leaf */
   hb_va_t *vas;
   hb_phys_t *phys;
+  double copy_gbps;           /* DMEM_HOST_COPY_GBPS at create; 0: off */
   _Atomic size_t used;        /* written by device_alloc (CAS) and device_free */
   _Atomic size_t live_allocs; /* device allocations not freed (for the destroy warning) */
   _Atomic size_t live_events; /* events not destroyed by the user (same) */
@@ -582,11 +589,21 @@ static dmem_status_t hb_event_synchronize(dmem__backend_t *be, void *event) {
 
 /* ---- streams --------------------------------------------------------------- */
 
-static void hb_op_run(hb_op_t *op) {
+/* A copy's time on the simulated link (after its memcpy): n / gbps ns. */
+static void hb_copy_wait(double gbps, size_t n) {
+  if (gbps <= 0) return;
+  double ns = (double)n / gbps;
+  struct timespec ts = {.tv_sec = (time_t)(ns / 1e9), .tv_nsec = (long)((uint64_t)ns % 1000000000u)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static void hb_op_run(const hb_backend_t *hb, hb_op_t *op) {
   DMEM_SCHED_POINT(); /* the schedule fuzzer may delay the stream (base/sched.h) */
   switch (op->kind) {
     case HB_OP_COPY:
       memcpy(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
+      hb_copy_wait(hb->copy_gbps, op->u.copy.n);
       break;
     case HB_OP_HOST_FUNC:
       op->u.func.fn(op->u.func.user);
@@ -628,7 +645,7 @@ static void *hb_stream_main(void *arg) {
     s->head = op->next;
     if (!s->head) s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    hb_op_run(op);
+    hb_op_run(s->be, op);
     free(op);
     pthread_mutex_lock(&s->mu);
     s->done++;
@@ -920,6 +937,9 @@ dmem_status_t dmem__backend_host_create(const dmem_config_t *cfg, dmem__backend_
   hb->vmm_granularity = page > (64 << 10) ? (size_t)page : (size_t)64 << 10;
   hb->capacity =
       (cfg && cfg->host_backend_capacity) ? cfg->host_backend_capacity : HB_DEFAULT_CAPACITY;
+  const char *gbps = getenv("DMEM_HOST_COPY_GBPS");
+  hb->copy_gbps = gbps ? strtod(gbps, NULL) : 0;
+  if (!(hb->copy_gbps > 0)) hb->copy_gbps = 0;
   atomic_init(&hb->used, 0);
   atomic_init(&hb->live_allocs, 0);
   atomic_init(&hb->live_events, 0);

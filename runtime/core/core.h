@@ -292,7 +292,9 @@ typedef struct dmem__buffer {
    * (core/controller.c: dmem__store_watch); 0 otherwise. */
   _Atomic uint8_t store_watch;
   uint8_t plist; /* under the policy's mutex: which of its class's lists */
-  uint8_t pback; /* under the policy's mutex: last taken from the back list */
+  /* under the policy's mutex: DMEM__PB_BACK: last taken from the back
+   * list; DMEM__PB_SOON: on the window, prefetched and not used since */
+  uint8_t pback;
   /* The bytes its list counted when it took the buffer, in 256-byte units
    * rounded up, saturating (dmem__psize_units): under the policy's mutex. */
   uint32_t psize;

@@ -113,6 +113,7 @@ typedef struct dmem__pclass {
   uint32_t head[DMEM__PLISTS], tail[DMEM__PLISTS];
   size_t n[DMEM__PLISTS]; /* entries on each list */
   size_t win_bytes;       /* bytes on the window (as each entry was linked) */
+  size_t soon_bytes;      /* of those, prefetched and not used since */
 } dmem__pclass_t;
 
 /* The default eviction policy's state (spill/reuse.c). Everything but
@@ -131,6 +132,8 @@ typedef struct dmem__policy {
   size_t win_max;        /* the most bytes a class's window holds: adapts
                             between win_min and win_top */
   size_t win_min, win_top;
+  size_t soon_top;       /* the most bytes a class's unused prefetched buffers
+                            keep from the victims: 3/4 of the limit */
   bool no_class;         /* a class could not be made (no memory): some
                             buffers are on no list, and eviction passes
                             scan the whole table instead */

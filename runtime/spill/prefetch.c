@@ -2,8 +2,9 @@
  * spill/prefetch.c - dmem_buffer_prefetch's batch: buffers brought back on the
  * host->device copy stream without being locked, and the caller's stream
  * ordered after the whole batch by one event. Each counts as just used (its
- * LRU stamp renewed, or under the default policy the newest arrival or
- * marked), so that eviction does not take it back first.
+ * LRU stamp renewed), or under the default policy as about to be used (on
+ * the window until its unlock), so that eviction does not take it back
+ * first.
  */
 #include "spill/spill.h"
 
@@ -23,19 +24,20 @@ dmem_status_t dmem__prefetch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t
       st = dmem__stale(hs[i]);
       break;
     }
-    uint64_t w = dmem_atomic_load_acquire(&b->word); /* partner: the last mover's release */
-    bool resident = dmem__w_state(w) == DMEM_STATE_RESIDENT && !(w & DMEM__F_TRANSIT);
     st = dmem__retrieve(rt, b, hs[i], stream, DMEM__RETRIEVE_PREFETCH, NULL);
     if (st != DMEM_OK) break;
     /* About to be locked: not the next victim, which would evict it before
      * the lock it was brought back for. LRU: the most recently used, as an
      * unlock would make it (its old stamp made it the first victim). The
-     * default policy: brought back, it is the newest arrival (retrieve.c);
-     * resident already, it moves to its list's newest end (spill/reuse.c),
-     * unmarked: a prefetch is not a use, or a loop that prefetches ahead
-     * would make every buffer hot (LRU again). */
+     * default policy (spill/reuse.c): brought back (its arrival is
+     * retrieve.c's), it joins the window unused, and once used it is the
+     * first victim: a loop that prefetches ahead keeps the buffers it did
+     * not cycle, as Belady's MIN does; resident, it moves to its list's
+     * newest end (to hot if used since it came back: it fits). Not a use:
+     * a loop that prefetches ahead would make every buffer hot (LRU
+     * again). */
     if (rt->pol_lru) dmem_atomic_store_relaxed(&b->last_use, dmem__lru_stamp(rt));
-    else if (resident) dmem__policy_arrive(rt, b, DMEM__ARRIVE_SOON);
+    else dmem__policy_arrive(rt, b, DMEM__ARRIVE_SOON);
   }
   /* One event after every copy enqueued so far on the host->device stream
    * (a FIFO): the caller's stream waits for the batch once. Buffers that

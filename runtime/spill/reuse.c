@@ -17,8 +17,14 @@
  *         least the age of the cold and hot heads: LRU would not have kept
  *         them either), unless used in bursts (their interval before the
  *         pause more than DMEM__BURST times shorter than it): a loop's (or
- *         a long scan's) members, until they are used (a loop that
- *         prefetches ahead brings them before their use);
+ *         a long scan's) members, until they are used; and buffers
+ *         brought back by dmem_buffer_prefetch (or on the window unused
+ *         when prefetched), marked DMEM__PB_SOON until their first unlock
+ *         and kept there whatever the window's size, while such buffers
+ *         hold less than soon_top (3/4 of the limit: past it the newest
+ *         goes to back, as if its prefetch had been dropped). A resident
+ *         buffer prefetched again after a use (on back, or marked on the
+ *         window) fits: it is hot; a cold one stays cold;
  *   back  the loop's members once used (or past the window's size).
  *         Newest first out.
  *
@@ -80,6 +86,10 @@
 /* b->parr of an arrival the drain has linked, until it ends */
 #define DONE 0xFF
 
+/* b->pback's bits (core/core.h) */
+#define DMEM__PB_BACK 1u /* last taken from the back list */
+#define DMEM__PB_SOON 2u /* on the window, prefetched and not used since */
+
 /* Arrivals drained by the arriving thread (when the policy is free). */
 #define DMEM__DRAIN_EVERY 256u
 
@@ -98,6 +108,7 @@ void dmem__policy_init(dmem_runtime_t *rt) {
   rt->pol.win_max = rt->limit / DMEM__WIN_START;
   rt->pol.win_min = rt->limit / DMEM__WIN_MIN;
   rt->pol.win_top = rt->limit / DMEM__WIN_TOP;
+  rt->pol.soon_top = rt->limit - rt->limit / 4;
   atomic_init(&rt->pol.arrivals, (uint64_t)DMEM__NO_SLOT);
   atomic_init(&rt->pol.tick, 0);
 }
@@ -148,9 +159,18 @@ void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t 
   }
   if (kind == DMEM__ARRIVE_PRIO || kind == DMEM__ARRIVE_SOON) {
     /* an arrival already pending re-classes the buffer too, and puts it at
-     * its list's newest end */
+     * its list's newest end; a pending return (BACK) that this prefetch
+     * made is marked as prefetched (BACK_SOON). A prefetch of a buffer
+     * marked used since it came (SOON_USED) says so now: the drain may link
+     * it after the use it announces, which marks it too. */
+    if (kind == DMEM__ARRIVE_SOON && dmem_atomic_load_relaxed(&b->ref) > 0)
+      kind = DMEM__ARRIVE_SOON_USED;
     uint8_t none = 0;
-    if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) return;
+    if (!dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)kind)) {
+      if (kind != DMEM__ARRIVE_PRIO && none == DMEM__ARRIVE_BACK)
+        (void)dmem_atomic_cas_strong_relaxed(&b->parr, &none, (uint8_t)DMEM__ARRIVE_BACK_SOON);
+      return;
+    }
   } else {
     /* the arrival's own unlock marks 1; a second unlock, 2: used again */
     dmem_atomic_store_relaxed(&b->ref, 0);
@@ -193,6 +213,10 @@ static void unlink_b(dmem_runtime_t *rt, dmem__buffer_t *b) {
   else c->tail[l] = b->pprev;
   c->n[l]--;
   if (l == WIN) c->win_bytes -= (size_t)b->psize * 256;
+  if (l == WIN && (b->pback & DMEM__PB_SOON)) { /* the mark means "on the window" */
+    c->soon_bytes -= (size_t)b->psize * 256;
+    b->pback &= (uint8_t)~DMEM__PB_SOON;
+  }
   b->pcls = 0;
 }
 
@@ -230,6 +254,13 @@ static void move_tail(dmem_runtime_t *rt, dmem__buffer_t *b, int l) {
   uint32_t cid = b->pcls - 1u;
   unlink_b(rt, b);
   link_tail(rt, b, cid, l);
+}
+
+/* b, on its class's window: prefetched and not used since. */
+static void set_soon(dmem_runtime_t *rt, dmem__buffer_t *b) {
+  if (b->pback & DMEM__PB_SOON) return;
+  b->pback |= DMEM__PB_SOON;
+  rt->pol.cls[b->pcls - 1].soon_bytes += (size_t)b->psize * 256;
 }
 
 /* The hot list of b: by its last reuse interval (a bucket per 7-bit code's
@@ -330,9 +361,11 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
     }
     if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
       uint32_t cid = b->pcls - 1u;
+      bool soon = b->pback & DMEM__PB_SOON;
       unlink_b(rt, b);
       if (newest_first) link_head(rt, b, cid, l); /* the end this walk reaches last */
       else link_tail(rt, b, cid, l);
+      if (soon) set_soon(rt, b);
       continue;
     }
     uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
@@ -412,25 +445,38 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
   if (kind == DMEM__ARRIVE_PRIO && b->pcls) {
     if (b->pcls != cid + 1) { /* the same list of its new class */
       int l = b->plist;
+      bool soon = b->pback & DMEM__PB_SOON;
       unlink_b(rt, b);
       link_tail(rt, b, cid, l);
+      if (soon) set_soon(rt, b);
     }
     return;
   }
-  if (kind == DMEM__ARRIVE_SOON && b->pcls) {
+  if ((kind == DMEM__ARRIVE_SOON || kind == DMEM__ARRIVE_SOON_USED) && b->pcls) {
     /* prefetched while resident: about to be locked, so the newest of its
-     * list (back's buffers go to the window's newest end), recency renewed;
-     * not a use: a loop that prefetches ahead stays a loop */
-    int l = b->plist == BACK ? WIN : b->plist;
+     * list, recency renewed; not a use: a loop that prefetches ahead stays
+     * a loop. One that was marked used at the prefetch, on back or on the
+     * window, is wanted again before it was evicted: it fits, and is hot
+     * (a loop's buffer that survived a pass, a GEMM's A tile that each
+     * product of a row prefetches); its mark is consumed. One on back not
+     * marked joins the window, unused. A cold one stays cold. */
+    int l = b->plist;
+    if (kind == DMEM__ARRIVE_SOON_USED && (l == BACK || l == WIN)) {
+      (void)dmem_atomic_exchange_relaxed(&b->ref, 0);
+      l = hot_list(b);
+    } else if (l == BACK) {
+      l = WIN;
+    }
     unlink_b(rt, b);
     link_tail(rt, b, cid, l);
+    if (l == WIN) set_soon(rt, b);
     return;
   }
   if (b->pcls) unlink_b(rt, b);
-  bool was_back = b->pback;
+  bool was_back = b->pback & DMEM__PB_BACK;
   b->pback = 0;
   int l = COLD;
-  if (kind == DMEM__ARRIVE_BACK) {
+  if (kind == DMEM__ARRIVE_BACK || kind == DMEM__ARRIVE_BACK_SOON) {
     /* Back after as many victims as the class's oldest buffer has been
      * unused, or more: LRU would have evicted it too. (Not when no victim
      * was taken since its last known use: a dmem_buffer_spill and the lock or
@@ -460,7 +506,14 @@ static void link_arrival(dmem_runtime_t *rt, dmem__buffer_t *b, unsigned kind) {
       else p->win_max = p->win_max + size < p->win_top ? p->win_max + size : p->win_top;
     }
   }
+  /* prefetched: about to be used, whatever its past (a loop's member that
+   * the heuristic above cannot tell from a buffer unused as long: the
+   * loop's kept buffers are idle for about as many victims) */
+  bool soon = kind == DMEM__ARRIVE_BACK_SOON || kind == DMEM__ARRIVE_SOON ||
+              kind == DMEM__ARRIVE_SOON_USED;
+  if (soon) l = WIN;
   link_tail(rt, b, cid, l);
+  if (soon) set_soon(rt, b);
 }
 
 /* Link the buffers that arrived since the last drain, in arrival order. */
@@ -484,7 +537,7 @@ static void drain(dmem_runtime_t *rt) {
     uint8_t kind = dmem_atomic_load_relaxed(&b->parr);
     /* DONE, not 0: still pending for arrivals (they push nothing), so
      * anext stays as it is until the second loop */
-    if (kind != DMEM__ARRIVE_BACK &&
+    if (kind != DMEM__ARRIVE_BACK && kind != DMEM__ARRIVE_BACK_SOON &&
         dmem_atomic_cas_strong_acq_rel(&b->parr, &kind, (uint8_t)DONE))
       link_arrival(rt, b, kind);
   }
@@ -507,6 +560,13 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
   for (uint32_t i = 0; i < p->ncls && bytes < need && k < max; i++) {
     dmem__pclass_t *c = &p->cls[p->order[i]];
     while (bytes < need && k < max) {
+      /* Unused prefetched buffers holding soon_top or more: the newest
+       * (the one needed last) goes to back, the next victim, as if its
+       * prefetch had been dropped, rather than a buffer in use (a prefetch
+       * of more than fits does not push everything else out) */
+      while (c->soon_bytes >= p->soon_top && c->tail[WIN] != DMEM__NO_SLOT &&
+             (at(rt, c->tail[WIN])->pback & DMEM__PB_SOON))
+        move_tail(rt, at(rt, c->tail[WIN]), BACK);
       /* the window's oldest go on to back once used (or to hot, used
        * again meanwhile), and beyond its size even if not */
       uint64_t w = 0;
@@ -518,17 +578,26 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
           continue;
         }
         uint8_t mark = dmem_atomic_exchange_relaxed(&b->ref, 0);
-        if (dmem__w_count(wb) > 0 || mark >= 2) {
+        if (mark >= 2) {
           to_hot(rt, b); /* used again meanwhile */
           continue;
         }
         restore(b, mark);
+        /* in its first use (locked: its unlock marks it), or prefetched and
+         * not used yet: it stays, whatever the window's size (to its newest
+         * end: the walk goes on) */
+        bool soon = b->pback & DMEM__PB_SOON;
+        if (mark == 0 && (dmem__w_count(wb) > 0 || soon)) {
+          move_tail(rt, b, WIN);
+          if (soon && dmem__w_count(wb) == 0) set_soon(rt, b);
+          continue;
+        }
         if (mark == 0 && (c->win_bytes <= p->win_max || c->n[WIN] <= 1)) break;
         move_tail(rt, b, BACK);
       }
       /* a buffer predicted dead, then back's newest */
       dmem__buffer_t *b = overdue(rt, c, &w);
-      if (!b && (b = first(rt, c, BACK, true, &w)) != NULL) b->pback = 1;
+      if (!b && (b = first(rt, c, BACK, true, &w)) != NULL) b->pback = DMEM__PB_BACK;
       if (!b) b = oldest(rt, c, &w);
       if (!b) b = first(rt, c, WIN, false, &w);
       if (!b) b = oldest(rt, c, &w); /* what the window promoted to hot */

@@ -495,7 +495,9 @@ typedef enum dmem__arrival {
   DMEM__ARRIVE_NEW = 1,  /* allocated (or adopted) */
   DMEM__ARRIVE_BACK = 2, /* retrieved from a tier (a lock, dmem_buffer_unspill, a prefetch) */
   DMEM__ARRIVE_PRIO = 3, /* its priority changed */
-  DMEM__ARRIVE_SOON = 4  /* resident, prefetched: about to be locked */
+  DMEM__ARRIVE_SOON = 4, /* prefetched: about to be locked */
+  DMEM__ARRIVE_BACK_SOON = 5, /* (the policy's) a pending BACK that a prefetch brought */
+  DMEM__ARRIVE_SOON_USED = 6  /* (the policy's) SOON of a buffer marked used then */
 } dmem__arrival_t;
 
 /* At create (after rt->limit is known) and destroy. */
@@ -503,8 +505,10 @@ void dmem__policy_init(dmem_runtime_t *rt);
 void dmem__policy_fini(dmem_runtime_t *rt);
 /* b, a live buffer, came to the device (NEW, BACK: called by the thread
  * that made it resident, after the releasing CAS that publishes it; its
- * mark is reset), changed priority (PRIO) or, resident, was prefetched
- * (SOON: it moves to its list's newest end, unmarked). Lock-free: a CAS on
+ * mark is reset), changed priority (PRIO) or was prefetched (SOON, after
+ * the prefetch's retrieve: a buffer it brought back joins the window,
+ * unused until its next unlock; a resident one moves to its list's newest
+ * end, to hot if used since it came back: spill/reuse.c). Lock-free: a CAS on
  * the arrivals stack, none when b's arrival is pending already. Nothing
  * under DMEM_EVICTION_LRU. */
 void dmem__policy_arrive(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__arrival_t kind);

@@ -20,8 +20,9 @@ ROWS = dmem._dmem._config_options()
 
 # Variables of the README's table that are not options of a runtime: read
 # by the trace recorder (every runtime of the process), by the fault
-# injection of the tests, and by dmem.dask's workers.
-NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC"}
+# injection of the tests, by dmem.dask's workers, and by the host backend (a
+# simulated link, for tests and bench_policy).
+NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC", "DMEM_HOST_COPY_GBPS"}
 
 
 def readme_variables():

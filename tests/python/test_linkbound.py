@@ -65,6 +65,28 @@ def test_min_is_below_lru_on_the_cupy_loop():
     assert (loads, evictions) == (48, 48)
 
 
+def test_prefetch_trace():
+    assert linkbound.prefetch_trace(3, 1, 1) == [1, 0, 2, 1, 0, 2]
+    assert linkbound.prefetch_trace(4, 1, 0) == linkbound.cyclic_trace(4, 1)
+
+
+def test_prefetches_honoured_cost_about_depth_places():
+    # cupy_loop's defaults from the resident set its fill leaves (the last
+    # 16): MIN over the uses loads 51; honouring depth d prefetches, 55, 59,
+    # 64 for d = 1, 2, 4 (tests/test_spill.c's prefetch loop counts the same)
+    fill = list(range(16, 32))
+    assert linkbound.min_transfers(linkbound.cyclic_trace(32, 3), 16, resident=fill) == (51, 51)
+    got = [linkbound.min_transfers(linkbound.prefetch_trace(32, 3, d), 16, resident=fill)[0]
+           for d in (1, 2, 4)]
+    assert got == [55, 59, 64]
+
+
+@pytest.mark.parametrize("nbuf,slots,passes,depth", [(4, 3, 2, 1), (5, 3, 2, 1), (6, 4, 2, 2)])
+def test_prefetch_min_matches_exhaustive_search(nbuf, slots, passes, depth):
+    trace = linkbound.prefetch_trace(nbuf, passes, depth)
+    assert linkbound.min_transfers(trace, slots)[0] == exhaustive_min_loads(trace, slots)
+
+
 def test_everything_fits_moves_nothing():
     assert linkbound.min_transfers(linkbound.cyclic_trace(8, 5), 8) == (0, 0)
 
