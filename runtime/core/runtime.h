@@ -199,6 +199,7 @@ struct dmem_runtime {
    * dmem_config_t.retrieve_swap. */
   pthread_mutex_t swap_mu;
   void *swap_bounce;
+  _Atomic int swap_ready;     /* the bounce and its events are made */
   _Atomic int swap_no_bounce; /* the bounce could not be made: swaps stay off */
   void *swap_ev[4]; /* per half of the bounce: filled (0, 1), emptied (2, 3) */
   bool swap_off;

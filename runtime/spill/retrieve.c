@@ -63,8 +63,8 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   /* From the host tier into a full device: trade places with the victim
    * rather than pin its bytes anew (spill/swap.c) */
   dmem__swap_t sw = {.size = size, .self = b};
-  bool offer = !stable && !rt->swap_off && !dmem_atomic_load_relaxed(&rt->swap_no_bounce) &&
-               tier == &dmem__tier_host && b->host && size > 0;
+  bool offer = !stable && tier == &dmem__tier_host && b->host && size > 0 &&
+               dmem__swap_ready(rt);
   bool swapped = false;
   dmem_status_t st;
   /* a swap cannot be undone once traded: its event first */
@@ -75,7 +75,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
     if (st == DMEM_OK && !dev) {
       st = dmem__swap_in(rt, b, h, &sw, spill_ev, &dev);
       swapped = st == DMEM_OK;
-      if (st == DMEM_ERR_HOST_OUT_OF_MEMORY || st == DMEM_ERR_OUT_OF_MEMORY)
+      if (st == DMEM_ERR_HOST_OUT_OF_MEMORY)
         st = dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL); /* the usual way */
     }
   } else {

@@ -579,9 +579,13 @@ dmem_status_t dmem__pressure_retrieve(dmem_runtime_t *rt, size_t size, void *str
  * and its move is over. On failure both are as they were (copies already
  * made are swapped back) and the victim is resident again; statuses:
  * DMEM_ERR_HOST_OUT_OF_MEMORY (the host tier refused the victim's bytes),
- * DMEM_ERR_OUT_OF_MEMORY (no bounce buffer), backend errors. */
+ * backend errors. Needs dmem__swap_ready first. */
 dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t hr,
                             dmem__swap_t *sw, void *after, void **dev_out);
+/* Whether retrieves may offer swaps: on (dmem_config_t.retrieve_swap), and
+ * the device bounce buffer made (at the first call: when it cannot be,
+ * swaps stay off for the runtime). Thread-safe. */
+bool dmem__swap_ready(dmem_runtime_t *rt);
 /* Give a taken swap victim back unswapped: resident again, its move over. */
 void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw);
 /* Device memory for size bytes in stream order on `stream`, spilling (and

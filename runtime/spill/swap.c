@@ -28,9 +28,10 @@
  * the link busy, as a spill and a retrieve on their own streams do.
  *
  * The bounce buffer (2 x DMEM__SWAP_PIECE bytes) and its events are made at
- * the first swap, outside the device limit (like the CUDA context, they
- * are the runtime's own), and freed at destroy; when they cannot be made,
- * swaps stay off for the runtime (rt->swap_no_bounce). One swap at a time
+ * the first retrieve from the host tier (dmem__swap_ready), outside the
+ * device limit (like the CUDA context, they are the runtime's own), and
+ * freed at destroy; when they cannot be made, swaps stay off for the
+ * runtime (rt->swap_no_bounce), decided before any victim is taken. One swap at a time
  * enqueues through it (rt->swap_mu, held only while enqueueing); the
  * events order the next swap's use of each half after this one's.
  *
@@ -143,6 +144,26 @@ static dmem_status_t bounce_get(dmem_runtime_t *rt) {
   return DMEM_OK;
 }
 
+bool dmem__swap_ready(dmem_runtime_t *rt) {
+  if (rt->swap_off || dmem_atomic_load_acquire(&rt->swap_no_bounce)) return false;
+  if (dmem_atomic_load_acquire(&rt->swap_ready)) return true; /* partner: the release below */
+  dmem__mutex_lock(&rt->swap_mu, DMEM__RANK_SWAP);
+  dmem_status_t st = bounce_get(rt);
+  if (st == DMEM_OK) {
+    dmem_atomic_store_release(&rt->swap_ready, 1); /* publishes swap_bounce, swap_ev */
+  } else {
+    /* No bounce buffer (the device is full to its last bytes, or a
+     * backend error): retrieves go the usual way from now on. Decided
+     * before any victim is taken: a victim taken and given back would
+     * reorder the policy's lists at every retrieve. */
+    dmem_atomic_store_release(&rt->swap_no_bounce, 1);
+    DMEM_RT_LOG(rt, DMEM_LOG_INFO, "swap: no device bounce buffer (%s): retrieves spill first",
+                dmem_status_name(st));
+  }
+  dmem__mutex_unlock(&rt->swap_mu, DMEM__RANK_SWAP);
+  return st == DMEM_OK;
+}
+
 void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw) {
   if (!sw->b) return;
   dmem__move_end(rt, sw->b, (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT)});
@@ -172,18 +193,7 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t
   st = dmem__event_get(rt, &ev);
   if (st != DMEM_OK) goto undo;
   dmem__mutex_lock(&rt->swap_mu, DMEM__RANK_SWAP);
-  st = bounce_get(rt);
-  if (st != DMEM_OK) {
-    /* No bounce buffer (the device is full to its last bytes, or a
-     * backend error): retrieves go the usual way from now on, rather than
-     * take a victim, try, and give it back every time. */
-    dmem_atomic_store_relaxed(&rt->swap_no_bounce, 1);
-    dmem__mutex_unlock(&rt->swap_mu, DMEM__RANK_SWAP);
-    DMEM_RT_LOG(rt, DMEM_LOG_INFO, "swap: no device bounce buffer (%s): retrieves spill first",
-                dmem_status_name(st));
-    if (st == DMEM_ERR_DEVICE) st = DMEM_ERR_OUT_OF_MEMORY; /* the usual way */
-    goto undo;
-  }
+  DMEM_ASSERT(rt->swap_bounce != NULL); /* dmem__swap_ready made it */
   /* r's own spill copy may still write `host`; the victim's unspill copy
    * may still write its device range (both on other streams or earlier) */
   if (after) st = dmem__fatal_keep(rt, rt->be->stream_wait_event(rt->be, cs, after));
