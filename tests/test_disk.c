@@ -827,7 +827,7 @@ TEST_CASE(freed_extents_keep_their_blocks_while_reads_go_on) {
   dmem__disk_hook_set(NULL, NULL);
   const int reads = atomic_load(&probe.reads);
   const long long min_blocks = atomic_load(&probe.min_blocks);
-  CHECK_EQ(reads, NB);
+  CHECK_GE(reads, NB); /* each buffer in one or more pieces */
   /* less than one buffer's blocks gone (metadata may move a little) */
   CHECK_GT(min_blocks, (long long)st0.st_blocks - (long long)(MiB / 512));
   /* spilled again: into the kept extents */
@@ -913,6 +913,101 @@ TEST_CASE(kept_blocks_wait_without_an_io_thread) {
   CHECK_OK(dmem_buffer_free(rt, a));
   CHECK_OK(dmem_buffer_free(rt, b));
   dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* The pieces of one buffer's reads or writes (op) met at a gate, as in
+ * read_gate_fn. */
+typedef struct {
+  read_gate_t g;
+  dmem__disk_op_t op;
+} op_gate_t;
+
+static int op_gate_fn(void *user, dmem__disk_op_t op, uint64_t off, size_t len) {
+  op_gate_t *o = user;
+  return op == o->op ? read_gate_fn(&o->g, DMEM__DISK_OP_READ, off, len) : 0;
+}
+
+/* A 1 MiB or 8 MiB buffer goes to the file several requests deep (in
+ * pieces that the calling thread and the I/O threads take at once), as a
+ * buffer of many chunks does, and an 8 MiB one comes back so. One request
+ * at a time, spills of 1 MiB buffers wrote at 0.77-0.92 of a plain loop of
+ * 1 MiB pwrites on an H100 machine's cloud disk, and 8 MiB ones read at
+ * 0.87-0.95 (bench_disk). */
+TEST_CASE(small_buffers_go_to_the_file_several_requests_deep) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  const size_t sizes[2] = {MiB, 8 * MiB};
+  dmem_runtime_t *rt = runtime_with(32 * MiB, 0, parent);
+  for (int i = 0; i < 2; i++) {
+    dmem_handle_t h;
+    REQUIRE_OK(dmem_buffer_alloc(rt, sizes[i], 0, &h));
+    check_put(rt, h, sizes[i], 61 + (uint64_t)i);
+    for (int w = 1; w >= 0; w--) { /* written, then read back */
+      if (!w && sizes[i] < 2 * MiB) { /* read whole */
+        CHECK_OK(dmem_buffer_unspill(rt, h, NULL));
+        continue;
+      }
+      op_gate_t o = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 2, false},
+                     w ? DMEM__DISK_OP_WRITE : DMEM__DISK_OP_READ};
+      dmem__disk_hook_set(op_gate_fn, &o);
+      CHECK_OK(w ? dmem_buffer_spill(rt, h, DMEM_TIER_DISK) : dmem_buffer_unspill(rt, h, NULL));
+      dmem__disk_hook_set(NULL, NULL);
+      CHECK_GE(o.g.most, 2);
+    }
+    CHECK_EQ(state_of(rt, h), DMEM_STATE_RESIDENT);
+    CHECK_UEQ(check_bad_bytes(rt, h, sizes[i], 61 + (uint64_t)i), 0);
+    CHECK_OK(dmem_buffer_free(rt, h));
+  }
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+}
+
+/* An extent starts at a multiple of its length's largest power of two, up
+ * to 1 MiB, whatever was placed before it (a 4 KiB extent first put every
+ * 1 MiB buffer after it 4 KiB past a 1 MiB boundary); the gap left before
+ * it goes to the next small extents. */
+TEST_CASE(extents_start_aligned_to_their_size) {
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem__disk_t *d = NULL;
+  REQUIRE_OK(dmem__disk_create(parent, NULL, &d));
+  uint64_t a = 1, b = 1, c = 1, e = 1, f = 1;
+  REQUIRE_OK(dmem__disk_alloc(d, 4096, &a));
+  CHECK_UEQ(a, 0);
+  REQUIRE_OK(dmem__disk_alloc(d, MiB, &b));
+  CHECK_UEQ(b, MiB);
+  REQUIRE_OK(dmem__disk_alloc(d, 3 * MiB + 5, &c));
+  CHECK_UEQ(c, 2 * MiB);
+  REQUIRE_OK(dmem__disk_alloc(d, 20 * KiB, &e)); /* at 16 KiB, in the gap */
+  CHECK_UEQ(e, 16 * KiB);
+  REQUIRE_OK(dmem__disk_alloc(d, 4096, &f)); /* the gap's first block */
+  CHECK_UEQ(f, 4096);
+  /* bytes in and back at each */
+  const uint64_t offs[5] = {a, b, c, e, f};
+  const size_t lens[5] = {4096, MiB, 3 * MiB + 5, 20 * KiB, 4096};
+  char *buf = NULL, *back = NULL;
+  REQUIRE_TRUE(posix_memalign((void **)&buf, 4096, 4 * MiB) == 0);
+  REQUIRE_TRUE(posix_memalign((void **)&back, 4096, 4 * MiB) == 0);
+  for (int i = 0; i < 5; i++) {
+    memset(buf, 'a' + i, lens[i]);
+    CHECK_OK(dmem__disk_write(d, offs[i], buf, lens[i], NULL, NULL));
+  }
+  for (int i = 0; i < 5; i++) {
+    memset(buf, 'a' + i, lens[i]);
+    memset(back, 0, lens[i]);
+    CHECK_OK(dmem__disk_read(d, offs[i], back, lens[i]));
+    CHECK_TRUE(memcmp(buf, back, lens[i]) == 0);
+  }
+  free(buf);
+  free(back);
+  for (int i = 0; i < 5; i++) dmem__disk_free(d, offs[i], lens[i]);
+  /* all free: punched here (no I/O threads), the file cut to nothing */
+  uint64_t z = 1;
+  REQUIRE_OK(dmem__disk_alloc(d, 4096, &z));
+  CHECK_UEQ(z, 0);
+  dmem__disk_free(d, z, 4096);
+  dmem__disk_destroy(d);
   rm_tree(parent);
 }
 

@@ -9,7 +9,8 @@
  * the buffer where it was (the caller keeps its copy).
  *
  * A retrieve reads the extent straight through to the device, pipelined
- * (load_device): its chunks (DMEM__DISK_CHUNK) are read by the retrieving
+ * (load_device): its chunks (DMEM__DISK_CHUNK, or smaller pieces of a
+ * buffer of fewer chunks than readers: spill/disk.c) are read by the retrieving
  * thread and the I/O threads at once, each into a staging slot (pinned,
  * DMEM__DISK_CHUNK bytes from the pinned pool), and each chunk's
  * host->device copy is enqueued on the runtime's host->device stream as
