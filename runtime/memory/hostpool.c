@@ -106,9 +106,6 @@ struct dmem__hostpool {
   size_t max_headroom;  /* the most free bytes the thread keeps; bounds a chunk */
   bool growing;         /* a thread is in host_alloc for the pool */
   bool want_grow;       /* the free bytes ran low: the thread should add a chunk */
-  size_t grow_target;   /* the headroom when an allocation asked (the most since
-                           the thread last caught up): a thread scheduled late,
-                           after the demand window moved on, still grows to it */
   bool stop;
   bool has_thread;     /* also: allocations fall back to pageable memory */
   pthread_t thread;
@@ -494,13 +491,9 @@ static bool carve_locked(dmem__hostpool_t *p, size_t need, size_t align, void **
   p->free_bytes -= need;
   demand_roll(p, p->last_alloc_ns);
   p->bucket_cur += need;
-  if (p->has_thread && running_low(p, p->last_alloc_ns)) {
-    size_t h = headroom(p, p->last_alloc_ns);
-    if (h > p->grow_target) p->grow_target = h;
-    if (!p->want_grow) {
-      p->want_grow = true; /* off this path: the thread adds the next chunk */
-      pthread_cond_broadcast(&p->cv);
-    }
+  if (p->has_thread && running_low(p, p->last_alloc_ns) && !p->want_grow) {
+    p->want_grow = true; /* off this path: the thread adds the next chunk */
+    pthread_cond_broadcast(&p->cv);
   }
   block_header_t *hd = (block_header_t *)addr;
   hd->size = need;
@@ -707,22 +700,16 @@ static void *pool_thread(void *arg) {
        * then grow the pool themselves, and report) */
       uint64_t now = mono_ns();
       bool again = false;
-      size_t target = headroom(p, now);
-      if (p->grow_target > target) target = p->grow_target;
-      if (p->free_bytes < target && (!p->limit || p->reserved < p->limit)) {
-        size_t want = target - p->free_bytes;
+      if (running_low(p, now)) {
+        size_t want = headroom(p, now) - p->free_bytes;
         if (want > DMEM__HOSTPOOL_MAX_CHUNK) want = DMEM__HOSTPOOL_MAX_CHUNK;
         size_t csize = next_chunk(p, want + POOL_PAGE); /* a page-aligned block's front */
         if (csize) {
           p->growing = true;
-          again = grow_locked(p, csize, true) == DMEM_OK;
-          size_t t2 = headroom(p, mono_ns());
-          if (p->grow_target > t2) t2 = p->grow_target;
-          again = again && p->free_bytes < t2 && (!p->limit || p->reserved < p->limit);
+          again = grow_locked(p, csize, true) == DMEM_OK && running_low(p, mono_ns());
         }
       }
       p->want_grow = again;
-      if (!again) p->grow_target = 0; /* caught up (or failed: allocations ask again) */
       continue;
     }
     uint64_t now = mono_ns();
