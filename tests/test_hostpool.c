@@ -572,16 +572,26 @@ TEST_CASE(headroom_paced_by_demand) {
   dmem__backend_t be = fake_backend();
   dmem__hostpool_t *p = NULL;
   REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
-  enum { N = 32 };
-  void *v[N];
-  for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)1 << 20, &v[i]), DMEM_OK);
+  enum { N = 32, BURSTS = 3 };
+  void *v[BURSTS][N];
   dmem__hostpool_stats_t s;
-  for (int i = 0; i < 2000; i++) { /* the thread catches up in a few ms */
-    dmem__hostpool_stats(p, &s);
+  /* The headroom is the demand of the last 100-200 ms: a thread that the
+   * machine schedules later than that (a loaded 2-core CI runner under
+   * ASan: once, 9.5 MiB free) finds the burst forgotten. Another burst then
+   * asks again; the thread catches up within a few ms of being scheduled. */
+  int bursts = 0;
+  for (; bursts < BURSTS; bursts++) {
+    for (int i = 0; i < N; i++)
+      REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)1 << 20, &v[bursts][i]), DMEM_OK);
+    for (int i = 0; i < 150; i++) {
+      dmem__hostpool_stats(p, &s);
+      if (s.free >= (size_t)24 << 20) break;
+      struct timespec ts = {0, 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
     if (s.free >= (size_t)24 << 20) break;
-    struct timespec ts = {0, 1000 * 1000};
-    nanosleep(&ts, NULL);
   }
+  if (bursts == BURSTS) bursts--;
   CHECK_GE(s.free, (size_t)24 << 20);
   CHECK_GE(s.background_grows, 1);
   /* bounded: the headroom (at most the 33 MiB carved) and one chunk */
@@ -598,7 +608,8 @@ TEST_CASE(headroom_paced_by_demand) {
   dmem__hostpool_stats(p, &s);
   CHECK_UEQ(s.grows, grows);
   dmem__hostpool_free(p, x);
-  for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[i]);
+  for (int b = 0; b <= bursts; b++)
+    for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[b][i]);
   dmem__hostpool_destroy(p);
 }
 
