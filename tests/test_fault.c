@@ -311,6 +311,7 @@ static dmem_status_t create_runtime(fx_t *f, dmem_runtime_t **rt_out) {
   cfg.device_limit = f->limit;
   cfg.host_limit = f->host_limit;
   cfg.oom_wait_ms = 0; /* nothing runs in the background to wait for */
+  cfg.retrieve_swap = 0; /* on (off by default): its failure paths too */
   cfg.log_level = DMEM_LOG_ERROR; /* warnings of injected failures are expected here */
   return dmem_runtime_create(&cfg, rt_out);
 }
