@@ -69,9 +69,8 @@
  *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
  *                      device use passes N % of the limit (on: 95 %), a
  *                      background thread spills by policy down to M %
- *                      (default N - 5). Default: on (95 %, 90 %) on the
- *                      CUDA backend, off on the host backend
- *                      (dmem_config_t.spill_ahead).
+ *                      (default N - 5). Default: off on both backends
+ *                      (dmem_config_t.spill_ahead says why).
  *   DMEM_EVICTION_POLICY  reuse | lru: which unlocked buffers eviction
  *                      takes first within a priority class (see
  *                      dmem_config_t.eviction_policy; default reuse)
@@ -180,9 +179,9 @@ typedef struct dmem_config {
   /** Spill-ahead high-water mark, a fraction of the device limit: above it
    *  a background thread spills by policy (down to spill_ahead_low) so that
    *  allocations rarely wait for a spill. 0: off.
-   *  DMEM_SPILL_AHEAD_DEFAULT (the default): the backend's choice, 0.95 on
-   *  the CUDA backend (so low 0.90), 0 on the host backend (whose tests
-   *  count moves exactly); "on" in DMEM_SPILL_AHEAD means 0.95. */
+   *  DMEM_SPILL_AHEAD_DEFAULT (the default): off for now (a known problem
+   *  when the limit is the whole device: see docs/design.md); "on" in
+   *  DMEM_SPILL_AHEAD means 0.95. */
   double spill_ahead;
   /** Low-water mark (fraction of the limit, below spill_ahead); 0:
    *  spill_ahead - 0.05. */

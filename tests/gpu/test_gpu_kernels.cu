@@ -468,12 +468,9 @@ TEST_CASE(lock_during_spill_cancels_it) {
  * final check of every byte by a kernel and of a few buffers on the host.
  * Spilling is driven by the runtime alone. */
 static void oversubscribe(size_t limit, size_t nbuf, size_t bytes, int rounds) {
-  /* as users run it: the defaults (spill-ahead on; DMEM_SPILL_AHEAD=off
-   * to compare, see docs/design.md) */
-  dmem_config_t cfg;
-  dmem_config_init(&cfg);
-  cfg.device_limit = limit;
-  dmem_runtime_t *rt = gpu_runtime_cfg(&cfg);
+  /* as users run it: the defaults (spill-ahead off; DMEM_SPILL_AHEAD=on
+   * to try it, see docs/design.md) */
+  dmem_runtime_t *rt = gpu_runtime(limit, 0);
   dmem_stats_t st;
   REQUIRE_OK(dmem_stats(rt, &st));
   const double total = (double)nbuf * (double)bytes;
@@ -578,52 +575,6 @@ TEST_CASE(oversubscription_past_physical_memory) {
     nbuf = card + spill_max;
   }
   oversubscribe(0, nbuf, GiB, rounds);
-}
-
-/* Spill-ahead is on by default on the CUDA backend (issue 25): marks at
- * 95 % and 90 % of the limit, and the thread stays quiet under them (no
- * poll of stream releases or copies, no pass, nothing spilled). */
-TEST_CASE(spill_ahead_on_by_default) {
-  if (getenv("DMEM_SPILL_AHEAD")) SKIP_CASE("spill_ahead_on_by_default: DMEM_SPILL_AHEAD is set");
-  const size_t limit = 1 * GiB;
-  dmem_config_t cfg;
-  dmem_config_init(&cfg);
-  cfg.device_limit = limit;
-  dmem_runtime_t *rt = gpu_runtime_cfg(&cfg);
-  dmem_stats_t st;
-  REQUIRE_OK(dmem_stats(rt, &st));
-  CHECK_UEQ(st.spill_ahead_high, (size_t)((double)limit * 0.95));
-  CHECK_UEQ(st.spill_ahead_low, (size_t)((double)limit * (0.95 - 0.05)));
-  dmem_stream_t s;
-  REQUIRE_OK(dmem_stream_create(rt, &s));
-  dmem_handle_t h[8];
-  for (int i = 0; i < 8; i++) {
-    REQUIRE_OK(dmem_buffer_alloc(rt, 16 * MiB, 0, &h[i]));
-    job_t j = job1(JOB_FILL, 16 * MiB, 11u + (uint32_t)i, 0, NULL);
-    REQUIRE_OK(dmem_launch_async(rt, s, &h[i], 1, run_job, &j));
-    REQUIRE_OK(dmem_sync_and_unlock(rt, s));
-    REQUIRE_OK(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST)); /* a copy in flight */
-  }
-  /* and a stream release in flight */
-  unsigned long long *bad = gpu_counters(1);
-  job_t chk = job1(JOB_CHECK, 16 * MiB, 11u, 0, bad);
-  REQUIRE_OK(dmem_launch_async(rt, s, &h[0], 1, run_job, &chk));
-  REQUIRE_OK(dmem_stream_release(rt, s));
-  dmem_stats_t a;
-  REQUIRE_OK(dmem_stats(rt, &a));
-  struct timespec pause = {0, 160 * 1000 * 1000};
-  nanosleep(&pause, NULL);
-  REQUIRE_OK(dmem_stats(rt, &st));
-  CHECK_GT(st.ahead_wakeups - a.ahead_wakeups, 0);
-  CHECK_UEQ(st.ahead_polls, 0);
-  CHECK_UEQ(st.ahead_passes, 0);
-  CHECK_UEQ(st.ahead_evictions, 0);
-  REQUIRE_OK(dmem_stream_synchronize(rt, s));
-  CHECK_UEQ(gpu_counter_read(bad), 0);
-  for (int i = 0; i < 8; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
-  CHECK_OK(dmem_stream_destroy(rt, s));
-  CUDA_REQUIRE(cudaFree(bad));
-  dmem_runtime_destroy(rt);
 }
 
 /* ---- dmem_stream_release with long-running kernels ----------------------------- */
