@@ -331,6 +331,7 @@ class DmemWorkerData(MutableMapping):
                 spill_dir if spill_dir is not None else local, host_burst, host_headroom,
                 runtime_options)
         self._target = _device_target(self.runtime, device_memory_limit)
+        self._target_lock = threading.Lock()
         if host_target is None:
             host_target = sys.maxsize
         elif not isinstance(host_target, int) or isinstance(host_target, bool) or host_target < 0:
@@ -513,14 +514,21 @@ class DmemWorkerData(MutableMapping):
         not counted, and the runtime's own limit still bounds every byte."""
         if self._target is None:
             return
-        s = self.runtime.stats()
-        over = s["device_used"] - s["raw_used"] - self._target
-        if over > 0:
-            try:
-                self.runtime.evict(over)
-            except dmem.DmemError as e:  # the runtime's limit still holds
-                logger.debug("dmem.dask: keeping to the device target: %s", e)
-            self.counts["target_evictions"] += 1
+        # one thread at a time: two that both saw the excess would spill it
+        # twice; a thread that finds another at it leaves it to that one
+        if not self._target_lock.acquire(blocking=False):
+            return
+        try:
+            s = self.runtime.stats()
+            over = s["device_used"] - s["raw_used"] - self._target
+            if over > 0:
+                try:
+                    self.runtime.evict(over)
+                except dmem.DmemError as e:  # the runtime's limit still holds
+                    logger.debug("dmem.dask: keeping to the device target: %s", e)
+                self.counts["target_evictions"] += 1
+        finally:
+            self._target_lock.release()
 
     def _victims(self, nbytes):
         """Buffers to spill for nbytes of room: resident, unlocked buffers of
