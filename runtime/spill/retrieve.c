@@ -73,7 +73,7 @@ static dmem_status_t copy_back(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handl
   if (offer) {
     st = dmem__pressure_retrieve(rt, size, cs, &sw, &dev);
     if (st == DMEM_OK && !dev) {
-      st = dmem__swap_in(rt, b, h, &sw, spill_ev, &dev);
+      st = dmem__swap_in(rt, b, &sw, spill_ev, &dev);
       swapped = st == DMEM_OK;
       if (st == DMEM_ERR_HOST_OUT_OF_MEMORY)
         st = dmem__pressure_alloc(rt, size, cs, DMEM__SRC_POOL, &dev, NULL); /* the usual way */

@@ -566,7 +566,7 @@ dmem_status_t dmem__evict_swap(dmem_runtime_t *rt, size_t need, size_t contig, d
  * swaps with it (dmem__swap_in) or gives it back (dmem__swap_cancel). */
 dmem_status_t dmem__pressure_retrieve(dmem_runtime_t *rt, size_t size, void *stream,
                                       dmem__swap_t *sw, void **dev_out);
-/* Trade places (spill/swap.c): r (handle hr, TRANSIT ours, UNSPILLING from
+/* Trade places (spill/swap.c): r (TRANSIT ours, UNSPILLING from
  * the host tier, its bytes pinned at r->host, size sw->size) takes the
  * device block of sw->b, the victim a pass took (dmem__pressure_retrieve),
  * and the victim's bytes take r's pinned memory, piece by piece through
@@ -580,7 +580,7 @@ dmem_status_t dmem__pressure_retrieve(dmem_runtime_t *rt, size_t size, void *str
  * made are swapped back) and the victim is resident again; statuses:
  * DMEM_ERR_HOST_OUT_OF_MEMORY (the host tier refused the victim's bytes),
  * backend errors. Needs dmem__swap_ready first. */
-dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t hr,
+dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
                             dmem__swap_t *sw, void *after, void **dev_out);
 /* Whether retrieves may offer swaps: on (dmem_config_t.retrieve_swap), and
  * the device bounce buffer made (at the first call: when it cannot be,

@@ -60,20 +60,20 @@ static dmem_status_t trade(dmem_runtime_t *rt, char *dev, char *host, size_t off
   void *cs = rt->unspill_stream, *ss = rt->spill_stream;
   char *half = (char *)rt->swap_bounce + (size_t)j * DMEM__SWAP_PIECE;
   void *ready = rt->swap_ev[j], *freed = rt->swap_ev[2 + j];
-  const dmem__backend_t *be = rt->be;
+  dmem__backend_t *be = rt->be;
   *phase_out = PIECE_UNTOUCHED;
-  dmem_status_t st = be->stream_wait_event(rt->be, cs, freed);
-  if (st == DMEM_OK) st = be->memcpy_async(rt->be, half, dev + off, n, cs);
-  if (st == DMEM_OK) st = be->memcpy_async(rt->be, dev + off, host + off, n, cs);
+  dmem_status_t st = be->stream_wait_event(be, cs, freed);
+  if (st == DMEM_OK) st = be->memcpy_async(be, half, dev + off, n, cs);
+  if (st == DMEM_OK) st = be->memcpy_async(be, dev + off, host + off, n, cs);
   if (st != DMEM_OK) return dmem__fatal_keep(rt, st);
   *phase_out = PIECE_IN_BOUNCE;
-  st = be->event_record(rt->be, ready, cs);
-  if (st == DMEM_OK) st = be->stream_wait_event(rt->be, ss, ready);
-  if (st == DMEM_OK) st = be->memcpy_async(rt->be, host + off, half, n, ss);
+  st = be->event_record(be, ready, cs);
+  if (st == DMEM_OK) st = be->stream_wait_event(be, ss, ready);
+  if (st == DMEM_OK) st = be->memcpy_async(be, host + off, half, n, ss);
   if (st != DMEM_OK) return dmem__fatal_keep(rt, st);
   *phase_out = PIECE_TRADED;
   /* a failure here leaves the piece traded: the caller synchronises */
-  return dmem__fatal_keep(rt, be->event_record(rt->be, freed, ss));
+  return dmem__fatal_keep(rt, be->event_record(be, freed, ss));
 }
 
 /* Trade a piece back, or finish putting one back, on cs alone through half
@@ -171,9 +171,8 @@ void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw) {
   sw->b = NULL;
 }
 
-dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_handle_t hr,
+dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
                             dmem__swap_t *sw, void *after, void **dev_out) {
-  (void)hr;
   dmem__buffer_t *v = sw->b;
   dmem_handle_t hv = sw->h;
   size_t size = sw->size;
