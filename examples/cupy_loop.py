@@ -131,6 +131,16 @@ def main():
                 # An array made from a view keeps the view as its owner, and
                 # the view keeps the buffer locked while it lives: drop it.
                 del view
+        # The loop's kernel, compiled now: CuPy builds `x += 1.0` for float32
+        # at its first use (NVRTC, unless its kernel cache on disk has it),
+        # which the timed loop would count as time on the link. A fresh
+        # machine's first run read 0.42-0.64 of link-bound, the next ones
+        # 0.60-0.64 (docs/benchmarks.md).
+        with cs:
+            warm = cp.zeros(16, dtype=cp.float32)
+            warm += 1.0
+            del warm
+        cs.synchronize()
         rt.poll()
         s0 = rt.stats()
         t0 = time.perf_counter()

@@ -90,11 +90,19 @@ def test_nan_never_meets_a_target():
     assert v.status == "MISSED"
 
 
-def test_cupy_loop_reports_bytes_over_minimum():
-    (v,) = gpu_targets.judge("cupy_loop", {"cupy_loop.ratio": 0.5,
-                                           "cupy_loop.moved_over_min": 2.04})
-    assert v.status == "MISSED"
-    assert "2.04x the minimum" in v.detail
+def test_cupy_loop_link_and_bytes():
+    v = by_name(gpu_targets.judge("cupy_loop", {"cupy_loop.ratio": 0.5,
+                                                "cupy_loop.ratio_moved": 0.96,
+                                                "cupy_loop.moved_over_min": 2.04,
+                                                "cupy_loop.moved_over_pf": 1.25}))
+    assert v["cupy_loop link"].status == "PASS"
+    assert "0.50 of the bound of the fewest bytes" in v["cupy_loop link"].detail
+    assert "2.04x" in v["cupy_loop link"].detail
+    assert v["cupy_loop bytes"].status == "MISSED"
+    v = by_name(gpu_targets.judge("cupy_loop", {"cupy_loop.ratio_moved": 0.94,
+                                                "cupy_loop.moved_over_pf": 1.15}))
+    assert v["cupy_loop link"].status == "MISSED"
+    assert v["cupy_loop bytes"].status == "PASS"
 
 
 def test_cublas_both_ratios():
@@ -127,7 +135,8 @@ def test_cli_prints_tab_separated_verdicts(tmp_path):
 
 def test_cli_skip_gives_the_reason():
     p = run_cli("--skip", "cupy_loop", "CuPy not importable")
-    assert p.stdout.splitlines() == ["SKIPPED\tcupy_loop\tCuPy not importable"]
+    assert p.stdout.splitlines() == ["SKIPPED\tcupy_loop link\tCuPy not importable",
+                                     "SKIPPED\tcupy_loop bytes\tCuPy not importable"]
 
 
 def test_cli_bad_step_is_a_usage_error():
@@ -152,10 +161,10 @@ echo "counts $T_MET $T_MISSED $T_SKIPPED"
     p = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[-1] == "counts 3 4 1"
+    assert lines[-1] == "counts 3 4 2"
     assert any(l.startswith("bench_disk worst:") and "MISSED" in l and "0.64" in l
                for l in lines)
-    assert any(l.startswith("cupy_loop:") and "SKIPPED" in l and "CuPy" in l for l in lines)
+    assert any(l.startswith("cupy_loop link:") and "SKIPPED" in l and "CuPy" in l for l in lines)
 
 
 def test_bench_scale_growth_and_metadata():
