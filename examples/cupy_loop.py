@@ -5,8 +5,9 @@
 
 The buffers (factor x limit bytes in all) are locked in turn, each one
 viewed as a CuPy float32 array that an elementwise kernel updates in place
-(``x += 1``). The runtime spills the least recently used buffers to pinned
-host memory (the spill-ahead thread keeps room ahead of need) and brings
+(``x += 1``). The runtime spills buffers by its eviction policy to pinned
+host memory as room runs short (stream-ordered: no caller waits for them,
+so the spill-ahead thread, armed only by waits, stays idle) and brings
 each buffer back when it is locked; the loop prefetches the next ``depth``
 buffers on a stream of their own (``Buffer.prefetch``), so that their
 host->device copies run while the current kernel does and the spills of
@@ -191,10 +192,11 @@ def main():
                     del x
                 del view
         print("cupy_loop: moved %.2f GiB out, %.2f GiB in (prefetched %.2f GiB; ahead evictions "
-              "%d, waits for room %d, %.3f s)"
+              "%d, armed %d times, waits for room %d, %.3f s)"
               % (spilled / 2**30, unspilled / 2**30,
                  (s1["prefetch_bytes"] - s0["prefetch_bytes"]) / 2**30,
                  s1["ahead_evictions"] - s0["ahead_evictions"],
+                 s1["ahead_arms"] - s0["ahead_arms"],
                  s1["room_waits"] - s0["room_waits"],
                  s1["seconds_waiting_for_room"] - s0["seconds_waiting_for_room"]))
         print("cupy_loop: minimum %.2f GiB out, %.2f GiB in (Belady MIN: %d loads with room for "

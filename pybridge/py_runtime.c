@@ -330,7 +330,7 @@ _Static_assert(sizeof(dmem_stats_t) == 16 * sizeof(size_t) + 37 * sizeof(uint64_
                                            11 * sizeof(double) + /* disk tier: */
                                            7 * sizeof(uint64_t) + 2 * sizeof(double) +
                                            /* peaks: */ 4 * sizeof(size_t) +
-                                           /* swaps: */ sizeof(uint64_t),
+                                           /* swaps, ahead_arms: */ 2 * sizeof(uint64_t),
                "dmem_stats_t changed: update pyd_runtime_stats");
 
 /* d[key] = {"host": v[1], "disk": v[2], "controller": v[3]}; -1 on error. */
@@ -361,7 +361,7 @@ static int stats_copy_block(PyObject *d, const dmem_stats_t *s) {
       stats_tiers_f64(d, "tier_unspill_seconds", s->tier_unspill_seconds) < 0)
     return -1;
   PyObject *x = Py_BuildValue(
-      "{s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:n,s:K,s:K}",
+      "{s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:n,s:K,s:K,s:K}",
       "room_waits",
       (unsigned long long)s->room_waits, "seconds_waiting_for_room", s->seconds_waiting_for_room,
       "evict_passes", (unsigned long long)s->evict_passes, "ahead_passes",
@@ -377,7 +377,8 @@ static int stats_copy_block(PyObject *d, const dmem_stats_t *s) {
       (unsigned long long)s->host_pool_background_grows, "host_pool_trims",
       (unsigned long long)s->host_pool_trims, "host_pageable_used",
       (Py_ssize_t)s->host_pageable_used, "host_pageable_allocs",
-      (unsigned long long)s->host_pageable_allocs, "swaps", (unsigned long long)s->swaps);
+      (unsigned long long)s->host_pageable_allocs, "swaps", (unsigned long long)s->swaps,
+      "ahead_arms", (unsigned long long)s->ahead_arms);
   if (!x) return -1;
   int rc = PyDict_Update(d, x);
   Py_DECREF(x);

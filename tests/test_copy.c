@@ -620,6 +620,91 @@ TEST_CASE(spill_ahead_stops_at_low_mark_when_use_falls) {
   dmem_runtime_destroy(rt);
 }
 
+/* The demand trigger (dmem_config_t.spill_ahead_trigger): above the mark
+ * the thread spills nothing until an allocation waited for room (here 30
+ * ms, for a stream release held back by a gate); then it spills down to
+ * the low mark, and once DMEM_SPILL_AHEAD_ARM_MS has passed with no other
+ * such wait it spills nothing again. */
+typedef struct opener {
+  gate_t *g;
+  long ms;
+} opener_t;
+
+static void *open_later(void *p) {
+  opener_t *o = p;
+  sleep_ms(o->ms);
+  gate_open(o->g);
+  return NULL;
+}
+
+TEST_CASE(spill_ahead_on_demand_spills_after_a_wait_for_room) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = 8 * MiB;
+  cfg.spill_ahead = 0.5;
+  cfg.spill_ahead_low = 0.25;
+  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_DEMAND;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_handle_t h[9];
+  for (int i = 0; i < 7; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
+    check_put(rt, h[i], MiB, 700 + (uint64_t)i);
+  }
+  /* 7 MiB, above the mark (4 MiB), and no wait: nothing spilled */
+  sleep_ms(160);
+  dmem_stats_t s;
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.device_used, 7 * MiB);
+  CHECK_UEQ(s.ahead_evictions, 0);
+  CHECK_UEQ(s.ahead_passes, 0);
+  CHECK_UEQ(s.ahead_arms, 0);
+  /* every buffer locked by a launch whose stream is held back, released */
+  dmem_stream_t st;
+  REQUIRE_OK(dmem_stream_create(rt, &st));
+  gate_t g;
+  gate_close(rt, &g, (void *)st);
+  REQUIRE_OK(dmem_launch_async(rt, st, h, 7, nop_launch, NULL));
+  REQUIRE_OK(dmem_stream_release(rt, st));
+  pthread_t t;
+  opener_t o = {&g, 30};
+  REQUIRE_TRUE(pthread_create(&t, NULL, open_later, &o) == 0);
+  /* 2 MiB more do not fit: the allocation waits for the release */
+  double t0 = now_s();
+  REQUIRE_OK(dmem_buffer_alloc(rt, 2 * MiB, 0, &h[7]));
+  CHECK_TRUE(now_s() - t0 >= 0.02);
+  check_put(rt, h[7], 2 * MiB, 707);
+  pthread_join(t, NULL);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 1);
+  CHECK_GE(s.room_waits, 1);
+  /* armed: the thread spills down to the low mark */
+  t0 = now_s();
+  do {
+    CHECK_OK(dmem_stats(rt, &s));
+  } while (s.device_used > 2 * MiB && now_s() - t0 < 10);
+  CHECK_LE(s.device_used, 2 * MiB);
+  CHECK_GT(s.ahead_evictions, 0);
+  uint64_t spilled = s.ahead_evictions;
+  /* the arming runs out; then above the mark again, no wait: nothing */
+  sleep_ms(DMEM_SPILL_AHEAD_ARM_MS + 120);
+  REQUIRE_OK(dmem_buffer_alloc(rt, 3 * MiB, 0, &h[8]));
+  check_put(rt, h[8], 3 * MiB, 708);
+  sleep_ms(160);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_GT(s.device_used, 4 * MiB);
+  CHECK_UEQ(s.ahead_evictions, spilled);
+  CHECK_UEQ(s.ahead_arms, 1);
+  for (int i = 0; i < 7; i++) CHECK_UEQ(check_bad_bytes(rt, h[i], MiB, 700 + (uint64_t)i), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h[7], 2 * MiB, 707), 0);
+  CHECK_UEQ(check_bad_bytes(rt, h[8], 3 * MiB, 708), 0);
+  gate_fini(rt, &g, (void *)st);
+  for (int i = 0; i < 9; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_stream_destroy(rt, st));
+  dmem_runtime_destroy(rt);
+}
+
 /* Lockers on two threads race the background thread (which keeps use
  * under a low mark, so it moves buffers all the time) and on-demand
  * eviction: every lock sees its buffer's bytes. */

@@ -137,6 +137,9 @@ typedef struct dmem_stats {
    *  (dmem_config_t.retrieve_swap): each is also counted as one spill (its
    *  victim's, to the host tier) and one unspill. */
   uint64_t swaps;
+  /** Waits for room that armed the spill-ahead thread (its demand
+   *  trigger: dmem_config_t.spill_ahead_trigger). */
+  uint64_t ahead_arms;
 } dmem_stats_t;
 
 /**

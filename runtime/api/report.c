@@ -29,13 +29,15 @@ void dmem__report_print(dmem_runtime_t *rt, const char *when) {
           s.seconds_unspilling, (unsigned long long)s.host_to_disk_pushdowns,
           (unsigned long long)s.oom_evictions, (unsigned long long)s.cancelled_spills);
   fprintf(stderr,
-          "  spill-ahead %llu buffers (%llu bytes, %llu passes, %llu wakeups, %llu polls), "
+          "  spill-ahead %llu buffers (%llu bytes, %llu passes, %llu wakeups, %llu polls, "
+          "armed %llu times), "
           "prefetched %llu (%llu bytes), "
           "waits for room %llu (%.3f s); pinned pool %zu bytes (%llu grows, %llu in the "
           "background, %llu trims; %llu pageable blocks while it grew)\n",
           (unsigned long long)s.ahead_evictions, (unsigned long long)s.ahead_bytes,
           (unsigned long long)s.ahead_passes, (unsigned long long)s.ahead_wakeups,
-          (unsigned long long)s.ahead_polls, (unsigned long long)s.prefetch_count,
+          (unsigned long long)s.ahead_polls, (unsigned long long)s.ahead_arms,
+          (unsigned long long)s.prefetch_count,
           (unsigned long long)s.prefetch_bytes, (unsigned long long)s.room_waits,
           s.seconds_waiting_for_room, s.host_pool_reserved, (unsigned long long)s.host_pool_grows,
           (unsigned long long)s.host_pool_background_grows, (unsigned long long)s.host_pool_trims,

@@ -91,6 +91,7 @@ dmem_status_t dmem_stats(dmem_runtime_t *rt, dmem_stats_t *stats_out) {
   s.disk_used_peak = kp > s.disk_used ? kp : s.disk_used;
   s.raw_used_peak = dmem__raw_peak(rt->raw);
   s.swaps = dmem_atomic_load_relaxed(&rt->xs.swaps);
+  s.ahead_arms = dmem_atomic_load_relaxed(&rt->xs.ahead_arms);
   if (s.raw_used_peak < s.raw_used) s.raw_used_peak = s.raw_used;
   *stats_out = s;
   return DMEM_OK;

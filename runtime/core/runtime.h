@@ -99,6 +99,7 @@ typedef struct dmem__xstats {
   _Atomic uint64_t evict_passes;               /* eviction passes (any reason) */
   _Atomic uint64_t ahead_passes, ahead_evictions, ahead_bytes;
   _Atomic uint64_t ahead_wakeups, ahead_polls; /* the thread's wakes; its polls */
+  _Atomic uint64_t ahead_arms; /* waits for room that armed it (demand trigger) */
   _Atomic uint64_t prefetch_count, prefetch_bytes;
   _Atomic uint64_t swaps; /* retrieves that traded places (spill/swap.c) */
 } dmem__xstats_t;
@@ -192,6 +193,15 @@ struct dmem_runtime {
   bool ahead_started;
   _Atomic int ahead_stop; /* written under ahead_mu; read by the thread */
   _Atomic int ahead_kick; /* set (exchange) by allocations past ahead_high */
+  /* Demand trigger (dmem_config_t.spill_ahead_trigger): the thread spills
+   * only while armed. A wait for room of DMEM_SPILL_AHEAD_ARM_WAIT_US or
+   * more stores ahead_armed_until (now + DMEM_SPILL_AHEAD_ARM_MS), then
+   * sets ahead_armed (release); the thread clears ahead_armed once the time
+   * has passed (and looks at ahead_armed_until again after). Allocations
+   * read ahead_armed (relaxed) before they kick. */
+  bool ahead_demand;
+  _Atomic int ahead_armed;
+  _Atomic uint64_t ahead_armed_until;
   /* A retrieve's swap with a victim (spill/swap.c): the device bounce
    * buffer (two pieces of DMEM__SWAP_PIECE bytes, outside the limit, made
    * at the first swap) with its events, and the mutex that keeps one

@@ -14,12 +14,20 @@ dmem_status_t dmem__ahead_start(dmem_runtime_t *rt);
 /* Stop and join it (at destroy). */
 void dmem__ahead_stop(dmem_runtime_t *rt);
 /* Wake the thread when device use passed the high-water mark. Called after
- * allocations; one relaxed load when under the mark. */
+ * allocations; one relaxed load when under the mark. With the demand
+ * trigger, only while the thread is armed (it would do nothing). */
 void dmem__ahead_kick_slow(dmem_runtime_t *rt);
+static inline bool dmem__ahead_wanted(dmem_runtime_t *rt) {
+  return !rt->ahead_demand || dmem_atomic_load_relaxed(&rt->ahead_armed);
+}
 static inline void dmem__ahead_note(dmem_runtime_t *rt) {
   if (rt->ahead_high && dmem_atomic_load_relaxed(&rt->device_charged) > rt->ahead_high &&
-      !dmem_atomic_load_relaxed(&rt->ahead_kick))
+      dmem__ahead_wanted(rt) && !dmem_atomic_load_relaxed(&rt->ahead_kick))
     dmem__ahead_kick_slow(rt);
 }
+/* An allocation or retrieve waited waited_ns for room (pressure.c): with
+ * the demand trigger, a wait of DMEM_SPILL_AHEAD_ARM_WAIT_US or more arms
+ * the thread for DMEM_SPILL_AHEAD_ARM_MS from now_ns, and kicks it. */
+void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t waited_ns, uint64_t now_ns);
 
 #endif /* DMEM_SPILL_AHEAD_H */

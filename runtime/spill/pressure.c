@@ -79,10 +79,12 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
   /* The slow path: this allocation waits for room (stats, NVTX). */
   uint64_t t0 = dmem__now_ns();
   DMEM_NVTX_PUSH("dmem wait for room");
-  if (rt->ahead_high) dmem__ahead_kick_slow(rt); /* it should have been ahead of this */
+  /* it should have been ahead of this */
+  if (rt->ahead_high && dmem__ahead_wanted(rt)) dmem__ahead_kick_slow(rt);
   st = make_room(rt, size, stream, src, dev_out, ordered_out, need, sw);
   DMEM_NVTX_POP();
-  uint64_t waited = dmem__now_ns() - t0;
+  uint64_t t1 = dmem__now_ns(), waited = t1 - t0;
+  if (rt->ahead_high) dmem__ahead_waited(rt, waited, t1); /* the demand trigger */
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
   dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, waited);
   if (DMEM__TRACE_ON()) {

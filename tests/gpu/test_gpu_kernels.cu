@@ -468,9 +468,12 @@ TEST_CASE(lock_during_spill_cancels_it) {
  * final check of every byte by a kernel and of a few buffers on the host.
  * Spilling is driven by the runtime alone. */
 static void oversubscribe(size_t limit, size_t nbuf, size_t bytes, int rounds) {
-  /* as users run it: the defaults (spill-ahead off; DMEM_SPILL_AHEAD=on
-   * to try it, see docs/design.md) */
-  dmem_runtime_t *rt = gpu_runtime(limit, 0);
+  /* as users run it: the defaults (spill-ahead on, on demand;
+   * DMEM_SPILL_AHEAD=off to compare, see docs/design.md) */
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.device_limit = limit;
+  dmem_runtime_t *rt = gpu_runtime_cfg(&cfg);
   dmem_stats_t st;
   REQUIRE_OK(dmem_stats(rt, &st));
   const double total = (double)nbuf * (double)bytes;
@@ -575,6 +578,62 @@ TEST_CASE(oversubscription_past_physical_memory) {
     nbuf = card + spill_max;
   }
   oversubscribe(0, nbuf, GiB, rounds);
+}
+
+/* Spill-ahead is on by default on the CUDA backend (issue 25): marks at
+ * 95 % and 90 % of the limit, triggered on demand. Under the mark the
+ * thread polls nothing; above it, with no allocation that waited for room,
+ * it spills nothing either (no pass, not armed). */
+TEST_CASE(spill_ahead_on_by_default) {
+  if (getenv("DMEM_SPILL_AHEAD") || getenv("DMEM_SPILL_AHEAD_TRIGGER"))
+    SKIP_CASE("spill_ahead_on_by_default: DMEM_SPILL_AHEAD(_TRIGGER) is set");
+  const size_t bytes = gpu_small() ? MiB : 16 * MiB, limit = 64 * bytes;
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.device_limit = limit;
+  dmem_runtime_t *rt = gpu_runtime_cfg(&cfg);
+  dmem_stats_t st;
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.spill_ahead_high, (size_t)((double)limit * 0.95));
+  CHECK_UEQ(st.spill_ahead_low, (size_t)((double)limit * (0.95 - 0.05)));
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  enum { N = 62 }; /* past the mark (60.8 buffers), under the limit */
+  dmem_handle_t h[N];
+  unsigned long long *bad = gpu_counters(1);
+  struct timespec pause = {0, 160 * 1000 * 1000};
+  for (int i = 0; i < N; i++) {
+    REQUIRE_OK(dmem_buffer_alloc(rt, bytes, 0, &h[i]));
+    job_t j = job1(JOB_FILL, bytes, 11u + (uint32_t)i, 0, NULL);
+    REQUIRE_OK(dmem_launch_async(rt, s, &h[i], 1, run_job, &j));
+    REQUIRE_OK(dmem_stream_release(rt, s));
+    if (i == 8) { /* under the mark, a release in flight: no poll */
+      dmem_stats_t a;
+      REQUIRE_OK(dmem_stats(rt, &a));
+      nanosleep(&pause, NULL);
+      REQUIRE_OK(dmem_stats(rt, &st));
+      CHECK_GT(st.ahead_wakeups - a.ahead_wakeups, 0);
+      CHECK_UEQ(st.ahead_polls, 0);
+    }
+  }
+  REQUIRE_OK(dmem_stream_synchronize(rt, s));
+  nanosleep(&pause, NULL);
+  REQUIRE_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.device_used, N * bytes);
+  CHECK_UEQ(st.room_waits, 0);
+  CHECK_UEQ(st.ahead_arms, 0);
+  CHECK_UEQ(st.ahead_passes, 0);
+  CHECK_UEQ(st.ahead_evictions, 0);
+  for (int i = 0; i < N; i++) {
+    job_t chk = job1(JOB_CHECK, bytes, 11u + (uint32_t)i, 0, bad);
+    REQUIRE_OK(dmem_launch_async(rt, s, &h[i], 1, run_job, &chk));
+  }
+  REQUIRE_OK(dmem_sync_and_unlock(rt, s));
+  CHECK_UEQ(gpu_counter_read(bad), 0);
+  for (int i = 0; i < N; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  CUDA_REQUIRE(cudaFree(bad));
+  dmem_runtime_destroy(rt);
 }
 
 /* ---- dmem_stream_release with long-running kernels ----------------------------- */

@@ -22,7 +22,7 @@ STATS_FIELDS = {
     "ahead_polls", "prefetch_count",
     "prefetch_bytes", "spill_ahead_high", "spill_ahead_low", "host_pool_reserved",
     "host_pool_free", "host_pool_grows", "host_pool_background_grows", "host_pool_trims",
-    "host_pageable_used", "host_pageable_allocs", "swaps",
+    "host_pageable_used", "host_pageable_allocs", "swaps", "ahead_arms",
     # the disk tier
     "host_to_disk_count", "host_to_disk_bytes", "seconds_host_to_disk",
     "host_to_disk_pushdowns", "disk_to_device_count", "disk_to_device_bytes",
