@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "api/api.h"
+#include "spill/ahead.h"
 
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
@@ -702,6 +703,45 @@ TEST_CASE(spill_ahead_on_demand_spills_after_a_wait_for_room) {
   gate_fini(rt, &g, (void *)st);
   for (int i = 0; i < 9; i++) CHECK_OK(dmem_buffer_free(rt, h[i]));
   CHECK_OK(dmem_stream_destroy(rt, st));
+  dmem_runtime_destroy(rt);
+}
+
+/* The demand trigger's rule, at dmem__ahead_waited: a wait of
+ * DMEM_SPILL_AHEAD_ARM_WAIT_US or more arms the thread (counted once per
+ * arming), a shorter one disarms it; with the ALWAYS trigger waits change
+ * nothing. */
+TEST_CASE(spill_ahead_short_wait_disarms) {
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.device_limit = 8 * MiB;
+  cfg.spill_ahead = 0.5;
+  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_DEMAND;
+  dmem_runtime_t *rt = NULL;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  const uint64_t arm = (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
+  dmem_stats_t s;
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, arm - 1, dmem__now_ns());
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, arm, dmem__now_ns());
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  dmem__ahead_waited(rt, 2 * arm, dmem__now_ns()); /* armed already: not counted */
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 1);
+  dmem__ahead_waited(rt, 45000, dmem__now_ns()); /* a 45 us wait */
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, 5 * arm, dmem__now_ns());
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 2);
+  dmem_runtime_destroy(rt);
+  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_ALWAYS;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem__ahead_waited(rt, 5 * arm, dmem__now_ns());
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 0);
   dmem_runtime_destroy(rt);
 }
 

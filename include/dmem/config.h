@@ -268,9 +268,10 @@ typedef struct dmem_config {
   /** When the spill-ahead thread spills above its mark (its marks:
    *  spill_ahead): DMEM_SPILL_AHEAD_AUTO (0, the default), DEMAND (1) or
    *  ALWAYS (2). ALWAYS: whenever device use is above the mark. DEMAND:
-   *  only while it is armed, for DMEM_SPILL_AHEAD_ARM_MS after an
-   *  allocation or retrieve waited DMEM_SPILL_AHEAD_ARM_WAIT_US or longer
-   *  for room (it waited for a spill: what the thread is there to hide).
+   *  only while it is armed: an allocation or retrieve waited
+   *  DMEM_SPILL_AHEAD_ARM_WAIT_US or longer for room (it waited for a
+   *  spill: what the thread is there to hide), and since then no wait was
+   *  shorter and DMEM_SPILL_AHEAD_ARM_MS did not pass.
    *  Where on-demand evictions cost the caller nothing (stream-ordered,
    *  as a prefetching loop's are), spilling ahead only shrinks the device's
    *  share: 1.75 GiB more each way for examples/cupy_loop.py, 5 % of its

@@ -196,9 +196,9 @@ struct dmem_runtime {
   /* Demand trigger (dmem_config_t.spill_ahead_trigger): the thread spills
    * only while armed. A wait for room of DMEM_SPILL_AHEAD_ARM_WAIT_US or
    * more stores ahead_armed_until (now + DMEM_SPILL_AHEAD_ARM_MS), then
-   * sets ahead_armed (release); the thread clears ahead_armed once the time
-   * has passed (and looks at ahead_armed_until again after). Allocations
-   * read ahead_armed (relaxed) before they kick. */
+   * sets ahead_armed (release); a shorter wait clears it; the thread clears
+   * it once the time has passed (and looks at ahead_armed_until again
+   * after). Allocations read ahead_armed (relaxed) before they kick. */
   bool ahead_demand;
   _Atomic int ahead_armed;
   _Atomic uint64_t ahead_armed_until;

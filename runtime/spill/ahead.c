@@ -33,16 +33,20 @@
  *    the low mark.
  *  - With the demand trigger (dmem_config_t.spill_ahead_trigger; the
  *    CUDA backend's default), above the mark it spills only while armed:
- *    for DMEM_SPILL_AHEAD_ARM_MS after an allocation or retrieve waited
- *    DMEM_SPILL_AHEAD_ARM_WAIT_US or more for room (dmem__ahead_waited,
- *    from spill/pressure.c). Unarmed it is kicked by nobody and does
- *    nothing at its period but read the use and the flag. Spilling ahead
- *    costs bytes: every buffer spilled early that is used again before the
- *    allocation it made room for comes back over the link. It pays where
- *    callers wait for spills; where on-demand evictions are stream-ordered
- *    and cost the caller microseconds (a loop that prefetches: 67 waits
- *    of 45 us on average in examples/cupy_loop.py on an H100), it only
- *    moved 1.75 GiB more each way and took 5 % longer.
+ *    an allocation or retrieve waited DMEM_SPILL_AHEAD_ARM_WAIT_US or more
+ *    for room (dmem__ahead_waited, from spill/pressure.c), and since then
+ *    neither did a wait end sooner nor DMEM_SPILL_AHEAD_ARM_MS pass.
+ *    Unarmed it is kicked by nobody and does nothing at its period but
+ *    read the use and the flag. Spilling ahead costs bytes: every buffer
+ *    spilled early that is used again before the allocation it made room
+ *    for comes back over the link. It pays where callers wait for spills;
+ *    where on-demand evictions are stream-ordered and cost the caller
+ *    microseconds (a loop that prefetches: 67 waits of 45 us on average in
+ *    examples/cupy_loop.py on an H100), it only moved 1.75 GiB more each
+ *    way and took 5 % longer. A short wait disarms it at once: that
+ *    loop's first allocations (its fill, while the pinned pool grows) wait
+ *    milliseconds, and a second of arming from them covered the whole loop
+ *    (70 ahead evictions, the same 1.75 GiB).
  */
 #include "spill/spill.h"
 #include "spill/ahead.h"
@@ -134,7 +138,11 @@ static bool ahead_armed(dmem_runtime_t *rt) {
 
 void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t waited_ns, uint64_t now_ns) {
   if (!rt->ahead_started || !rt->ahead_demand) return;
-  if (waited_ns < (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u) return;
+  if (waited_ns < (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u) {
+    /* on-demand eviction costs little now: disarm (a store only when armed) */
+    if (dmem_atomic_load_relaxed(&rt->ahead_armed)) dmem_atomic_store_relaxed(&rt->ahead_armed, 0);
+    return;
+  }
   dmem_atomic_store_relaxed(&rt->ahead_armed_until,
                             now_ns + (uint64_t)DMEM_SPILL_AHEAD_ARM_MS * 1000000u);
   /* release (acq_rel): the time above is seen by the thread's exchange */

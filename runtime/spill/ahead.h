@@ -27,7 +27,8 @@ static inline void dmem__ahead_note(dmem_runtime_t *rt) {
 }
 /* An allocation or retrieve waited waited_ns for room (pressure.c): with
  * the demand trigger, a wait of DMEM_SPILL_AHEAD_ARM_WAIT_US or more arms
- * the thread for DMEM_SPILL_AHEAD_ARM_MS from now_ns, and kicks it. */
+ * the thread for DMEM_SPILL_AHEAD_ARM_MS from now_ns, and kicks it; a
+ * shorter one disarms it. */
 void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t waited_ns, uint64_t now_ns);
 
 #endif /* DMEM_SPILL_AHEAD_H */
