@@ -6,8 +6,8 @@
 The buffers (factor x limit bytes in all) are locked in turn, each one
 viewed as a CuPy float32 array that an elementwise kernel updates in place
 (``x += 1``). The runtime spills buffers by its eviction policy to pinned
-host memory as room runs short (stream-ordered: no caller waits for them,
-so the spill-ahead thread, armed only by waits, stays idle) and brings
+host memory as room runs short (stream-ordered: the loop does not wait
+for them) and brings
 each buffer back when it is locked; the loop prefetches the next ``depth``
 buffers on a stream of their own (``Buffer.prefetch``), so that their
 host->device copies run while the current kernel does and the spills of

@@ -69,15 +69,11 @@
  *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
  *                      device use passes N % of the limit (on: 95 %), a
  *                      background thread spills by policy down to M %
- *                      (default N - 5). Default: on the CUDA backend
- *                      95 % and 90 %, spilling on demand only (see
- *                      DMEM_SPILL_AHEAD_TRIGGER); off on the host backend
- *                      (dmem_config_t.spill_ahead).
- *   DMEM_SPILL_AHEAD_TRIGGER  auto | demand | always: when the spill-ahead
- *                      thread spills above its mark: always, or only
- *                      while waits for room arm it (demand); auto (the
- *                      default): demand for the default marks, always for
- *                      marks set in DMEM_SPILL_AHEAD or spill_ahead
+ *                      (default N - 5). Default: off on both backends
+ *                      (dmem_config_t.spill_ahead says why).
+ *   DMEM_SPILL_AHEAD_TRIGGER  always | demand: when the spill-ahead
+ *                      thread spills above its mark: always (the
+ *                      default), or only while waits for room arm it
  *                      (dmem_config_t.spill_ahead_trigger)
  *   DMEM_EVICTION_POLICY  reuse | lru: which unlocked buffers eviction
  *                      takes first within a priority class (see
@@ -187,10 +183,13 @@ typedef struct dmem_config {
   /** Spill-ahead high-water mark, a fraction of the device limit: above it
    *  a background thread spills by policy (down to spill_ahead_low) so that
    *  allocations rarely wait for a spill. 0: off.
-   *  DMEM_SPILL_AHEAD_DEFAULT (the default): the backend's choice, 0.95
-   *  on the CUDA backend (so low 0.90), armed on demand
-   *  (spill_ahead_trigger); 0 on the host backend (whose tests count moves
-   *  exactly). "on" in DMEM_SPILL_AHEAD means 0.95. */
+   *  DMEM_SPILL_AHEAD_DEFAULT (the default): off on both backends. On an
+   *  H100 it was equal to off on cuBLAS and bench_spill (where it never
+   *  ran) and faster on a Dask example, but spilling early shrinks the
+   *  device's share of a loop over more than fits: examples/cupy_loop.py
+   *  moved 1.75 GiB more each way, and the oversubscription past the card
+   *  took 7.4-9.9 s against 6.5-7.0 s (docs/design.md, "Spill-ahead").
+   *  "on" in DMEM_SPILL_AHEAD means 0.95. */
   double spill_ahead;
   /** Low-water mark (fraction of the limit, below spill_ahead); 0:
    *  spill_ahead - 0.05. */
@@ -266,8 +265,8 @@ typedef struct dmem_config {
    *  DMEM_RETRIEVE_SWAP; no Python keyword. */
   int retrieve_swap;
   /** When the spill-ahead thread spills above its mark (its marks:
-   *  spill_ahead): DMEM_SPILL_AHEAD_AUTO (0, the default), DEMAND (1) or
-   *  ALWAYS (2). ALWAYS: whenever device use is above the mark. DEMAND:
+   *  spill_ahead): DMEM_SPILL_AHEAD_ALWAYS (0, the default) or DEMAND (1).
+   *  ALWAYS: whenever device use is above the mark. DEMAND:
    *  only while it is armed: an allocation or retrieve waited
    *  DMEM_SPILL_AHEAD_ARM_WAIT_US or longer for room (it waited for a
    *  spill: what the thread is there to hide), and since then no wait was
@@ -275,17 +274,14 @@ typedef struct dmem_config {
    *  Where on-demand evictions cost the caller nothing (stream-ordered,
    *  as a prefetching loop's are), spilling ahead only shrinks the device's
    *  share: 1.75 GiB more each way for examples/cupy_loop.py, 5 % of its
-   *  time on an H100. AUTO: DEMAND for the backend's default marks
-   *  (spill_ahead == DMEM_SPILL_AHEAD_DEFAULT), ALWAYS for marks that were
-   *  asked for. DMEM_SPILL_AHEAD_TRIGGER=auto|demand|always; no Python
-   *  keyword. */
+   *  time on an H100; DEMAND kept it idle there in two runs of three.
+   *  DMEM_SPILL_AHEAD_TRIGGER=always|demand; no Python keyword. */
   int spill_ahead_trigger;
 } dmem_config_t;
 
 /** dmem_config_t.spill_ahead_trigger values. */
-#define DMEM_SPILL_AHEAD_AUTO 0
+#define DMEM_SPILL_AHEAD_ALWAYS 0
 #define DMEM_SPILL_AHEAD_DEMAND 1
-#define DMEM_SPILL_AHEAD_ALWAYS 2
 /** DEMAND: how long a wait for room arms the thread (milliseconds) ... */
 #define DMEM_SPILL_AHEAD_ARM_MS 1000u
 /** ... and how long a wait must be to arm it (microseconds). */
@@ -379,8 +375,8 @@ typedef struct dmem_config {
     "pinned staging")                                                                           \
   X(retrieve_swap, retrieve_swap, choice, 1, "DMEM_RETRIEVE_SWAP", NULL, 0, 0, "on|off",        \
     "retrieve swap")                                                                            \
-  X(spill_ahead_trigger, spill_ahead_trigger, choice, DMEM_SPILL_AHEAD_AUTO,                    \
-    "DMEM_SPILL_AHEAD_TRIGGER", NULL, 0, 0, "auto|demand|always", "spill-ahead trigger")
+  X(spill_ahead_trigger, spill_ahead_trigger, choice, DMEM_SPILL_AHEAD_ALWAYS,                  \
+    "DMEM_SPILL_AHEAD_TRIGGER", NULL, 0, 0, "always|demand", "spill-ahead trigger")
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

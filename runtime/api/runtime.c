@@ -73,29 +73,17 @@ static size_t fraction_of(size_t n, double f) {
   return r > n ? n : r;
 }
 
-/* Spill-ahead by default (dmem_config_t.spill_ahead ==
- * DMEM_SPILL_AHEAD_DEFAULT), as a fraction of the limit; 0: off.
- * The CUDA backend: on at 95 % (down to 90 %), armed on demand
- * (spill_ahead_trigger auto): on an H100 it was equal to off on cuBLAS
- * --compare and bench_spill, faster on the Dask example, and spilling at
- * every pass over the mark cost examples/cupy_loop.py 5 % (1.75 GiB more
- * each way, its on-demand evictions being stream-ordered and free), which
- * arming on waits avoids (docs/design.md, "Spill-ahead").
- * The host backend: off (its tests count moves exactly). Tests that need
- * it off or on set it. */
-#define DMEM__SPILL_AHEAD_DEFAULT_CUDA 0.95
-#define DMEM__SPILL_AHEAD_DEFAULT_HOST 0.0
-
 /* The spill-ahead marks in bytes (0: off) and its trigger. */
 static void ahead_marks(dmem_runtime_t *rt) {
   double high = rt->cfg.spill_ahead, low = rt->cfg.spill_ahead_low;
-  bool deflt = high == DMEM_SPILL_AHEAD_DEFAULT;
-  if (deflt)
-    high = rt->be->kind == DMEM_BACKEND_CUDA ? DMEM__SPILL_AHEAD_DEFAULT_CUDA
-                                             : DMEM__SPILL_AHEAD_DEFAULT_HOST;
-  int trig = rt->cfg.spill_ahead_trigger;
-  rt->ahead_demand =
-      trig == DMEM_SPILL_AHEAD_DEMAND || (trig == DMEM_SPILL_AHEAD_AUTO && deflt);
+  /* Off unless asked for, on both backends: on an H100 (issue 25, bench/
+   * ahead_compare) it was equal on cuBLAS and bench_spill and faster on the
+   * Dask example, but it made a loop over more than fits move more bytes
+   * (examples/cupy_loop.py, always: 1.75 GiB more each way; demand: the
+   * same in one run of three) and the oversubscription past the card
+   * slower (docs/design.md, "Spill-ahead"). */
+  if (high == DMEM_SPILL_AHEAD_DEFAULT) high = 0;
+  rt->ahead_demand = rt->cfg.spill_ahead_trigger == DMEM_SPILL_AHEAD_DEMAND;
   if (high <= 0) return;
   if (low <= 0 || low >= high) low = high > 0.05 ? high - 0.05 : high / 2;
   rt->ahead_high = fraction_of(rt->limit, high);
