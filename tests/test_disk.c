@@ -963,6 +963,31 @@ TEST_CASE(small_buffers_go_to_the_file_several_requests_deep) {
   rm_tree(parent);
 }
 
+/* DMEM_DISK_WRITE_PIECE=8M (testing only): a 1 MiB buffer goes to the file
+ * whole, in one request from the calling thread (the gate waits up to 2 s
+ * for a second request, which never comes); the bytes come back. */
+TEST_CASE(write_piece_knob_writes_small_buffers_whole) {
+  setenv("DMEM_DISK_WRITE_PIECE", "8M", 1);
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem_runtime_t *rt = runtime_with(32 * MiB, 0, parent);
+  dmem_handle_t h;
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h));
+  check_put(rt, h, MiB, 71);
+  op_gate_t o = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 2, false},
+                 DMEM__DISK_OP_WRITE};
+  dmem__disk_hook_set(op_gate_fn, &o);
+  CHECK_OK(dmem_buffer_spill(rt, h, DMEM_TIER_DISK));
+  dmem__disk_hook_set(NULL, NULL);
+  CHECK_EQ(o.g.most, 1);
+  CHECK_EQ(state_of(rt, h), DMEM_STATE_DEFERRED_DISK);
+  CHECK_UEQ(check_bad_bytes(rt, h, MiB, 71), 0);
+  CHECK_OK(dmem_buffer_free(rt, h));
+  dmem_runtime_destroy(rt);
+  rm_tree(parent);
+  unsetenv("DMEM_DISK_WRITE_PIECE");
+}
+
 /* An extent starts at a multiple of its length's largest power of two, up
  * to 1 MiB, whatever was placed before it (a 4 KiB extent first put every
  * 1 MiB buffer after it 4 KiB past a 1 MiB boundary); the gap left before

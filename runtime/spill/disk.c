@@ -119,6 +119,7 @@ struct dmem__disk {
   _Atomic unsigned io_busy;
   _Atomic uint64_t io_end_ns;
   _Atomic uint64_t quiet_ns; /* DISK_QUIET_NS; tests change it */
+  size_t write_piece_min;    /* DISK_WRITE_PIECE_MIN, or DMEM_DISK_WRITE_PIECE */
 };
 
 /* ---- the test hook ----------------------------------------------------------------- */
@@ -192,6 +193,22 @@ static int open_file(dmem__disk_t *d) {
   return 0;
 }
 
+/* DMEM_DISK_WRITE_PIECE (testing only: a power of two from 4 KiB to
+ * DISK_CHUNK, with an optional K or M): the smallest piece a write is cut
+ * in (job_piece); DISK_CHUNK writes a buffer of up to one chunk in one
+ * request from the calling thread. Anything else: DISK_WRITE_PIECE_MIN. So
+ * that one binary on the GPU machine's disk compares the two. */
+static size_t write_piece_min(void) {
+  const char *s = getenv("DMEM_DISK_WRITE_PIECE");
+  if (!s || !*s) return DISK_WRITE_PIECE_MIN;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end && (*end == 'K' || *end == 'k')) v <<= 10, end++;
+  else if (end && (*end == 'M' || *end == 'm')) v <<= 20, end++;
+  if (!end || *end || v < DISK_ALIGN || v > DISK_CHUNK || (v & (v - 1))) return DISK_WRITE_PIECE_MIN;
+  return (size_t)v;
+}
+
 dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t **disk_out) {
   if (!parent || !*parent) parent = getenv("TMPDIR");
   if (!parent || !*parent) parent = "/tmp";
@@ -200,6 +217,7 @@ dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t
   d->fd = -1;
   d->io = io;
   dmem_atomic_store_relaxed(&d->quiet_ns, DISK_QUIET_NS);
+  d->write_piece_min = write_piece_min();
   int n = snprintf(d->dir, sizeof d->dir, "%s/dmem-spill-XXXXXX", parent);
   if (n < 0 || (size_t)n >= sizeof d->dir - 64) {
     free(d);
@@ -795,8 +813,8 @@ static void helper_run(dmem__io_task_t *t) {
  * file one request at a time, each after its own fallocate, and wrote at
  * 0.77-0.92 of a plain loop of 1 MiB pwrites on an H100 machine's cloud
  * disk (bench_disk), while buffers of many chunks wrote at 1.07-1.37. */
-static size_t job_piece(size_t n, bool helpers, bool write) {
-  size_t p = write ? DISK_WRITE_PIECE_MIN : DISK_READ_PIECE_MIN;
+static size_t job_piece(const dmem__disk_t *d, size_t n, bool helpers, bool write) {
+  size_t p = write ? d->write_piece_min : DISK_READ_PIECE_MIN;
   if (!helpers) return DISK_CHUNK;
   while (p < DISK_CHUNK && (n + p - 1) / p > 1 + DMEM__IO_THREADS) p *= 2;
   return p;
@@ -812,7 +830,7 @@ static dmem_status_t job_run(dmem__disk_t *d, bool write, void *buf, uint64_t of
   j.buf = buf;
   j.off = off;
   j.n = n;
-  j.piece = job_piece(n, d->io != NULL, write);
+  j.piece = job_piece(d, n, d->io != NULL, write);
   j.nchunks = (n + j.piece - 1) / j.piece;
   j.cancel = cancel;
   j.cancel_arg = cancel_arg;

@@ -22,7 +22,8 @@ ROWS = dmem._dmem._config_options()
 # by the trace recorder (every runtime of the process), by the fault
 # injection of the tests, by dmem.dask's workers, and by the host backend (a
 # simulated link, for tests and bench_policy).
-NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC", "DMEM_HOST_COPY_GBPS"}
+NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC", "DMEM_HOST_COPY_GBPS",
+               "DMEM_DISK_WRITE_PIECE"}
 
 
 def readme_variables():
