@@ -89,6 +89,15 @@
 /* b->pback's bits (core/core.h) */
 #define DMEM__PB_BACK 1u /* last taken from the back list */
 #define DMEM__PB_SOON 2u /* on the window, prefetched and not used since */
+/* taken by the collect running now (cleared before it returns): no walk of
+ * that collect takes it again. A victim goes to the cold list's newest end
+ * and stays resident until its spill starts, so without it the next
+ * first(COLD) of the same collect found it again whenever nothing older
+ * was left there: after a prefetch of n buffers (all on the window), every
+ * victim but the first of a collect was the first again, one real victim
+ * per collect of 64, and dmem_runtime_evict of 1024 x 64 KiB took 1024
+ * collects (bench_spill's batch row at 0.16-0.27 of raw) */
+#define DMEM__PB_TAKEN 4u
 
 /* Arrivals drained by the arriving thread (when the policy is free). */
 #define DMEM__DRAIN_EVERY 256u
@@ -359,7 +368,8 @@ static dmem__buffer_t *first(dmem_runtime_t *rt, dmem__pclass_t *c, int l, bool 
       to_hot(rt, b);
       continue;
     }
-    if (!takeable(w)) { /* being moved (a spill, maybe cancelled): later */
+    if (!takeable(w) || (b->pback & DMEM__PB_TAKEN)) { /* being moved (a spill, maybe
+                                                        cancelled), or taken: later */
       uint32_t cid = b->pcls - 1u;
       bool soon = b->pback & DMEM__PB_SOON;
       unlink_b(rt, b);
@@ -612,6 +622,7 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
        * beside this one takes others; if its spill fails it stays there,
        * resident */
       move_tail(rt, b, COLD);
+      b->pback |= DMEM__PB_TAKEN;
       out[k++] = (dmem__victim_t){.priority = c->prio, .b = b, .h = dmem__handle_of(b, w)};
       bytes += dmem__bsize(b);
       dmem_atomic_add_relaxed(&p->tick, 1);
@@ -619,6 +630,7 @@ size_t dmem__policy_collect(dmem_runtime_t *rt, size_t need, dmem__victim_t *out
   }
   for (uint32_t i = 0; i < p->ncls; i++)
     for (int l = 0; l < DMEM__PLISTS; l++) entries += p->cls[i].n[l];
+  for (size_t i = 0; i < k; i++) out[i].b->pback &= (uint8_t)~DMEM__PB_TAKEN;
   *fallback_out = p->no_class;
   dmem__mutex_unlock(&p->mu, DMEM__RANK_POLICY);
   *entries_out = entries;
