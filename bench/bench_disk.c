@@ -40,8 +40,9 @@
  * present), so the same binary runs in CI on the host backend (--quick) and
  * on the GPU machine.
  *
- *   bench_disk [--quick] [--dir DIR] [--total BYTES] [--reps N]
+ *   bench_disk [--quick] [--dir DIR] [--total BYTES] [--reps N] [--size BYTES]
  *
+ * --size: that buffer size alone (default: 1, 8, 64 and 256 MiB).
  * --dir: parent of the spill directory and of the raw file (default:
  * DMEM_SPILL_DIR, $TMPDIR or /tmp). --total: bytes per buffer size
  * (default 2G; --quick 32M). Without --quick each ratio is also printed
@@ -293,6 +294,7 @@ int main(int argc, char **argv) {
   bool quick = false;
   size_t total = 0;
   int reps = 0;
+  size_t one = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -302,8 +304,15 @@ int main(int argc, char **argv) {
       TRY(dmem_size_parse(argv[++i], &total, NULL));
     } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc) {
+      TRY(dmem_size_parse(argv[++i], &one, NULL));
+      if (one == 0) {
+        fprintf(stderr, "bench_disk: --size must be above 0\n");
+        return 2;
+      }
     } else {
-      fprintf(stderr, "usage: %s [--quick] [--dir DIR] [--total BYTES] [--reps N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--dir DIR] [--total BYTES] [--reps N] [--size BYTES]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -317,6 +326,10 @@ int main(int argc, char **argv) {
   static const size_t quick_sizes[] = {1 * MiB, 8 * MiB + 4096 + 7};
   const size_t *sizes = quick ? quick_sizes : full_sizes;
   size_t nsizes = quick ? 2 : 4;
+  if (one) {
+    sizes = &one;
+    nsizes = 1;
+  }
 
   /* which backend? (a tiny runtime answers) */
   dmem_runtime_t *probe;
