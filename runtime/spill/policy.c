@@ -229,13 +229,17 @@ static dmem_status_t evict(dmem_runtime_t *rt, size_t need, size_t contig,
                       dmem__now_ns() - t0, ps.freed, ps.victims, 0);
   if (ps.victims > 0) dmem__summary_note(rt);
   /* one line a pass: debug (info has the summary of spill/summary.c) */
-  if (ps.victims > 0)
+  if (ps.victims > 0) {
+    char ask[64]; /* "asked N" or "asked N, contiguous M" */
+    if (contig)
+      snprintf(ask, sizeof ask, "asked %zu, contiguous %zu", need, contig);
+    else
+      snprintf(ask, sizeof ask, "asked %zu", need);
     DMEM_RT_LOG(rt, DMEM_LOG_DEBUG,
-                "evict: %zu victims, %zu bytes (asked %zu%s%zu), %s, %.3f ms, device used %zu "
-                "of %zu",
-                ps.victims, ps.freed, need, contig ? ", contiguous " : "", contig,
-                reason_name(reason), (double)(dmem__now_ns() - t0) * 1e-6,
-                dmem__device_used(rt), rt->limit);
+                "evict: %zu victims, %zu bytes (%s), %s, %.3f ms, device used %zu of %zu",
+                ps.victims, ps.freed, ask, reason_name(reason),
+                (double)(dmem__now_ns() - t0) * 1e-6, dmem__device_used(rt), rt->limit);
+  }
   if (st != DMEM_OK) return st;
   *freed_out = ps.freed;
   if (first_error_out) *first_error_out = ps.first;
