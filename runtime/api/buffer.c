@@ -175,7 +175,9 @@ dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, size_t offse
  * *w_out is the word it read. */
 static inline bool lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
                              dmem__buffer_t **b_out, uint64_t *w_out) {
-  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
+  /* every caller checks h against the word (here, dmem__lock_resident,
+   * dmem__retrieve) before it uses the slot */
+  dmem__buffer_t *b = dmem__table_lookup_checked(rt->table, h);
   *b_out = b;
   if (!b) return false;
   /* acquire: partner is the release in dmem_buffer_alloc / dmem__transit_end, which
