@@ -68,9 +68,10 @@ typedef struct cuda_backend {
    * on whichever thread detects it; read by every call. The value is
    * self-contained (it publishes no other data), so relaxed loads suffice.
    * Just before drv, whose first fields (context, ctx_get_current) every
-   * cuda_enter reads too: one line for the three (the backend is allocated
-   * on a line boundary; the launch path's make_current pays for every line
-   * that the driver's launch evicted). */
+   * cuda_enter reads too, and just after base.make_current (its last
+   * field): one line for the four (the backend is allocated on a line
+   * boundary; the launch path's make_current pays for every line that the
+   * driver's launch evicted). */
   _Atomic int fatal;
   dmem__cuda_driver_t drv;  /* filled by create, read-only afterwards */
   /* How host_alloc pins (DMEM_HOST_PIN_MALLOC_HOST or _REGISTER; AUTO
@@ -81,9 +82,11 @@ typedef struct cuda_backend {
   struct pinned_region *regions; /* under reg_mu */
 } cuda_backend_t;
 
-_Static_assert(offsetof(cuda_backend_t, fatal) / 64 ==
+/* The launch path's make_current reads base.make_current, fatal, and drv's
+ * context and ctx_get_current: one line. */
+_Static_assert(offsetof(cuda_backend_t, base.make_current) / 64 ==
                    (offsetof(cuda_backend_t, drv.ctx_get_current) + sizeof(void *) - 1) / 64,
-               "cuda_enter's fields left one line");
+               "make_current's fields left one line");
 
 typedef struct pinned_region {
   struct pinned_region *next;
