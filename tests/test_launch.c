@@ -96,6 +96,38 @@ TEST_CASE(all_or_nothing) {
   dmem_runtime_destroy(rt);
 }
 
+/* A handle of a slot that was never handed out, with the generation the
+ * slot will get (forged from the table's seed): the lock path finds such a
+ * slot without looking at the table's high-water mark, by its word (FREE),
+ * and must refuse it as stale everywhere, leaving nothing locked. */
+TEST_CASE(never_handed_out_slot_is_stale) {
+  dmem_runtime_t *rt = check_runtime(8 * MiB);
+  dmem_handle_t hs[2];
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &hs[0]));
+  uint32_t slot = (uint32_t)(hs[0] & 0xFFFFFFFFu) + 100; /* in the same chunk */
+  REQUIRE_TRUE((slot >> DMEM__CHUNK_BITS) == ((uint32_t)hs[0] >> DMEM__CHUNK_BITS));
+  hs[1] = ((dmem_handle_t)dmem__table_first_gen(rt->table, slot) << 32) | slot;
+  void *p = NULL;
+  CHECK_STATUS(dmem_buffer_lock(rt, hs[1], NULL, &p), DMEM_ERR_STALE_HANDLE);
+  launch_rec_t r = {0};
+  CHECK_STATUS(dmem_lock_and_launch(rt, hs, 2, record_fn, &r), DMEM_ERR_STALE_HANDLE);
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  CHECK_STATUS(dmem_launch_async(rt, s, hs, 2, record_fn, &r), DMEM_ERR_STALE_HANDLE);
+  CHECK_STATUS(dmem_launch_async(rt, s, hs + 1, 1, record_fn, &r), DMEM_ERR_STALE_HANDLE);
+  CHECK_EQ(r.calls, 0);
+  CHECK_EQ(lock_count(rt, hs[0]), 0);
+  CHECK_OK(dmem_stream_destroy(rt, s)); /* nothing was registered */
+  /* the slot, once handed out, takes that generation: the handle then names it */
+  dmem_handle_t h = 0;
+  for (uint32_t i = (uint32_t)(hs[0] & 0xFFFFFFFFu) + 1; i <= slot; i++)
+    REQUIRE_OK(dmem_buffer_alloc(rt, 4096, 0, &h));
+  CHECK_TRUE(h == hs[1]);
+  CHECK_OK(dmem_buffer_lock(rt, hs[1], NULL, &p));
+  CHECK_OK(dmem_buffer_unlock(rt, hs[1]));
+  dmem_runtime_destroy(rt);
+}
+
 TEST_CASE(out_of_memory_with_everything_locked) {
   dmem_runtime_t *rt = check_runtime(4 * MiB);
   dmem_handle_t hs[4];

@@ -40,15 +40,57 @@ void dmem__report_stop(dmem_runtime_t *rt);
 /* Print rt's statistics to stderr, headed by `when`. */
 void dmem__report_print(dmem_runtime_t *rt, const char *when);
 
-/* runtime/api/buffer.c: lock h for the caller (fast path here, slow path in
- * spill/retrieve.c); *b_out (may be NULL) is the buffer. */
+/* The lock's fast path (inline: dmem_buffer_lock and the launch entry
+ * points): a resident, unlocked-or-locked buffer of the right generation,
+ * no move in flight, the runtime live: one load and one CAS. Returns b
+ * (the slot's buffer, NULL: stale slot) and whether it locked; *w_out is
+ * the word it read. */
+static inline bool dmem__lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
+                                   dmem__buffer_t **b_out, uint64_t *w_out) {
+  /* every caller checks h against the word (here, dmem__lock_resident,
+   * dmem__retrieve) before it uses the slot */
+  dmem__buffer_t *b = dmem__table_lookup_checked(rt->table, h);
+  *b_out = b;
+  if (!b) return false;
+  /* acquire: partner is the release in dmem_buffer_alloc / dmem__transit_end, which
+   * published b->dev */
+  uint64_t w = dmem_atomic_load_acquire(&b->word);
+  const uint64_t slow_bits =
+      DMEM__F_FREED | DMEM__F_UNSPILL_COPY | DMEM__F_SPILL_COPY | DMEM__STATE_MASK;
+  if (__builtin_expect(dmem__w_gen(w) == dmem__h_gen(h) && (w & slow_bits) == 0 &&
+                           dmem__w_count(w) < DMEM_LOCK_COUNT_MAX &&
+                           !dmem_atomic_load_relaxed(&rt->fatal),
+                       1) &&
+      dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
+    *dev_out = dmem__bdev(b);
+    /* the first lock: its bytes count as locked (a thread-private add) */
+    if (dmem__w_count(w) == 0) dmem__locked_add(rt->table, dmem__bsize(b));
+    return true;
+  }
+  *w_out = w;
+  return false;
+}
+
 /* The fast path alone: DMEM_OK (locked, resident), DMEM_ERR_STALE_HANDLE
  * (detail recorded), or DMEM_ERR_BUSY (no detail) when h names a live
  * buffer that only the slow path can lock (spilled, moving, its count at
  * the maximum, a fatal runtime); nothing moved. *b_out is the buffer unless
  * stale. */
-dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
-                                  dmem__buffer_t **b_out);
+static inline dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h,
+                                                void **dev_out, dmem__buffer_t **b_out) {
+  dmem__buffer_t *b;
+  uint64_t w = 0;
+  if (dmem__lock_fast(rt, h, dev_out, &b, &w)) {
+    *b_out = b;
+    return DMEM_OK;
+  }
+  if (!b || !dmem__word_live(w, h)) return dmem__stale(h);
+  *b_out = b;
+  return DMEM_ERR_BUSY; /* live, but the slow path must lock it */
+}
+
+/* runtime/api/buffer.c: lock h for the caller (the fast path above, the
+ * slow path in spill/retrieve.c); *b_out (may be NULL) is the buffer. */
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
                          dmem__buffer_t **b_out);
 
@@ -75,9 +117,11 @@ void dmem__registry_commit(dmem_runtime_t *rt, void *stream, const dmem__reg_ent
 dmem_status_t dmem__registry_take(dmem_runtime_t *rt, void *stream, dmem__reg_entry_t **v_out,
                                   size_t *n_out);
 bool dmem__registry_has(dmem_runtime_t *rt, void *stream);
-/* dmem_stream_release below the API: an event now, or a place in the
- * stream's group (spill/pending.c); *recorded: an event was recorded. */
-dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded);
+/* dmem_stream_release below the API on a stream without a record (the
+ * caller's dmem__sreg_lock found none; a stream with one releases into its
+ * group, spill/pending.c): an event now for what its list holds;
+ * *recorded: an event was recorded. */
+dmem_status_t dmem__registry_release_list(dmem_runtime_t *rt, void *stream, bool *recorded);
 /* dmem_stream_create (and registry init, for the host backend's default
  * stream): give `stream` a record of its own (spill/pending.c), into which
  * its list, if any, moves; with no record free it keeps a list here. */

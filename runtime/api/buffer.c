@@ -169,52 +169,11 @@ dmem_status_t dmem_buffer_read(dmem_runtime_t *rt, dmem_handle_t h, size_t offse
   return dmem__read(rt, b, h, offset, dst, n);
 }
 
-/* The lock's fast path: a resident, unlocked-or-locked buffer of the right
- * generation, no move in flight, the runtime live: one load and one CAS.
- * Returns b (the slot's buffer, NULL: stale slot) and whether it locked;
- * *w_out is the word it read. */
-static inline bool lock_fast(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
-                             dmem__buffer_t **b_out, uint64_t *w_out) {
-  dmem__buffer_t *b = dmem__table_lookup(rt->table, h);
-  *b_out = b;
-  if (!b) return false;
-  /* acquire: partner is the release in dmem_buffer_alloc / dmem__transit_end, which
-   * published b->dev */
-  uint64_t w = dmem_atomic_load_acquire(&b->word);
-  const uint64_t slow_bits =
-      DMEM__F_FREED | DMEM__F_UNSPILL_COPY | DMEM__F_SPILL_COPY | DMEM__STATE_MASK;
-  if (__builtin_expect(dmem__w_gen(w) == dmem__h_gen(h) && (w & slow_bits) == 0 &&
-                           dmem__w_count(w) < DMEM_LOCK_COUNT_MAX &&
-                           !dmem_atomic_load_relaxed(&rt->fatal),
-                       1) &&
-      dmem_atomic_cas_strong_acq_rel(&b->word, &w, w + 1)) {
-    *dev_out = dmem__bdev(b);
-    /* the first lock: its bytes count as locked (a thread-private add) */
-    if (dmem__w_count(w) == 0) dmem__locked_add(rt->table, dmem__bsize(b));
-    return true;
-  }
-  *w_out = w;
-  return false;
-}
-
-dmem_status_t dmem__lock_resident(dmem_runtime_t *rt, dmem_handle_t h, void **dev_out,
-                                  dmem__buffer_t **b_out) {
-  dmem__buffer_t *b;
-  uint64_t w = 0;
-  if (lock_fast(rt, h, dev_out, &b, &w)) {
-    *b_out = b;
-    return DMEM_OK;
-  }
-  if (!b || !dmem__word_live(w, h)) return dmem__stale(h);
-  *b_out = b;
-  return DMEM_ERR_BUSY; /* live, but the slow path must lock it */
-}
-
 dmem_status_t dmem__lock(dmem_runtime_t *rt, dmem_handle_t h, void *stream, void **dev_out,
                          dmem__buffer_t **b_out) {
   dmem__buffer_t *b;
   uint64_t w = 0;
-  if (lock_fast(rt, h, dev_out, &b, &w)) {
+  if (dmem__lock_fast(rt, h, dev_out, &b, &w)) {
     if (b_out) *b_out = b;
     return DMEM_OK;
   }

@@ -57,11 +57,17 @@ static void unlock_locked(dmem_runtime_t *rt, const lockset_t *ls, size_t n) {
 /* All or nothing: on failure nothing stays locked. A bad handle anywhere
  * fails before anything is brought back: pass 1 locks the resident buffers
  * (the lock's fast path) and checks every other handle; pass 2 brings the
- * others back and locks them. */
-static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n, void *stream,
-                              lockset_t *ls) {
+ * others back and locks them. lock_all runs pass 1 while every handle
+ * takes the fast path (the common case, inline in the entry points); at
+ * the first that does not, lock_rest goes on from there, out of the
+ * launch's hot code: the CUDA driver's launch evicts that code between
+ * launches, and every line of it costs a miss a launch. */
+static __attribute__((noinline, cold)) dmem_status_t lock_rest(dmem_runtime_t *rt,
+                                                               const dmem_handle_t *hs, size_t n,
+                                                               void *stream, lockset_t *ls,
+                                                               size_t i0) {
   size_t slow = 0;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = i0; i < n; i++) {
     dmem__buffer_t *b = NULL;
     dmem_status_t st = dmem__lock_resident(rt, hs[i], &ls->ptrs[i], &b);
     ls->ents[i].h = hs[i];
@@ -73,7 +79,7 @@ static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_
       return st;
     }
   }
-  for (size_t i = 0; slow > 0 && i < n; i++) {
+  for (size_t i = i0; slow > 0 && i < n; i++) {
     if (ls->ents[i].b) continue;
     dmem__buffer_t *b = NULL;
     dmem_status_t st = dmem__lock(rt, hs[i], stream, &ls->ptrs[i], &b);
@@ -87,12 +93,32 @@ static dmem_status_t lock_all(dmem_runtime_t *rt, const dmem_handle_t *hs, size_
   return DMEM_OK;
 }
 
+static inline __attribute__((always_inline)) dmem_status_t lock_all(dmem_runtime_t *rt,
+                                                                     const dmem_handle_t *hs,
+                                                                     size_t n, void *stream,
+                                                                     lockset_t *ls) {
+  for (size_t i = 0; i < n; i++) {
+    dmem__buffer_t *b;
+    uint64_t w;
+    if (__builtin_expect(!dmem__lock_fast(rt, hs[i], &ls->ptrs[i], &b, &w), 0))
+      return lock_rest(rt, hs, n, stream, ls, i); /* entries [0, i) are locked */
+    ls->ents[i].h = hs[i];
+    ls->ents[i].b = b;
+  }
+  return DMEM_OK;
+}
+
+/* The entry points' argument errors (cold: out of their hot code). */
+static __attribute__((noinline, cold)) dmem_status_t bad_arguments(const char *who, bool null,
+                                                                   size_t n) {
+  if (null) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s: NULL argument", who);
+  return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "%s: n %zu is too large", who, n);
+}
+
 dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, size_t n,
                                    dmem_launch_fn fn, void *user) {
-  if (!rt || !fn || (!hs && n > 0))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: NULL argument");
-  if (n > DMEM__HANDLES_MAX)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_lock_and_launch: n %zu is too large", n);
+  if (__builtin_expect(!rt || !fn || (!hs && n > 0) || n > DMEM__HANDLES_MAX, 0))
+    return bad_arguments("dmem_lock_and_launch", !rt || !fn || (!hs && n > 0), n);
   dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
   if (st != DMEM_OK) return st;
   lockset_t ls; /* lockset_init sets what is read (no 400-byte clear a call) */
@@ -118,10 +144,8 @@ dmem_status_t dmem_lock_and_launch(dmem_runtime_t *rt, const dmem_handle_t *hs, 
 
 dmem_status_t dmem_launch_async(dmem_runtime_t *rt, dmem_stream_t stream, const dmem_handle_t *hs,
                                 size_t n, dmem_launch_fn fn, void *user) {
-  if (!rt || !fn || (!hs && n > 0))
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: NULL argument");
-  if (n > DMEM__HANDLES_MAX)
-    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_launch_async: n %zu is too large", n);
+  if (__builtin_expect(!rt || !fn || (!hs && n > 0) || n > DMEM__HANDLES_MAX, 0))
+    return bad_arguments("dmem_launch_async", !rt || !fn || (!hs && n > 0), n);
   dmem_status_t st = dmem__check_live(rt); /* before fn can be called (n == 0) */
   if (st != DMEM_OK) return st;
   lockset_t ls; /* lockset_init sets what is read (no 400-byte clear a call) */
@@ -190,16 +214,39 @@ dmem_status_t dmem_sync_and_unlock(dmem_runtime_t *rt, dmem_stream_t stream) {
   return st;
 }
 
-dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream) {
-  if (!rt) return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_release: rt is NULL");
-  dmem_status_t st = dmem__check_live(rt);
-  if (st != DMEM_OK) return st;
+/* dmem_stream_release past its common case: s (locked) is the stream's
+ * record, whose group this release opens or makes due, or NULL: the
+ * stream has none (its list's launches get an event now). */
+static __attribute__((noinline)) dmem_status_t release_rest(dmem_runtime_t *rt, void *stream,
+                                                            dmem__sreg_t *s) {
   bool recorded = false;
-  st = dmem__registry_release(rt, stream, &recorded);
+  dmem_status_t st;
+  if (s) {
+    st = dmem__pending_group(rt, s, &recorded);
+    dmem__sreg_unlock(s);
+  } else {
+    st = dmem__registry_release_list(rt, stream, &recorded);
+  }
   /* Finished releases unlock when anyone looks (launch.h); this call looks
    * at the recorded events only when it recorded one itself, so that a
    * release that joined its stream's group stays O(1) and host-only, and
    * the list stays short for a caller that does nothing but release. */
   if (recorded) dmem__pending_poll_recorded(rt);
   return st;
+}
+
+dmem_status_t dmem_stream_release(dmem_runtime_t *rt, dmem_stream_t stream) {
+  if (__builtin_expect(!rt, 0))
+    return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "dmem_stream_release: rt is NULL");
+  dmem_status_t st = dmem__check_live(rt);
+  if (__builtin_expect(st != DMEM_OK, 0)) return st;
+  /* A stream dmem made: the release joins its open group (spill/pending.c)
+   * here, inline, in the common case (the launch path's lines and code
+   * only); else release_rest. */
+  dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
+  if (__builtin_expect(s && dmem__pending_join(rt, s), 1)) {
+    dmem__sreg_unlock(s);
+    return DMEM_OK;
+  }
+  return release_rest(rt, stream, s);
 }

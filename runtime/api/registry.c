@@ -133,14 +133,8 @@ bool dmem__registry_has(dmem_runtime_t *rt, void *stream) {
   return has;
 }
 
-dmem_status_t dmem__registry_release(dmem_runtime_t *rt, void *stream, bool *recorded) {
+dmem_status_t dmem__registry_release_list(dmem_runtime_t *rt, void *stream, bool *recorded) {
   *recorded = false;
-  dmem__sreg_t *s = dmem__sreg_lock(rt, stream);
-  if (s) { /* a stream dmem made: into its group (spill/pending.c) */
-    dmem_status_t st = dmem__pending_join(rt, s) ? DMEM_OK : dmem__pending_group(rt, s, recorded);
-    dmem__sreg_unlock(s);
-    return st;
-  }
   dmem__registry_t *r = &rt->reg;
   dmem__mutex_lock(&r->mu, DMEM__RANK_REGISTRY);
   dmem__reg_list_t *l = find_list(r, stream);

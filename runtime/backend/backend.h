@@ -78,11 +78,6 @@ struct dmem__backend {
   dmem_status_t (*event_query)(dmem__backend_t *be, void *event);
   dmem_status_t (*event_synchronize)(dmem__backend_t *be, void *event);
 
-  /* Make the backend's device current on the calling thread and leave it
-   * current, for code that launches work itself (a user launch function);
-   * the backend's own functions need no call. Host backend: nothing to do. */
-  dmem_status_t (*make_current)(dmem__backend_t *be);
-
   /* The IPC handle (cuIpcGetMemHandle, 64 bytes at handle_out) of a device
    * allocation `base` returned by device_alloc. Host backend:
    * DMEM_ERR_NO_DEVICE (no IPC between processes there). */
@@ -127,6 +122,13 @@ struct dmem__backend {
 
   /* Tear down (after the runtime has freed everything). */
   void (*destroy)(dmem__backend_t *be);
+
+  /* Make the backend's device current on the calling thread and leave it
+   * current, for code that launches work itself (a user launch function);
+   * the backend's own functions need no call. Host backend: nothing to do.
+   * Last: every dmem_launch_async calls it, and a backend's own fields
+   * that it reads can follow it on the same line (the CUDA backend's). */
+  dmem_status_t (*make_current)(dmem__backend_t *be);
 };
 
 /* Create the host backend with a simulated device capacity in bytes. */

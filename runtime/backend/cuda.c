@@ -63,12 +63,17 @@ int dmem__backend_cuda_available(void) {
 
 typedef struct cuda_backend {
   dmem__backend_t base;     /* first member: the runtime only sees this */
-  dmem__cuda_driver_t drv;  /* filled by create, read-only afterwards */
   /* Error code (cudaError_t / CUresult: the sticky codes agree) of the first
    * sticky context error, 0 while healthy. Written once by cuda_mark_fatal
    * on whichever thread detects it; read by every call. The value is
-   * self-contained (it publishes no other data), so relaxed loads suffice. */
+   * self-contained (it publishes no other data), so relaxed loads suffice.
+   * Just before drv, whose first fields (context, ctx_get_current) every
+   * cuda_enter reads too, and just after base.make_current (its last
+   * field): one line for the four (the backend is allocated on a line
+   * boundary; the launch path's make_current pays for every line that the
+   * driver's launch evicted). */
   _Atomic int fatal;
+  dmem__cuda_driver_t drv;  /* filled by create, read-only afterwards */
   /* How host_alloc pins (DMEM_HOST_PIN_MALLOC_HOST or _REGISTER; AUTO
    * resolved at create), and the regions the register way mapped (host_free
    * needs their sizes). Few: the pinned pool's chunks of 64 MiB - 1 GiB. */
@@ -76,6 +81,12 @@ typedef struct cuda_backend {
   pthread_mutex_t reg_mu;
   struct pinned_region *regions; /* under reg_mu */
 } cuda_backend_t;
+
+/* The launch path's make_current reads base.make_current, fatal, and drv's
+ * context and ctx_get_current: one line. */
+_Static_assert(offsetof(cuda_backend_t, base.make_current) / 64 ==
+                   (offsetof(cuda_backend_t, drv.ctx_get_current) + sizeof(void *) - 1) / 64,
+               "make_current's fields left one line");
 
 typedef struct pinned_region {
   struct pinned_region *next;
@@ -908,9 +919,13 @@ dmem_status_t dmem__backend_cuda_create(const dmem_config_t *cfg, dmem__backend_
     return dmem__error(DMEM_ERR_INVALID_ARGUMENT, "CUDA device %d requested, %d present (0..%d)",
                        cfg->device, count, count - 1);
 
-  cuda_backend_t *cb = calloc(1, sizeof *cb);
+  /* on a line boundary: fatal and drv's first fields share one line */
+  const size_t cb_size = (sizeof(cuda_backend_t) + 63) / 64 * 64;
+  cuda_backend_t *cb = aligned_alloc(64, cb_size);
   if (cb == NULL)
-    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "calloc(%zu) for the CUDA backend", sizeof *cb);
+    return dmem__error(DMEM_ERR_HOST_OUT_OF_MEMORY, "aligned_alloc(%zu) for the CUDA backend",
+                       cb_size);
+  memset(cb, 0, cb_size);
   atomic_init(&cb->fatal, 0);
   pthread_mutex_init(&cb->reg_mu, NULL);
   /* AUTO: the register way, 22-24 GB/s against cudaMallocHost's 2.5-3

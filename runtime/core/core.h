@@ -371,6 +371,21 @@ static inline dmem__buffer_t *dmem__table_lookup(dmem__table_t *t, dmem_handle_t
   if (!c || slot >= dmem_atomic_load_acquire(&t->high_water)) return NULL;
   return &c[slot & (DMEM__CHUNK_SLOTS - 1)];
 }
+/* The slot h names, for a caller that checks h against the slot's word
+ * before it uses anything else of it (the lock path): as
+ * dmem__table_lookup without the look at high_water, whose line (a page
+ * away from the chunk pointers) a launch would otherwise pay for. A slot
+ * of a made chunk past high_water holds its first generation with state
+ * FREE and FREED set (table_grow, before the chunk is published), which
+ * every handle check (dmem__word_live, the lock's fast path) refuses, as
+ * it refuses a freed slot (and with the same status). */
+static inline dmem__buffer_t *dmem__table_lookup_checked(dmem__table_t *t, dmem_handle_t h) {
+  uint32_t slot = dmem__h_slot(h);
+  if (dmem__h_gen(h) == 0 || (slot >> DMEM__CHUNK_BITS) >= DMEM__MAX_CHUNKS) return NULL;
+  /* acquire: partner is the release store in table.c:table_grow */
+  dmem__buffer_t *c = dmem_atomic_load_acquire(&t->chunks[slot >> DMEM__CHUNK_BITS]);
+  return c ? &c[slot & (DMEM__CHUNK_SLOTS - 1)] : NULL;
+}
 /* Record and return DMEM_ERR_STALE_HANDLE for h. */
 dmem_status_t dmem__stale(dmem_handle_t h);
 /* DMEM_ERR_STALE_HANDLE (for the first) unless every handle of hs[0..n)

@@ -157,7 +157,8 @@ typedef struct dmem__io dmem__io_t;
 struct dmem_runtime {
   dmem_config_t cfg;
   char *spill_dir_copy;
-  dmem__backend_t *be;
+  /* The live runtimes of the process (runtime/api/fork.c), under its mutex. */
+  dmem_runtime_t *fork_prev, *fork_next;
   size_t capacity;
   size_t limit;
   size_t host_limit; /* 0: unlimited */
@@ -166,7 +167,6 @@ struct dmem_runtime {
    * read slots */
   size_t host_staging;
 
-  dmem__table_t *table;        /* core */
   dmem__registry_t reg;        /* API */
   dmem__hostpool_t *hostpool;  /* memory */
   dmem__pool_t *pool;          /* memory: every device byte of the runtime */
@@ -239,18 +239,11 @@ struct dmem_runtime {
    * after the release unlocked its buffers; read lock-free (acquire). */
   _Atomic size_t npending;
   /* The streams dmem made (dmem__sreg_t; claimed and given back under
-   * reg.mu); nsreg: the high-water mark of the claimed slots (raised under
-   * reg.mu, release; lookups scan up to it, acquire). ndeferred: how many
-   * slots have an open group (changed under the slot's lock, read relaxed
-   * by pollers as a hint). */
+   * reg.mu; nsreg, their high-water mark, is on fatal's line below).
+   * ndeferred: how many slots have an open group (changed under the slot's
+   * lock, read relaxed by pollers as a hint). */
   dmem__sreg_t sreg[DMEM__SREG_SLOTS];
-  _Atomic size_t nsreg;
   _Atomic size_t ndeferred;
-  /* When releases are grouped (spill/pending.c; DMEM__RELEASE_* by
-   * default, set by dmem__registry_init; tests may change them before the
-   * first release). */
-  uint64_t release_gap_ns, release_age_ns;
-  unsigned release_group;
 
   /* Waiters for a buffer's TRANSIT to end (core/transit.c). */
   pthread_mutex_t tmu;
@@ -274,18 +267,32 @@ struct dmem_runtime {
   _Atomic int has_ctl_events; /* relaxed hint: the controller has on_event */
   size_t ctl_stores;          /* the controller's stores in flight (under ctl_mu) */
 
+  /* ---- one line that the lock, launch and release paths read, and that
+   * is (nearly) never written: everything here is set at create but fatal
+   * (written once, at a fatal error or in a forked child) and nsreg
+   * (raised when a stream is created). A launch + release reads no other
+   * line of the runtime (the CUDA driver's launch between them evicts what
+   * they read: every further line costs a miss a launch). */
   /* Why the runtime refuses work, or DMEM__LIVE: DMEM__FATAL (sticky
    * DMEM_ERR_DEVICE_FATAL, set by dmem__fatal_keep) or DMEM__FORKED (set in
-   * a forked child by runtime/api/fork.c). Read (relaxed) on the lock fast path,
-   * which so refuses both at no extra cost: kept on a line of its own, away
-   * from the counters that every thread writes. */
+   * a forked child by runtime/api/fork.c). Read (relaxed) on the lock fast
+   * path, which so refuses both at no extra cost: away from the counters
+   * that every thread writes. */
   _Alignas(64) _Atomic int fatal;
   /* cfg.eviction_policy is DMEM_EVICTION_LRU: the unlock stamps last_use
    * instead of marking the buffer. Set at create; read by every unlock
-   * that brings a count to 0, so it shares fatal's read-only line. */
+   * that brings a count to 0. */
   bool pol_lru;
-  /* The live runtimes of the process (runtime/api/fork.c), under its mutex. */
-  dmem_runtime_t *fork_prev, *fork_next;
+  /* When releases are grouped (spill/pending.c; DMEM__RELEASE_* by
+   * default, set by dmem__registry_init; tests may change them before the
+   * first release). */
+  unsigned release_group;
+  uint64_t release_gap_ns, release_age_ns;
+  dmem__backend_t *be;
+  dmem__table_t *table; /* core */
+  /* The high-water mark of the claimed stream records (rt->sreg): raised
+   * under reg.mu (release); lookups scan up to it (acquire). */
+  _Atomic size_t nsreg;
 
   /* LRU epoch (DMEM_EVICTION_LRU only): read (relaxed) by unlocks, bumped
    * by allocations and eviction passes. On its own line. */
@@ -348,6 +355,11 @@ struct dmem_runtime {
   bool report_started;
   bool report_stop;
 };
+
+/* fatal's line holds what a launch + release reads of the runtime. */
+_Static_assert(offsetof(struct dmem_runtime, nsreg) + sizeof(size_t) -
+                       offsetof(struct dmem_runtime, fatal) <= 64,
+               "the launch path's runtime fields left fatal's line");
 
 /* Log a message about rt at rt's own level. */
 #define DMEM_RT_LOG(rt, level, ...)                                      \
