@@ -60,10 +60,15 @@
 /* A write (read) of less than 1 + DMEM__IO_THREADS chunks is cut in
  * pieces of a power of two times this, as few as make at most 1 +
  * DMEM__IO_THREADS of them (the calling thread and each I/O thread one),
- * so that a 1 MiB (2 MiB) or 8 MiB buffer is also in flight several
- * requests deep, as a larger one is (job_piece). A read's pieces are
- * larger: each takes a staging slot and a copy of its own. */
-#define DISK_WRITE_PIECE_MIN ((size_t)256 << 10)
+ * so that a 2 MiB or 8 MiB buffer is also in flight several requests deep,
+ * as a larger one is (job_piece); a 1 MiB one goes whole, from the calling
+ * thread. In 4 pieces of 256 KiB (the eighth session's rule), 1 MiB writes
+ * read 0.75-0.97 of a plain loop of 1 MiB pwrites in five runs on an H100
+ * machine's disk, and 0.80 against 0.95 whole in two runs side by side
+ * (docs/benchmarks.md, ninth session). A read's pieces are larger: each
+ * takes a staging slot and a copy of its own. DMEM_DISK_WRITE_PIECE
+ * (testing only) sets the write's. */
+#define DISK_WRITE_PIECE_MIN ((size_t)1 << 20)
 #define DISK_READ_PIECE_MIN ((size_t)1 << 20)
 /* The file's tail is reserved (fallocate) ahead of an extent of less than
  * DISK_CHUNK placed in it, by a quarter of the file's length, at least
