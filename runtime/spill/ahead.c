@@ -31,8 +31,8 @@
  *    the marks' distance, reading the use again before each: on-demand
  *    evictions and frees of other threads meanwhile do not take it below
  *    the low mark.
- *  - With the demand trigger (dmem_config_t.spill_ahead_trigger; the
- *    CUDA backend's default), above the mark it spills only while armed:
+ *  - With the demand trigger (dmem_config_t.spill_ahead_trigger,
+ *    DMEM_SPILL_AHEAD_TRIGGER=demand), above the mark it spills only while armed:
  *    an allocation or retrieve waited DMEM_SPILL_AHEAD_ARM_WAIT_US or more
  *    for room (dmem__ahead_waited, from spill/pressure.c), and since then
  *    neither did a wait end sooner nor DMEM_SPILL_AHEAD_ARM_MS pass.
