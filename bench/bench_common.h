@@ -2,7 +2,8 @@
  * bench/bench_common.h - what the C benchmarks of bench/ share: a monotonic
  * clock, the median of repetitions, and leaving on a dmem error with the
  * benchmark's name (BENCH_NAME, defined before the include) and the
- * error's detail.
+ * error's detail: exit 77 (skipped) when the error is DMEM_ERR_NO_DEVICE
+ * (DMEM_BACKEND asks for a device that is not there), else 1.
  */
 #ifndef DMEM_BENCH_COMMON_H
 #define DMEM_BENCH_COMMON_H
@@ -38,7 +39,7 @@ static inline double median(double *v, int n) {
 static inline void die(const char *what, dmem_status_t st) {
   fprintf(stderr, BENCH_NAME ": %s: %s (%s)\n", what, dmem_status_name(st),
           dmem_last_error_detail());
-  exit(1);
+  exit(st == DMEM_ERR_NO_DEVICE ? 77 : 1);
 }
 
 #define TRY(call)                        \

@@ -66,7 +66,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <dmem/dmem.h>
+#define BENCH_NAME "bench_disk"
+#include "bench_common.h"
 
 #define MiB ((size_t)1 << 20)
 #define ALIGN ((size_t)4096)
@@ -76,28 +77,10 @@
 
 static const char *g_dir;
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what, dmem_status_t st) {
-  fprintf(stderr, "bench_disk: %s: %s (%s)\n", what, dmem_status_name(st),
-          dmem_last_error_detail());
-  exit(st == DMEM_ERR_NO_DEVICE ? 77 : 1);
-}
-
 static void die_errno(const char *what) {
   fprintf(stderr, "bench_disk: %s: %s\n", what, strerror(errno));
   exit(1);
 }
-
-#define TRY(call)                        \
-  do {                                   \
-    dmem_status_t st_ = (call);          \
-    if (st_ != DMEM_OK) die(#call, st_); \
-  } while (0)
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -263,31 +246,6 @@ static dmem_result_t dmem_run(size_t size, size_t n, size_t total) {
   return r;
 }
 
-/* The median of v[0..n) (n <= MAX_REPS; v is left as it was). */
-static double median(const double *v, int n) {
-  double w[MAX_REPS];
-  memcpy(w, v, (size_t)n * sizeof *w);
-  for (int i = 1; i < n; i++) /* insertion sort: a handful of values */
-    for (int j = i; j > 0 && w[j - 1] > w[j]; j--) {
-      double t = w[j];
-      w[j] = w[j - 1];
-      w[j - 1] = t;
-    }
-  return n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
-}
-
-static double min_of(const double *v, int n) {
-  double m = v[0];
-  for (int i = 1; i < n; i++) m = v[i] < m ? v[i] : m;
-  return m;
-}
-
-static double max_of(const double *v, int n) {
-  double m = v[0];
-  for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
-  return m;
-}
-
 static double gbps(size_t bytes, double s) { return s > 0 ? (double)bytes / s * 1e-9 : 0; }
 
 int main(int argc, char **argv) {
@@ -374,7 +332,7 @@ int main(int argc, char **argv) {
       qr[rep] = r / d.read_s;
     }
     size_t bytes = n * size;
-    double wr = median(qw, reps), rr_ = median(qr, reps);
+    double wr = median(qw, reps), rr_ = median(qr, reps); /* (sorts qw, qr) */
     if (wr < worst) worst = wr;
     if (rr_ < worst) worst = rr_;
     printf("%8.2fMi %6zu %6s | %6.2f GB/s %6.2f GB/s %6.2f %5.2f GB/s | %6.2f GB/s %6.2f GB/s "
@@ -384,7 +342,7 @@ int main(int argc, char **argv) {
            gbps(bytes, median(rr, reps)), gbps(bytes, median(dr, reps)), rr_,
            gbps(bytes, median(drio, reps)));
     printf("%10s %6s %6s   pairs' ratios: write %.2f-%.2f, read %.2f-%.2f\n", "", "", "",
-           min_of(qw, reps), max_of(qw, reps), min_of(qr, reps), max_of(qr, reps));
+           qw[0], qw[reps - 1], qr[0], qr[reps - 1]);
     if (!quick) {
       printf("RESULT bench_disk.write.%zu=%.4f\n", size, wr);
       printf("RESULT bench_disk.read.%zu=%.4f\n", size, rr_);

@@ -51,19 +51,26 @@ static void gate_fini(dmem_runtime_t *rt, gate_t *g, void *stream) {
   pthread_mutex_destroy(&g->mu);
 }
 
-static dmem_runtime_t *host_runtime(size_t limit, double ahead, double ahead_low) {
+/* trigger: dmem_config_t.spill_ahead_trigger */
+static dmem_runtime_t *host_runtime_trigger(size_t limit, double ahead, double ahead_low,
+                                            int trigger) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   cfg.backend = DMEM_BACKEND_HOST;
   cfg.device_limit = limit;
   cfg.spill_ahead = ahead;
   cfg.spill_ahead_low = ahead_low;
+  cfg.spill_ahead_trigger = trigger;
   dmem_runtime_t *rt = NULL;
   if (dmem_runtime_create(&cfg, &rt) != DMEM_OK) {
     fprintf(stderr, "dmem_runtime_create: %s\n", dmem_last_error_detail());
     exit(1);
   }
   return rt;
+}
+
+static dmem_runtime_t *host_runtime(size_t limit, double ahead, double ahead_low) {
+  return host_runtime_trigger(limit, ahead, ahead_low, DMEM_SPILL_AHEAD_ALWAYS);
 }
 
 static dmem_state_t state_of(dmem_runtime_t *rt, dmem_handle_t h) {
@@ -229,8 +236,6 @@ TEST_CASE(prefetch_orders_callers_stream) {
   dmem_runtime_destroy(rt);
 }
 
-/* A stale handle stops the batch: the buffers before it are prefetched,
- * the ones after it untouched. */
 /* A stale handle anywhere in the batch: nothing is prefetched (the handles
  * are checked first; tests/test_badinput.c tries every kind of bad one). */
 TEST_CASE(prefetch_with_a_stale_handle_moves_nothing) {
@@ -639,15 +644,7 @@ static void *open_later(void *p) {
 }
 
 TEST_CASE(spill_ahead_on_demand_spills_after_a_wait_for_room) {
-  dmem_config_t cfg;
-  dmem_config_init(&cfg);
-  cfg.backend = DMEM_BACKEND_HOST;
-  cfg.device_limit = 8 * MiB;
-  cfg.spill_ahead = 0.5;
-  cfg.spill_ahead_low = 0.25;
-  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_DEMAND;
-  dmem_runtime_t *rt = NULL;
-  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_runtime_t *rt = host_runtime_trigger(8 * MiB, 0.5, 0.25, DMEM_SPILL_AHEAD_DEMAND);
   dmem_handle_t h[9];
   for (int i = 0; i < 7; i++) {
     REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &h[i]));
@@ -711,14 +708,7 @@ TEST_CASE(spill_ahead_on_demand_spills_after_a_wait_for_room) {
  * arming), a shorter one disarms it; with the ALWAYS trigger waits change
  * nothing. */
 TEST_CASE(spill_ahead_short_wait_disarms) {
-  dmem_config_t cfg;
-  dmem_config_init(&cfg);
-  cfg.backend = DMEM_BACKEND_HOST;
-  cfg.device_limit = 8 * MiB;
-  cfg.spill_ahead = 0.5;
-  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_DEMAND;
-  dmem_runtime_t *rt = NULL;
-  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  dmem_runtime_t *rt = host_runtime_trigger(8 * MiB, 0.5, 0, DMEM_SPILL_AHEAD_DEMAND);
   const uint64_t arm = (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
   dmem_stats_t s;
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
@@ -736,8 +726,7 @@ TEST_CASE(spill_ahead_short_wait_disarms) {
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.ahead_arms, 2);
   dmem_runtime_destroy(rt);
-  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_ALWAYS;
-  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  rt = host_runtime(8 * MiB, 0.5, 0);
   dmem__ahead_waited(rt, 5 * arm, dmem__now_ns());
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
   CHECK_OK(dmem_stats(rt, &s));
