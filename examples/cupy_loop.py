@@ -145,9 +145,11 @@ def main():
         rt.poll()
         s0 = rt.stats()
         t0 = time.perf_counter()
+        steps = []  # each lock's seconds, prefetch included: where a run lost its time
         with cs:
             for p in range(a.passes):
                 for i, b in enumerate(bufs):
+                    ts = time.perf_counter()
                     if not a.no_prefetch:
                         ahead = [bufs[(i + k) % nbuf] for k in range(1, a.depth + 1)]
                         try:
@@ -159,6 +161,7 @@ def main():
                         x += 1.0
                         del x
                     del view  # (the array's owner) the buffer can be spilled again
+                    steps.append(time.perf_counter() - ts)
         elapsed = time.perf_counter() - t0
         rt.poll()
         s1 = rt.stats()
@@ -199,6 +202,14 @@ def main():
                  s1["ahead_arms"] - s0["ahead_arms"],
                  s1["room_waits"] - s0["room_waits"],
                  s1["seconds_waiting_for_room"] - s0["seconds_waiting_for_room"]))
+        per = sorted(steps)
+        worst = max(range(len(steps)), key=steps.__getitem__)
+        print("cupy_loop: passes %s s; a lock's median %.2f ms, slowest %.2f ms (pass %d, buffer "
+              "%d); pinned pool grew %d times, pageable blocks %d"
+              % (" ".join("%.3f" % sum(steps[k * nbuf:(k + 1) * nbuf]) for k in range(a.passes)),
+                 per[len(per) // 2] * 1e3, steps[worst] * 1e3, worst // nbuf + 1, worst % nbuf,
+                 s1["host_pool_grows"] - s0["host_pool_grows"],
+                 s1["host_pageable_allocs"] - s0["host_pageable_allocs"]))
         print("cupy_loop: minimum %.2f GiB out, %.2f GiB in (Belady MIN: %d loads with room for "
               "%d of %d buffers); dmem moved %.2fx the minimum"
               % (min_out / 2**30, min_in / 2**30, loads, slots, nbuf, moved_over_min))

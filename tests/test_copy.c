@@ -703,34 +703,65 @@ TEST_CASE(spill_ahead_on_demand_spills_after_a_wait_for_room) {
   dmem_runtime_destroy(rt);
 }
 
-/* The demand trigger's rule, at dmem__ahead_waited: a wait of
+/* The demand trigger's rule, at dmem__ahead_waited(start, end): a wait of
  * DMEM_SPILL_AHEAD_ARM_WAIT_US or more arms the thread (counted once per
  * arming), a shorter one disarms it; with the ALWAYS trigger waits change
- * nothing. */
+ * nothing. The times are made up around now (the thread reads the clock
+ * for the arming's end). */
 TEST_CASE(spill_ahead_short_wait_disarms) {
   dmem_runtime_t *rt = host_runtime_trigger(8 * MiB, 0.5, 0, DMEM_SPILL_AHEAD_DEMAND);
   const uint64_t arm = (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
+  const uint64_t t = dmem__now_ns();
   dmem_stats_t s;
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
-  dmem__ahead_waited(rt, arm - 1, dmem__now_ns());
+  dmem__ahead_waited(rt, t - (arm - 1), t);
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
-  dmem__ahead_waited(rt, arm, dmem__now_ns());
+  dmem__ahead_waited(rt, t - arm, t); /* armed at t */
   CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
-  dmem__ahead_waited(rt, 2 * arm, dmem__now_ns()); /* armed already: not counted */
+  dmem__ahead_waited(rt, t - 2 * arm, t + 1); /* began before: no news, not counted */
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.ahead_arms, 1);
-  dmem__ahead_waited(rt, 45000, dmem__now_ns()); /* a 45 us wait */
+  dmem__ahead_waited(rt, t + 55000, t + 100000); /* a 45 us wait */
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
-  dmem__ahead_waited(rt, 5 * arm, dmem__now_ns());
+  dmem__ahead_waited(rt, t + 200000 - 5 * arm, t + 200000); /* no hold-off after a short one */
   CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.ahead_arms, 2);
   dmem_runtime_destroy(rt);
   rt = host_runtime(8 * MiB, 0.5, 0);
-  dmem__ahead_waited(rt, 5 * arm, dmem__now_ns());
+  dmem__ahead_waited(rt, t - 5 * arm, t);
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.ahead_arms, 0);
+  dmem_runtime_destroy(rt);
+}
+
+/* A long wait that began while the thread was armed (the thread did not
+ * keep ahead of it: in examples/cupy_loop.py the waits were for its own
+ * spills in flight, and kept it armed) disarms it, and no wait arms it
+ * again for DMEM_SPILL_AHEAD_ARM_MS; after that, one does. */
+TEST_CASE(spill_ahead_wait_while_armed_holds_off) {
+  dmem_runtime_t *rt = host_runtime_trigger(8 * MiB, 0.5, 0, DMEM_SPILL_AHEAD_DEMAND);
+  const uint64_t arm = (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
+  const uint64_t hold = (uint64_t)DMEM_SPILL_AHEAD_ARM_MS * 1000000u;
+  const uint64_t t = dmem__now_ns();
+  dmem_stats_t s;
+  dmem__ahead_waited(rt, t - arm, t); /* armed at t */
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  uint64_t end = t + 10 * arm;
+  dmem__ahead_waited(rt, t + arm, end); /* began armed, 9 ms: disarms, holds off */
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, end + 1, end + 1 + 3 * arm);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, end + hold - 1 - 5 * arm, end + hold - 1);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 1);
+  dmem__ahead_waited(rt, end + hold - 5 * arm, end + hold); /* the hold-off is over */
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 2);
   dmem_runtime_destroy(rt);
 }
 

@@ -69,11 +69,12 @@
  *   DMEM_SPILL_AHEAD   spill ahead of need: off | on | N% | N%,M% - when
  *                      device use passes N % of the limit (on: 95 %), a
  *                      background thread spills by policy down to M %
- *                      (default N - 5). Default: off on both backends
+ *                      (default N - 5). Default: on (95 %) on the CUDA
+ *                      backend, off on the host backend
  *                      (dmem_config_t.spill_ahead says why).
- *   DMEM_SPILL_AHEAD_TRIGGER  always | demand: when the spill-ahead
- *                      thread spills above its mark: always (the
- *                      default), or only while waits for room arm it
+ *   DMEM_SPILL_AHEAD_TRIGGER  demand | always: when the spill-ahead
+ *                      thread spills above its mark: only while waits
+ *                      for room arm it (demand, the default), or always
  *                      (dmem_config_t.spill_ahead_trigger)
  *   DMEM_EVICTION_POLICY  reuse | lru: which unlocked buffers eviction
  *                      takes first within a priority class (see
@@ -183,12 +184,14 @@ typedef struct dmem_config {
   /** Spill-ahead high-water mark, a fraction of the device limit: above it
    *  a background thread spills by policy (down to spill_ahead_low) so that
    *  allocations rarely wait for a spill. 0: off.
-   *  DMEM_SPILL_AHEAD_DEFAULT (the default): off on both backends. On an
-   *  H100 it was equal to off on cuBLAS and bench_spill (where it never
-   *  ran) and faster on a Dask example, but spilling early shrinks the
-   *  device's share of a loop over more than fits: examples/cupy_loop.py
-   *  moved 1.75 GiB more each way, and the oversubscription past the card
-   *  took 7.4-9.9 s against 6.5-7.0 s (docs/design.md, "Spill-ahead").
+   *  DMEM_SPILL_AHEAD_DEFAULT (the default): 0.95 on the CUDA backend,
+   *  with the demand trigger (spill_ahead_trigger), off on the host
+   *  backend (its copies are memcpy on the caller's thread). Spilling
+   *  whenever use is above the mark shrinks the device's share of a loop
+   *  over more than fits (examples/cupy_loop.py moved 1.75 GiB more each
+   *  way on an H100); on demand it spills only for callers that waited
+   *  for room and stops when it is not ahead of them (docs/design.md,
+   *  "Spill-ahead"; bench/ahead_compare has it against off).
    *  "on" in DMEM_SPILL_AHEAD means 0.95. */
   double spill_ahead;
   /** Low-water mark (fraction of the limit, below spill_ahead); 0:
@@ -265,17 +268,19 @@ typedef struct dmem_config {
    *  DMEM_RETRIEVE_SWAP; no Python keyword. */
   int retrieve_swap;
   /** When the spill-ahead thread spills above its mark (its marks:
-   *  spill_ahead): DMEM_SPILL_AHEAD_ALWAYS (0, the default) or DEMAND (1).
+   *  spill_ahead): DMEM_SPILL_AHEAD_DEMAND (1, the default) or ALWAYS (0).
    *  ALWAYS: whenever device use is above the mark. DEMAND:
    *  only while it is armed: an allocation or retrieve waited
    *  DMEM_SPILL_AHEAD_ARM_WAIT_US or longer for room (it waited for a
    *  spill: what the thread is there to hide), and since then no wait was
-   *  shorter and DMEM_SPILL_AHEAD_ARM_MS did not pass.
+   *  shorter, no wait began (one that does shows the thread is not ahead:
+   *  it disarms, and when long holds it off for DMEM_SPILL_AHEAD_ARM_MS),
+   *  and DMEM_SPILL_AHEAD_ARM_MS did not pass.
    *  Where on-demand evictions cost the caller nothing (stream-ordered,
    *  as a prefetching loop's are), spilling ahead only shrinks the device's
    *  share: 1.75 GiB more each way for examples/cupy_loop.py, 5 % of its
-   *  time on an H100; DEMAND kept it idle there in two runs of three.
-   *  DMEM_SPILL_AHEAD_TRIGGER=always|demand; no Python keyword. */
+   *  time on an H100, with ALWAYS.
+   *  DMEM_SPILL_AHEAD_TRIGGER=demand|always; no Python keyword. */
   int spill_ahead_trigger;
 } dmem_config_t;
 
@@ -375,7 +380,7 @@ typedef struct dmem_config {
     "pinned staging")                                                                           \
   X(retrieve_swap, retrieve_swap, choice, 1, "DMEM_RETRIEVE_SWAP", NULL, 0, 0, "on|off",        \
     "retrieve swap")                                                                            \
-  X(spill_ahead_trigger, spill_ahead_trigger, choice, DMEM_SPILL_AHEAD_ALWAYS,                  \
+  X(spill_ahead_trigger, spill_ahead_trigger, choice, DMEM_SPILL_AHEAD_DEMAND,                  \
     "DMEM_SPILL_AHEAD_TRIGGER", NULL, 0, 0, "always|demand", "spill-ahead trigger")
 
 /**

@@ -76,13 +76,13 @@ static size_t fraction_of(size_t n, double f) {
 /* The spill-ahead marks in bytes (0: off) and its trigger. */
 static void ahead_marks(dmem_runtime_t *rt) {
   double high = rt->cfg.spill_ahead, low = rt->cfg.spill_ahead_low;
-  /* Off unless asked for, on both backends: on an H100 (issue 25, bench/
-   * ahead_compare) it was equal on cuBLAS and bench_spill and faster on the
-   * Dask example, but it made a loop over more than fits move more bytes
-   * (examples/cupy_loop.py, always: 1.75 GiB more each way; demand: the
-   * same in one run of three) and the oversubscription past the card
-   * slower (docs/design.md, "Spill-ahead"). */
-  if (high == DMEM_SPILL_AHEAD_DEFAULT) high = 0;
+  /* The backend's default: on the CUDA backend at 95 % (down to 90 %),
+   * with the demand trigger by default (dmem_config_t.spill_ahead_trigger):
+   * it spills only after callers waited for room, and stops when it does
+   * not keep ahead of them (issue 25, bench/ahead_compare on an H100,
+   * docs/design.md "Spill-ahead"). Off on the host backend: its copies are
+   * memcpy on the calling thread, and its tests count moves exactly. */
+  if (high == DMEM_SPILL_AHEAD_DEFAULT) high = rt->be->kind == DMEM_BACKEND_CUDA ? 0.95 : 0;
   rt->ahead_demand = rt->cfg.spill_ahead_trigger == DMEM_SPILL_AHEAD_DEMAND;
   if (high <= 0) return;
   if (low <= 0 || low >= high) low = high > 0.05 ? high - 0.05 : high / 2;

@@ -32,21 +32,28 @@
  *    evictions and frees of other threads meanwhile do not take it below
  *    the low mark.
  *  - With the demand trigger (dmem_config_t.spill_ahead_trigger,
- *    DMEM_SPILL_AHEAD_TRIGGER=demand), above the mark it spills only while armed:
- *    an allocation or retrieve waited DMEM_SPILL_AHEAD_ARM_WAIT_US or more
- *    for room (dmem__ahead_waited, from spill/pressure.c), and since then
- *    neither did a wait end sooner nor DMEM_SPILL_AHEAD_ARM_MS pass.
- *    Unarmed it is kicked by nobody and does nothing at its period but
- *    read the use and the flag. Spilling ahead costs bytes: every buffer
- *    spilled early that is used again before the allocation it made room
- *    for comes back over the link. It pays where callers wait for spills;
- *    where on-demand evictions are stream-ordered and cost the caller
- *    microseconds (a loop that prefetches: 67 waits of 45 us on average in
- *    examples/cupy_loop.py on an H100), it only moved 1.75 GiB more each
- *    way and took 5 % longer. A short wait disarms it at once: that
- *    loop's first allocations (its fill, while the pinned pool grows) wait
- *    milliseconds, and a second of arming from them covered the whole loop
- *    (70 ahead evictions, the same 1.75 GiB).
+ *    DMEM_SPILL_AHEAD_TRIGGER=demand, the default), above the mark it
+ *    spills only while armed: an allocation or retrieve waited
+ *    DMEM_SPILL_AHEAD_ARM_WAIT_US or more for room (dmem__ahead_waited,
+ *    from spill/pressure.c), and since then neither did a wait end sooner,
+ *    nor did a wait begin (the thread was not ahead of it), nor did
+ *    DMEM_SPILL_AHEAD_ARM_MS pass. A long wait that began while it was
+ *    armed also holds it off for DMEM_SPILL_AHEAD_ARM_MS. Unarmed it is
+ *    kicked by nobody and does nothing at its period but read the use and
+ *    the flag; a pass stops as soon as it is disarmed.
+ *    Spilling ahead costs bytes: every buffer spilled early that is used
+ *    again before the allocation it made room for comes back over the
+ *    link. It pays where callers wait for spills and the link has time
+ *    between them; where on-demand evictions are stream-ordered and cost
+ *    the caller microseconds (a loop that prefetches: 67 waits of 45 us on
+ *    average in examples/cupy_loop.py on an H100), spilling whenever use
+ *    is above the mark moved 1.75 GiB more each way and took 5 % longer.
+ *    So a short wait disarms it at once (that loop's first allocations,
+ *    its fill while the pinned pool grows, wait milliseconds: a second of
+ *    arming from them covered the whole loop), and a wait while armed
+ *    disarms and holds it off: in one run of three the loop armed it
+ *    once, and the waits for its own spills in flight (1.5 ms each) kept
+ *    it armed to the end (54 evictions, the same 1.75 GiB).
  */
 #include "spill/spill.h"
 #include "spill/ahead.h"
@@ -108,6 +115,8 @@ static size_t spill_down(dmem_runtime_t *rt) {
   if (step == 0) step = 1;
   size_t total = 0;
   while (!dmem_atomic_load_relaxed(&rt->ahead_stop)) {
+    /* disarmed meanwhile (demand trigger): stop at once */
+    if (rt->ahead_demand && !dmem_atomic_load_relaxed(&rt->ahead_armed)) break;
     size_t used = dmem__device_used(rt);
     if (used <= rt->ahead_low) break;
     size_t need = used - rt->ahead_low < step ? used - rt->ahead_low : step;
@@ -136,15 +145,29 @@ static bool ahead_armed(dmem_runtime_t *rt) {
   return false;
 }
 
-void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t waited_ns, uint64_t now_ns) {
+void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t start_ns, uint64_t now_ns) {
   if (!rt->ahead_started || !rt->ahead_demand) return;
-  if (waited_ns < (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u) {
-    /* on-demand eviction costs little now: disarm (a store only when armed) */
-    if (dmem_atomic_load_relaxed(&rt->ahead_armed)) dmem_atomic_store_relaxed(&rt->ahead_armed, 0);
+  const uint64_t arm_ns = (uint64_t)DMEM_SPILL_AHEAD_ARM_MS * 1000000u;
+  uint64_t waited_ns = now_ns > start_ns ? now_ns - start_ns : 0;
+  bool longer = waited_ns >= (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
+  if (dmem_atomic_load_relaxed(&rt->ahead_armed)) {
+    uint64_t until = dmem_atomic_load_relaxed(&rt->ahead_armed_until);
+    bool began_armed = start_ns + arm_ns >= until; /* armed at until - arm_ns */
+    /* Began before the arming (it may be what armed it): no news. */
+    if (longer && !began_armed) return;
+    /* The thread was armed and the caller still waited: it was not ahead
+     * (its own spills in flight were what the caller waited for, or the
+     * link is the bound), and every buffer it spills early that is used
+     * again comes back over the link. A wait that short: on-demand
+     * eviction costs little. Either way disarm; after a long one, hold it
+     * off for DMEM_SPILL_AHEAD_ARM_MS (the next long wait would be as
+     * long: the thread's spills are still in flight). */
+    if (longer) dmem_atomic_store_relaxed(&rt->ahead_hold_until, now_ns + arm_ns);
+    dmem_atomic_store_relaxed(&rt->ahead_armed, 0);
     return;
   }
-  dmem_atomic_store_relaxed(&rt->ahead_armed_until,
-                            now_ns + (uint64_t)DMEM_SPILL_AHEAD_ARM_MS * 1000000u);
+  if (!longer || now_ns < dmem_atomic_load_relaxed(&rt->ahead_hold_until)) return;
+  dmem_atomic_store_relaxed(&rt->ahead_armed_until, now_ns + arm_ns);
   /* release (acq_rel): the time above is seen by the thread's exchange */
   if (!dmem_atomic_exchange_acq_rel(&rt->ahead_armed, 1))
     dmem_atomic_add_relaxed(&rt->xs.ahead_arms, 1);

@@ -25,10 +25,13 @@ static inline void dmem__ahead_note(dmem_runtime_t *rt) {
       dmem__ahead_wanted(rt) && !dmem_atomic_load_relaxed(&rt->ahead_kick))
     dmem__ahead_kick_slow(rt);
 }
-/* An allocation or retrieve waited waited_ns for room (pressure.c): with
- * the demand trigger, a wait of DMEM_SPILL_AHEAD_ARM_WAIT_US or more arms
- * the thread for DMEM_SPILL_AHEAD_ARM_MS from now_ns, and kicks it; a
- * shorter one disarms it. */
-void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t waited_ns, uint64_t now_ns);
+/* An allocation or retrieve waited for room from start_ns to now_ns
+ * (pressure.c). With the demand trigger: a wait that began while the
+ * thread was armed disarms it (the thread was not ahead of it), and when
+ * it lasted DMEM_SPILL_AHEAD_ARM_WAIT_US or more no wait arms it again for
+ * DMEM_SPILL_AHEAD_ARM_MS; otherwise a wait of DMEM_SPILL_AHEAD_ARM_WAIT_US
+ * or more arms it for DMEM_SPILL_AHEAD_ARM_MS from now_ns, and kicks it,
+ * and a shorter one disarms it. */
+void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t start_ns, uint64_t now_ns);
 
 #endif /* DMEM_SPILL_AHEAD_H */

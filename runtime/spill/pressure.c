@@ -84,7 +84,7 @@ static dmem_status_t pressure_alloc(dmem_runtime_t *rt, size_t size, void *strea
   st = make_room(rt, size, stream, src, dev_out, ordered_out, need, sw);
   DMEM_NVTX_POP();
   uint64_t t1 = dmem__now_ns(), waited = t1 - t0;
-  if (rt->ahead_high) dmem__ahead_waited(rt, waited, t1); /* the demand trigger */
+  if (rt->ahead_high) dmem__ahead_waited(rt, t0, t1); /* the demand trigger */
   dmem_atomic_add_relaxed(&rt->xs.room_waits, 1);
   dmem_atomic_add_relaxed(&rt->xs.room_wait_ns, waited);
   if (DMEM__TRACE_ON()) {

@@ -127,7 +127,8 @@ static inline dmem_runtime_t *gpu_runtime_cfg(dmem_config_t *cfg) {
 
 /* A CUDA runtime with the given limits. Spill-ahead is off unless
  * DMEM_SPILL_AHEAD says, so that counts are exact; gpu_runtime_ahead turns
- * it on (95 %, 90 %). */
+ * it on (95 %, 90 %) with the ALWAYS trigger (unless
+ * DMEM_SPILL_AHEAD_TRIGGER says), so that its thread moves buffers. */
 static inline dmem_runtime_t *gpu_runtime(size_t device_limit, size_t host_limit) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
@@ -143,6 +144,7 @@ static inline dmem_runtime_t *gpu_runtime_ahead(size_t device_limit, size_t host
   cfg.device_limit = device_limit;
   cfg.host_limit = host_limit;
   if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0.95;
+  if (!getenv("DMEM_SPILL_AHEAD_TRIGGER")) cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_ALWAYS;
   return gpu_runtime_cfg(&cfg);
 }
 

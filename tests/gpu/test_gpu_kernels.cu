@@ -468,7 +468,7 @@ TEST_CASE(lock_during_spill_cancels_it) {
  * final check of every byte by a kernel and of a few buffers on the host.
  * Spilling is driven by the runtime alone. */
 static void oversubscribe(size_t limit, size_t nbuf, size_t bytes, int rounds) {
-  /* as users run it: the defaults (spill-ahead off; DMEM_SPILL_AHEAD=on
+  /* as users run it: the defaults (spill-ahead on demand; DMEM_SPILL_AHEAD=off
    * to compare, see docs/design.md) */
   dmem_config_t cfg;
   dmem_config_init(&cfg);
@@ -580,18 +580,19 @@ TEST_CASE(oversubscription_past_physical_memory) {
   oversubscribe(0, nbuf, GiB, rounds);
 }
 
-/* Spill-ahead on demand (dmem_config_t.spill_ahead_trigger) on the CUDA
- * backend, at the marks "on" gives (95 % and 90 %): under the mark the
- * thread polls nothing; above it, with no allocation that waited for room,
- * it spills nothing either (no pass, not armed). */
-TEST_CASE(spill_ahead_on_demand_idle_without_waits) {
+/* The CUDA backend's default: spill-ahead on demand
+ * (dmem_config_t.spill_ahead_trigger) at 95 % down to 90 %: under the mark
+ * the thread polls nothing; above it, with no allocation that waited for
+ * room, it spills nothing either (no pass, not armed). */
+TEST_CASE(spill_ahead_on_by_default_idle_without_waits) {
   const size_t bytes = gpu_small() ? MiB : 16 * MiB, limit = 64 * bytes;
+  unsetenv("DMEM_SPILL_AHEAD"); /* the defaults, whatever the environment says */
+  unsetenv("DMEM_SPILL_AHEAD_TRIGGER");
   dmem_config_t cfg;
   dmem_config_init(&cfg);
+  CHECK_TRUE(cfg.spill_ahead == DMEM_SPILL_AHEAD_DEFAULT);
+  CHECK_EQ(cfg.spill_ahead_trigger, DMEM_SPILL_AHEAD_DEMAND);
   cfg.device_limit = limit;
-  cfg.spill_ahead = 0.95;
-  cfg.spill_ahead_low = 0;
-  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_DEMAND;
   dmem_runtime_t *rt = gpu_runtime_cfg(&cfg);
   dmem_stats_t st;
   REQUIRE_OK(dmem_stats(rt, &st));
