@@ -530,16 +530,19 @@ static double us_raw_launch(cudaStream_t s, long iters, bool one_by_one) {
 /* Repetitions of a launch row (each a few milliseconds): with 7, the
  * release row's median ratio read 1.04-1.14 across runs of one H100
  * machine while the time inside the calls (launch_release_split) said
- * 1.06-1.07. */
-#define LAUNCH_REPS 21
+ * 1.06-1.07; with 21, 1.04-1.10 (pairs 0.87-1.29) on another, where the
+ * split said 1.03. */
+#define LAUNCH_REPS 61
 
 static void launch_row(dmem_runtime_t *rt, dmem_stream_t s, dmem_handle_t h, enum launch_mode mode,
                        const char *what, const char *result) {
   long iters = mode == ONE_BY_ONE ? (g_quick ? 500 : 5000) : 1000;
   std::vector<double> d, b, q;
   ahead_begin(rt);
-  (void)us_dmem_launch(rt, s, h, iters / 10, mode);
-  (void)us_raw_launch((cudaStream_t)s, iters / 10, mode == ONE_BY_ONE);
+  /* warm-up: a whole repetition of each (a fresh machine's first row read
+   * 1.10 against 1.04-1.06 after) */
+  (void)us_dmem_launch(rt, s, h, iters, mode);
+  (void)us_raw_launch((cudaStream_t)s, iters, mode == ONE_BY_ONE);
   /* Each repetition times dmem and the bare launches back to back, the
    * order swapped every repetition; the ratio is the median of the
    * repetitions' own ratios. A batch of 1000 launches runs into the

@@ -613,6 +613,37 @@ TEST_CASE(headroom_paced_by_demand) {
   dmem__hostpool_destroy(p);
 }
 
+/* The headroom is net of frees: a loop that gives back as much as it takes
+ * (a cyclic spill + unspill loop) drains nothing, and the thread adds no
+ * chunk for it however fast it runs (the gross rate, 1 MiB a millisecond
+ * here, asked for the 100-200 MiB carved in the window). */
+TEST_CASE(headroom_net_of_frees) {
+  dmem__backend_t be = fake_backend();
+  dmem__hostpool_t *p = NULL;
+  REQUIRE_EQ(dmem__hostpool_create(&be, 0, true, 0, DMEM_HOST_HEADROOM_DEFAULT, &p), DMEM_OK);
+  enum { RING = 8 };
+  void *ring[RING];
+  for (int i = 0; i < RING; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)1 << 20, &ring[i]), DMEM_OK);
+  /* the first blocks' demand is forgotten after 200 ms */
+  struct timespec settle = {0, 300 * 1000 * 1000}, tick = {0, 1000 * 1000};
+  nanosleep(&settle, NULL);
+  dmem__hostpool_stats_t s;
+  dmem__hostpool_stats(p, &s);
+  uint64_t grows = s.grows;
+  /* 300 ms of taking one block and giving one back */
+  for (int i = 0; i < 300; i++) {
+    dmem__hostpool_free(p, ring[i % RING]);
+    REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)1 << 20, &ring[i % RING]), DMEM_OK);
+    nanosleep(&tick, NULL);
+  }
+  nanosleep(&tick, NULL);
+  dmem__hostpool_stats(p, &s);
+  CHECK_UEQ(s.grows, grows);
+  CHECK_LE(s.reserved, (size_t)64 << 20);
+  for (int i = 0; i < RING; i++) dmem__hostpool_free(p, ring[i]);
+  dmem__hostpool_destroy(p);
+}
+
 /* The pageable fallback is for blocks up to the backend's host_pageable_max:
  * a larger one waits for the chunk being pinned (with fast pinning, cheaper
  * than faulting in fresh pageable pages) and comes from the pool. */

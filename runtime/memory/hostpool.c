@@ -9,9 +9,13 @@
  * Growth happens off the spill path where it can: a background thread
  * (when the pool is created with one: the CUDA backend) keeps the free
  * bytes at or above the headroom, the bytes carved in the last 100-200 ms
- * (two buckets of DMEM__HOSTPOOL_BUCKET_NS), at least one minimum chunk and
- * at most `max_headroom` (dmem_config_t.host_headroom, default 4 GiB; 0:
- * the thread never grows the pool). Paced by demand, the pool stays ahead
+ * (two buckets of DMEM__HOSTPOOL_BUCKET_NS) net of the bytes freed in them,
+ * at least one minimum chunk and at most `max_headroom`
+ * (dmem_config_t.host_headroom, default 4 GiB; 0: the thread never grows
+ * the pool). Net: a loop that unspills as much as it spills (examples/
+ * cupy_loop.py, 50 GB/s each way) drains nothing, and keeping its gross
+ * rate free grew the pool twice in its timed loop on an H100, each time
+ * stalling a lock 35 ms while the chunk was pinned. Paced by demand, the pool stays ahead
  * of a burst of spills (cuBLAS at 2x oversubscription spills 256 MiB every
  * 20 ms; pinning runs at 22-24 GB/s) yet holds little more than it needs
  * when spills come slowly: a fixed fraction of what it holds (a quarter,
@@ -111,9 +115,11 @@ struct dmem__hostpool {
   pthread_t thread;
   uint64_t last_alloc_ns;
   /* demand: bytes carved in the bucket that started at bucket_ns, and in
-   * the one before it (the headroom) */
+   * the one before it, and bytes given back in them (the headroom is the
+   * difference) */
   uint64_t bucket_ns;
   size_t bucket_cur, bucket_prev;
+  size_t freed_cur, freed_prev;
   size_t last_need;     /* the last large block's bytes: chunks hold whole ones */
   uint64_t grows, bg_grows, trims;
   size_t pageable_bytes; /* in pageable blocks now */
@@ -380,17 +386,20 @@ static dmem_status_t grow_locked(dmem__hostpool_t *p, size_t csize, bool backgro
  * old (the one before it is forgotten when older than two). Under mu. */
 static void demand_roll(dmem__hostpool_t *p, uint64_t now) {
   if (now < p->bucket_ns || now - p->bucket_ns < DMEM__HOSTPOOL_BUCKET_NS) return;
-  p->bucket_prev = now - p->bucket_ns < 2 * DMEM__HOSTPOOL_BUCKET_NS ? p->bucket_cur : 0;
-  p->bucket_cur = 0;
+  bool adjacent = now - p->bucket_ns < 2 * DMEM__HOSTPOOL_BUCKET_NS;
+  p->bucket_prev = adjacent ? p->bucket_cur : 0;
+  p->freed_prev = adjacent ? p->freed_cur : 0;
+  p->bucket_cur = p->freed_cur = 0;
   p->bucket_ns = now;
 }
 
-/* The free bytes the background thread keeps: what was carved in the last
- * 100-200 ms, at least one minimum chunk, at most max_headroom (0: none).
- * Under mu. */
+/* The free bytes the background thread keeps: what the last 100-200 ms
+ * took net of what they gave back (how fast the free bytes drain), at
+ * least one minimum chunk, at most max_headroom (0: none). Under mu. */
 static size_t headroom(dmem__hostpool_t *p, uint64_t now) {
   demand_roll(p, now);
-  size_t h = p->bucket_cur + p->bucket_prev;
+  size_t took = p->bucket_cur + p->bucket_prev, gave = p->freed_cur + p->freed_prev;
+  size_t h = took > gave ? took - gave : 0;
   if (h < p->min_chunk) h = p->min_chunk;
   if (h > p->max_headroom) h = p->max_headroom;
   return h;
@@ -590,6 +599,7 @@ void dmem__hostpool_free(dmem__hostpool_t *p, void *ptr) {
   }
   dmem__mutex_lock(&p->mu, DMEM__RANK_HOSTPOOL);
   if (free_insert(p, addr, size, c)) p->free_bytes += size;
+  p->freed_cur += size; /* the demand bucket of the last allocation (rolled there) */
   dmem__mutex_unlock(&p->mu, DMEM__RANK_HOSTPOOL);
 }
 
