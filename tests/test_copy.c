@@ -740,7 +740,9 @@ TEST_CASE(spill_ahead_short_wait_disarms) {
 /* A long wait that began while the thread was armed (the thread did not
  * keep ahead of it: in examples/cupy_loop.py the waits were for its own
  * spills in flight, and kept it armed) disarms it, and no wait arms it
- * again for DMEM_SPILL_AHEAD_ARM_MS; after that, one does. */
+ * again for DMEM_SPILL_AHEAD_ARM_MS; after that, one does. The next
+ * hold-off in a row is twice as long; an arming that runs out with no wait
+ * begun in it starts the hold-offs over. */
 TEST_CASE(spill_ahead_wait_while_armed_holds_off) {
   dmem_runtime_t *rt = host_runtime_trigger(8 * MiB, 0.5, 0, DMEM_SPILL_AHEAD_DEMAND);
   const uint64_t arm = (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
@@ -758,10 +760,36 @@ TEST_CASE(spill_ahead_wait_while_armed_holds_off) {
   CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.ahead_arms, 1);
-  dmem__ahead_waited(rt, end + hold - 5 * arm, end + hold); /* the hold-off is over */
+  uint64_t a = end + hold;
+  dmem__ahead_waited(rt, a - 5 * arm, a); /* the hold-off is over: armed at a */
   CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
   CHECK_OK(dmem_stats(rt, &s));
   CHECK_UEQ(s.ahead_arms, 2);
+  /* a second failure in a row: held off twice as long */
+  end = a + 10 * arm;
+  dmem__ahead_waited(rt, a + arm, end);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, end + hold - 5 * arm, end + hold);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, end + 2 * hold - 1 - 5 * arm, end + 2 * hold - 1);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  a = end + 2 * hold;
+  dmem__ahead_waited(rt, a - 5 * arm, a); /* armed at a, until a + hold */
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  /* it runs out unbroken: the next wait, begun after, arms it anew */
+  uint64_t b = a + hold + arm + 5 * arm;
+  dmem__ahead_waited(rt, a + hold + arm, b);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 4);
+  /* and a failure then holds it off for DMEM_SPILL_AHEAD_ARM_MS again */
+  end = b + 10 * arm;
+  dmem__ahead_waited(rt, b + arm, end);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 0);
+  dmem__ahead_waited(rt, end + hold - 5 * arm, end + hold);
+  CHECK_EQ(atomic_load(&rt->ahead_armed), 1);
+  CHECK_OK(dmem_stats(rt, &s));
+  CHECK_UEQ(s.ahead_arms, 5);
   dmem_runtime_destroy(rt);
 }
 

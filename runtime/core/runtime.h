@@ -198,13 +198,16 @@ struct dmem_runtime {
    * more stores ahead_armed_until (now + DMEM_SPILL_AHEAD_ARM_MS), then
    * sets ahead_armed (release); a shorter wait clears it, and so does one
    * that began while it was armed, which also stores ahead_hold_until
-   * (before it, no wait arms it); the thread clears it once the time has
-   * passed (and looks at ahead_armed_until again after). Allocations read
-   * ahead_armed (relaxed) before they kick. */
+   * (before it, no wait arms it) from ahead_hold_ns, and doubles that; the
+   * thread (or the next wait) clears it once the time has passed (the
+   * thread looks at ahead_armed_until again after), and then sets
+   * ahead_hold_ns to 0. Allocations read ahead_armed (relaxed) before they
+   * kick. */
   bool ahead_demand;
   _Atomic int ahead_armed;
   _Atomic uint64_t ahead_armed_until;
   _Atomic uint64_t ahead_hold_until;
+  _Atomic uint64_t ahead_hold_ns; /* the next hold-off's length (0: ARM_MS) */
   /* A retrieve's swap with a victim (spill/swap.c): the device bounce
    * buffer (two pieces of DMEM__SWAP_PIECE bytes, outside the limit, made
    * at the first swap) with its events, and the mutex that keeps one

@@ -38,7 +38,9 @@
  *    from spill/pressure.c), and since then neither did a wait end sooner,
  *    nor did a wait begin (the thread was not ahead of it), nor did
  *    DMEM_SPILL_AHEAD_ARM_MS pass. A long wait that began while it was
- *    armed also holds it off for DMEM_SPILL_AHEAD_ARM_MS. Unarmed it is
+ *    armed also holds it off, for DMEM_SPILL_AHEAD_ARM_MS the first time
+ *    and twice as long each time after (up to 64 s), until an arming runs
+ *    out with no wait that began in it. Unarmed it is
  *    kicked by nobody and does nothing at its period but read the use and
  *    the flag; a pass stops as soon as it is disarmed.
  *    Spilling ahead costs bytes: every buffer spilled early that is used
@@ -63,6 +65,8 @@
 #define AHEAD_PERIOD_NS (50ull * 1000 * 1000)
 #define AHEAD_QUIET_MIN_NS (1ull * 1000 * 1000)
 #define AHEAD_QUIET_MAX_NS AHEAD_PERIOD_NS
+/* The longest hold-off of the demand trigger (dmem__ahead_waited). */
+#define AHEAD_HOLD_MAX_NS (64ull * 1000 * 1000 * 1000)
 
 static void deadline_in(struct timespec *dl, uint64_t ns) {
   clock_gettime(CLOCK_REALTIME, dl);
@@ -142,6 +146,8 @@ static bool ahead_armed(dmem_runtime_t *rt) {
     dmem_atomic_store_release(&rt->ahead_armed, 1);
     return true;
   }
+  /* it ran out with no wait that began meanwhile: it kept ahead */
+  dmem_atomic_store_relaxed(&rt->ahead_hold_ns, 0);
   return false;
 }
 
@@ -150,8 +156,14 @@ void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t start_ns, uint64_t now_ns) 
   const uint64_t arm_ns = (uint64_t)DMEM_SPILL_AHEAD_ARM_MS * 1000000u;
   uint64_t waited_ns = now_ns > start_ns ? now_ns - start_ns : 0;
   bool longer = waited_ns >= (uint64_t)DMEM_SPILL_AHEAD_ARM_WAIT_US * 1000u;
+  uint64_t until = dmem_atomic_load_relaxed(&rt->ahead_armed_until);
+  if (dmem_atomic_load_relaxed(&rt->ahead_armed) && start_ns >= until) {
+    /* the arming ran out before this wait began (the thread, under the
+     * mark, did not look): it kept ahead */
+    dmem_atomic_store_relaxed(&rt->ahead_armed, 0);
+    dmem_atomic_store_relaxed(&rt->ahead_hold_ns, 0);
+  }
   if (dmem_atomic_load_relaxed(&rt->ahead_armed)) {
-    uint64_t until = dmem_atomic_load_relaxed(&rt->ahead_armed_until);
     bool began_armed = start_ns + arm_ns >= until; /* armed at until - arm_ns */
     /* Began before the arming (it may be what armed it): no news. */
     if (longer && !began_armed) return;
@@ -160,9 +172,17 @@ void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t start_ns, uint64_t now_ns) 
      * link is the bound), and every buffer it spills early that is used
      * again comes back over the link. A wait that short: on-demand
      * eviction costs little. Either way disarm; after a long one, hold it
-     * off for DMEM_SPILL_AHEAD_ARM_MS (the next long wait would be as
-     * long: the thread's spills are still in flight). */
-    if (longer) dmem_atomic_store_relaxed(&rt->ahead_hold_until, now_ns + arm_ns);
+     * off (the next long wait would be as long: the thread's spills are
+     * still in flight). */
+    if (longer) {
+      /* each hold-off in a row twice as long as the one before, up to
+       * AHEAD_HOLD_MAX_NS; an arming that ran out unbroken starts over */
+      uint64_t hold = dmem_atomic_load_relaxed(&rt->ahead_hold_ns);
+      if (hold < arm_ns) hold = arm_ns;
+      dmem_atomic_store_relaxed(&rt->ahead_hold_until, now_ns + hold);
+      dmem_atomic_store_relaxed(&rt->ahead_hold_ns,
+                                hold >= AHEAD_HOLD_MAX_NS / 2 ? AHEAD_HOLD_MAX_NS : 2 * hold);
+    }
     dmem_atomic_store_relaxed(&rt->ahead_armed, 0);
     return;
   }
