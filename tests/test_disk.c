@@ -771,6 +771,41 @@ static int spill_fd(const char *parent) {
   return fd;
 }
 
+/* DMEM_DISK_FALLOCATE=off (testing only): an extent gets no blocks before
+ * its write; by default a 16 MiB one has them at dmem__disk_alloc (where
+ * the filesystem has fallocate). */
+static void blocks_after_alloc(const char *knob, long long *blocks_out) {
+  if (knob) setenv("DMEM_DISK_FALLOCATE", knob, 1);
+  else unsetenv("DMEM_DISK_FALLOCATE");
+  char parent[64];
+  make_parent(parent, sizeof parent);
+  dmem__disk_t *d = NULL;
+  REQUIRE_OK(dmem__disk_create(parent, NULL, &d));
+  uint64_t off = 1;
+  REQUIRE_OK(dmem__disk_alloc(d, 16 * MiB, &off));
+  int fd = spill_fd(parent);
+  REQUIRE_TRUE(fd >= 0);
+  struct stat st;
+  REQUIRE_TRUE(fstat(fd, &st) == 0);
+  dmem__disk_free(d, off, 16 * MiB);
+  dmem__disk_destroy(d);
+  rm_tree(parent);
+  unsetenv("DMEM_DISK_FALLOCATE");
+  *blocks_out = (long long)st.st_blocks;
+}
+
+TEST_CASE(fallocate_knob_reserves_nothing) {
+  long long with = -1, without = -1;
+  blocks_after_alloc(NULL, &with);
+  blocks_after_alloc("off", &without);
+  CHECK_EQ(without, 0);
+  if (with == 0) {
+    fprintf(stderr, "note: this filesystem has no fallocate; the default reserves nothing either\n");
+    return;
+  }
+  CHECK_GE(with, (long long)(16 * MiB / 512));
+}
+
 /* At each pread: the fewest 512-byte blocks the spill file had, after a
  * pause that gives the I/O threads time to punch what the previous
  * retrieve freed. */

@@ -224,6 +224,12 @@ dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t
   d->io = io;
   dmem_atomic_store_relaxed(&d->quiet_ns, DISK_QUIET_NS);
   d->write_piece_min = write_piece_min();
+  /* DMEM_DISK_FALLOCATE=off (testing only): reserve no blocks ahead of a
+   * write, as on a filesystem without fallocate (writes into unwritten
+   * extents cost the filesystem a conversion each; this tells that cost
+   * on the GPU machine's disk). */
+  const char *fa = getenv("DMEM_DISK_FALLOCATE");
+  if (fa && strcmp(fa, "off") == 0) d->no_fallocate = true;
   int n = snprintf(d->dir, sizeof d->dir, "%s/dmem-spill-XXXXXX", parent);
   if (n < 0 || (size_t)n >= sizeof d->dir - 64) {
     free(d);
