@@ -13,9 +13,9 @@
  * at least one minimum chunk and at most `max_headroom`
  * (dmem_config_t.host_headroom, default 4 GiB; 0: the thread never grows
  * the pool). Net: a loop that unspills as much as it spills (examples/
- * cupy_loop.py, 50 GB/s each way) drains nothing, and keeping its gross
- * rate free grew the pool twice in its timed loop on an H100, each time
- * stalling a lock 35 ms while the chunk was pinned. Paced by demand, the pool stays ahead
+ * cupy_loop.py, 50 GB/s each way) drains nothing; keeping its gross rate
+ * free (up to the 4 GiB cap) grew the pool by two chunks inside its timed
+ * loop on an H100, against 0-1 net. Paced by demand, the pool stays ahead
  * of a burst of spills (cuBLAS at 2x oversubscription spills 256 MiB every
  * 20 ms; pinning runs at 22-24 GB/s) yet holds little more than it needs
  * when spills come slowly: a fixed fraction of what it holds (a quarter,
