@@ -29,7 +29,9 @@ static inline void dmem__ahead_note(dmem_runtime_t *rt) {
  * (pressure.c). With the demand trigger: a wait that began while the
  * thread was armed disarms it (the thread was not ahead of it), and when
  * it lasted DMEM_SPILL_AHEAD_ARM_WAIT_US or more no wait arms it again for
- * DMEM_SPILL_AHEAD_ARM_MS; otherwise a wait of DMEM_SPILL_AHEAD_ARM_WAIT_US
+ * a hold-off (DMEM_SPILL_AHEAD_ARM_MS, doubling with each such wait in a
+ * row up to 64 s, and back after an arming that ran out with no wait begun
+ * in it); otherwise a wait of DMEM_SPILL_AHEAD_ARM_WAIT_US
  * or more arms it for DMEM_SPILL_AHEAD_ARM_MS from now_ns, and kicks it,
  * and a shorter one disarms it. */
 void dmem__ahead_waited(dmem_runtime_t *rt, uint64_t start_ns, uint64_t now_ns);
