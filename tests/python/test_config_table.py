@@ -20,10 +20,11 @@ ROWS = dmem._dmem._config_options()
 
 # Variables of the README's table that are not options of a runtime: read
 # by the trace recorder (every runtime of the process), by the fault
-# injection of the tests, by dmem.dask's workers, and by the host backend (a
-# simulated link, for tests and bench_policy).
+# injection of the tests, by dmem.dask's workers, by the host backend (a
+# simulated link, for tests and bench_policy), and by the disk tier (testing
+# knobs for the GPU machine's disk).
 NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC", "DMEM_HOST_COPY_GBPS",
-               "DMEM_DISK_WRITE_PIECE"}
+               "DMEM_DISK_WRITE_PIECE", "DMEM_DISK_FALLOCATE"}
 
 
 def readme_variables():
