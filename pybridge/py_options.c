@@ -18,7 +18,7 @@
 /* A converted value, of whichever member the kind uses. */
 typedef struct pyd_opt_value {
   size_t size;
-  double f;
+  double f, f2;
   long i;
   const char *s;
 } pyd_opt_value_t;
@@ -188,10 +188,80 @@ static int pyd_kind_stats(PyObject *o, const char *kw, double lo, double hi, con
   (void)lo, (void)hi, (void)choices, (void)v, (void)keep;
   return pyd_kind_none(o, kw);
 }
+/* One mark of spill_ahead: a float in (0, 1], or "N%". */
+static int pyd_ahead_mark(PyObject *o, const char *kw, double *out) {
+  double f = 0.0;
+  if (PyUnicode_Check(o)) {
+    size_t bytes = 0;
+    if (pyd_size_arg(o, kw, &bytes, &f) < 0) return -1;
+    if (!(f > 0.0)) {
+      PyErr_Format(PyExc_ValueError, "%s: %R is no percentage of the limit", kw, o);
+      return -1;
+    }
+  } else if ((PyFloat_Check(o) || PyLong_Check(o)) && !PyBool_Check(o)) {
+    f = PyFloat_AsDouble(o);
+    if (f == -1.0 && PyErr_Occurred()) return -1;
+  } else {
+    return pyd_type_error(kw, "a float, a percentage or a pair of them", o);
+  }
+  if (!(f >= 0.0 && f <= 1.0)) {
+    PyErr_Format(PyExc_ValueError, "%s: %R is not a fraction of the limit in [0, 1]", kw, o);
+    return -1;
+  }
+  *out = f;
+  return 0;
+}
+
+/* spill_ahead: False or "off" (off), True or "on" (0.95), a fraction of the
+ * limit (0: off), "N%", a pair (high, low) with 0 < low < high, or "N%,M%";
+ * the low mark 0: the default (high - 0.05). */
 static int pyd_kind_ahead(PyObject *o, const char *kw, double lo, double hi, const char *choices,
                           pyd_opt_value_t *v, PyObject *keep) {
-  (void)lo, (void)hi, (void)choices, (void)v, (void)keep;
-  return pyd_kind_none(o, kw);
+  (void)lo, (void)hi, (void)choices, (void)keep;
+  v->f = v->f2 = 0.0;
+  if (PyBool_Check(o)) {
+    v->f = o == Py_True ? 0.95 : 0.0;
+    return 0;
+  }
+  if (PyUnicode_Check(o)) {
+    if (PyUnicode_CompareWithASCIIString(o, "off") == 0 ||
+        PyUnicode_CompareWithASCIIString(o, "0") == 0)
+      return 0;
+    if (PyUnicode_CompareWithASCIIString(o, "on") == 0) {
+      v->f = 0.95;
+      return 0;
+    }
+    Py_ssize_t comma = PyUnicode_FindChar(o, ',', 0, PyUnicode_GET_LENGTH(o), 1);
+    if (comma == -2) return -1;
+    if (comma >= 0) {
+      PyObject *sep = PyUnicode_FromOrdinal(',');
+      if (!sep) return -1;
+      PyObject *pair = PyUnicode_Split(o, sep, 1);
+      Py_DECREF(sep);
+      if (!pair) return -1;
+      int rc = pyd_ahead_mark(PyList_GET_ITEM(pair, 0), kw, &v->f) < 0 ||
+                       pyd_ahead_mark(PyList_GET_ITEM(pair, 1), kw, &v->f2) < 0
+                   ? -1
+                   : 0;
+      Py_DECREF(pair);
+      if (rc < 0) return -1;
+    } else if (pyd_ahead_mark(o, kw, &v->f) < 0) {
+      return -1;
+    }
+  } else if (PyTuple_Check(o) || PyList_Check(o)) {
+    if (PySequence_Fast_GET_SIZE(o) != 2)
+      return pyd_type_error(kw, "a float, a percentage or a pair of them", o);
+    if (pyd_ahead_mark(PySequence_Fast_GET_ITEM(o, 0), kw, &v->f) < 0 ||
+        pyd_ahead_mark(PySequence_Fast_GET_ITEM(o, 1), kw, &v->f2) < 0)
+      return -1;
+  } else if (pyd_ahead_mark(o, kw, &v->f) < 0) {
+    return -1;
+  }
+  if (v->f2 > 0.0 && !(v->f2 < v->f)) {
+    PyErr_Format(PyExc_ValueError, "%s: the low mark must be below the high mark, not %R", kw, o);
+    return -1;
+  }
+  return 0;
 }
 
 /* Store a converted value into the field(s). */
@@ -204,7 +274,7 @@ static int pyd_kind_ahead(PyObject *o, const char *kw, double lo, double hi, con
 #define PYD_STORE_log(cfg, field, also, v) ((cfg)->field = (v).i)
 #define PYD_STORE_path(cfg, field, also, v) ((cfg)->field = (v).s)
 #define PYD_STORE_stats(cfg, field, also, v) ((void)0)
-#define PYD_STORE_ahead(cfg, field, also, v) ((void)0)
+#define PYD_STORE_ahead(cfg, field, also, v) ((cfg)->field = (v).f, (cfg)->also = (v).f2)
 
 /* ---- the table's keywords --------------------------------------------------------- */
 

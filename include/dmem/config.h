@@ -192,7 +192,9 @@ typedef struct dmem_config {
    *  way on an H100); on demand it spills only for callers that waited
    *  for room and stops when it is not ahead of them (docs/design.md,
    *  "Spill-ahead"; bench/ahead_compare has it against off).
-   *  "on" in DMEM_SPILL_AHEAD means 0.95. */
+   *  "on" in DMEM_SPILL_AHEAD means 0.95. Python: spill_ahead= False,
+   *  True (0.95), a fraction, (high, low), or a string as in the
+   *  environment. */
   double spill_ahead;
   /** Low-water mark (fraction of the limit, below spill_ahead); 0:
    *  spill_ahead - 0.05. */
@@ -280,7 +282,7 @@ typedef struct dmem_config {
    *  as a prefetching loop's are), spilling ahead only shrinks the device's
    *  share: 1.75 GiB more each way for examples/cupy_loop.py, 5 % of its
    *  time on an H100, with ALWAYS.
-   *  DMEM_SPILL_AHEAD_TRIGGER=demand|always; no Python keyword. */
+   *  DMEM_SPILL_AHEAD_TRIGGER=demand|always; Python: spill_ahead_trigger=. */
   int spill_ahead_trigger;
 } dmem_config_t;
 
@@ -334,7 +336,8 @@ typedef struct dmem_config {
  *     path             a file system path (any non-empty text)
  *     stats            0 | 1 | N seconds (2..hi): field (bool) and also
  *     ahead            off | on | N% | N%,M% (0 < M < N <= 100): field,
- *                      also (environment only)
+ *                      also; in Python also False | True | a fraction |
+ *                      (high, low)
  *   default   the field's default (`also` defaults to 0);
  *   env       the DMEM_* variable, or NULL;
  *   keyword   the Python keyword, or NULL; keyword rows are in the order
@@ -374,14 +377,15 @@ typedef struct dmem_config {
     "allocation wait")                                                                     \
   X(print_stats, stats_interval_s, stats, false, "DMEM_STATS", NULL, 0, DMEM_STATS_INTERVAL_MAX, \
     NULL, "statistics")                                                                         \
-  X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD", NULL, 0, \
-    0, NULL, "spill-ahead")                                                                     \
   X(host_staging, host_staging, size, 0, "DMEM_HOST_STAGING", "host_staging", 0, 0, NULL,       \
     "pinned staging")                                                                           \
   X(retrieve_swap, retrieve_swap, choice, 1, "DMEM_RETRIEVE_SWAP", NULL, 0, 0, "on|off",        \
     "retrieve swap")                                                                            \
+  X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD",          \
+    "spill_ahead", 0, 0, NULL, "spill-ahead")                                                   \
   X(spill_ahead_trigger, spill_ahead_trigger, choice, DMEM_SPILL_AHEAD_DEMAND,                  \
-    "DMEM_SPILL_AHEAD_TRIGGER", NULL, 0, 0, "always|demand", "spill-ahead trigger")
+    "DMEM_SPILL_AHEAD_TRIGGER", "spill_ahead_trigger", 0, 0, "always|demand",                   \
+    "spill-ahead trigger")
 
 /**
  * Fill *cfg with defaults, then apply the DMEM_* environment variables whose

@@ -16,7 +16,7 @@ from . import _dmem
 # option's field name.
 _INFO_KEYS = {"host_backend_capacity": "device_capacity"}
 _INFO = {"backend", "device", "device_limit", "host_limit", "spill_dir", "eviction_policy",
-         "log_level", "print_stats", "host_headroom", "device_capacity"}
+         "log_level", "print_stats", "host_headroom", "device_capacity", "spill_ahead"}
 # Variables that are no option of a runtime: (variable, what it sets).
 _OTHERS = [("DMEM_TRACE", "trace file"), ("DMEM_FAULT_INJECT", "fault injection (testing)")]
 
@@ -39,6 +39,12 @@ def _mib(n):
 
 
 def _value(key, info):
+    if key == "spill_ahead":  # its marks in effect are in the statistics
+        if not info["spill_ahead_high"]:
+            return "off"
+        limit = info["device_limit"] or 1
+        return "on: above %.0f%% of the limit, down to %.0f%%" % (
+            100.0 * info["spill_ahead_high"] / limit, 100.0 * info["spill_ahead_low"] / limit)
     v = info[key]
     if key in ("device_limit", "device_capacity", "host_headroom"):
         return _mib(v)
@@ -80,6 +86,9 @@ def report(file=None, environ=None):
         print("default runtime: none in this process (these are what it would get)", file=out)
     try:
         info = rt.info()
+        stats = rt.stats()
+        info["spill_ahead_high"] = stats["spill_ahead_high"]
+        info["spill_ahead_low"] = stats["spill_ahead_low"]
         print("backend: %s (%s)" % (info["backend"], info["backend_reason"]), file=out)
         print("device: %d, capacity %s" % (info["device"], _mib(info["device_capacity"])),
               file=out)

@@ -206,7 +206,16 @@ def test_python_m_dmem():
     assert "environment (DMEM_DEVICE_LIMIT=8Mi)" in lines["device limit"]
     assert "default" in lines["host limit"] and "unlimited" in lines["host limit"]
     assert lines["log level"].rstrip().endswith("default")
+    # spill-ahead: off on the host backend unless asked; the marks in effect
+    ahead = next(l for l in out.splitlines() if l.startswith("  spill-ahead"))
+    assert ahead.split()[1] == "off" and ahead.rstrip().endswith("default")
     assert "default runtime: none in this process" in out
+    r = _python_m_dmem({"DMEM_BACKEND": "host", "DMEM_SPILL_AHEAD": "80%,50%",
+                        "DMEM_HOST_CAPACITY": "64Mi"})
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("  spill-ahead"))
+    assert "on: above 80% of the limit, down to 50%" in line
+    assert "environment (DMEM_SPILL_AHEAD=80%,50%)" in line
     # auto: the reason names what CUDA said (or the device)
     r = _python_m_dmem({"DMEM_HOST_CAPACITY": "64Mi"})
     assert r.returncode == 0, r.stderr

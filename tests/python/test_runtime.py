@@ -316,6 +316,70 @@ def test_eviction_policy_reaches_the_runtime(spill_dir, monkeypatch):
     assert unspills["lru"] == 36 and unspills["reuse"] <= 20, unspills
 
 
+def test_spill_ahead_keywords_set_the_marks_and_the_trigger(spill_dir, monkeypatch):
+    """spill_ahead: False/'off'/0 (off), True/'on' (95 %), a fraction,
+    'N%', (high, low) or 'N%,M%' (low 0: high - 5 points); the host
+    backend's default is off. spill_ahead_trigger: 'demand' (the default:
+    only after a wait for room) or 'always'. Bad values: TypeError or
+    ValueError before a runtime is made."""
+    MiB = 1 << 20
+    monkeypatch.delenv("DMEM_SPILL_AHEAD", raising=False)
+    monkeypatch.delenv("DMEM_SPILL_AHEAD_TRIGGER", raising=False)
+    limit = 8 * MiB
+
+    def marks(**kw):
+        with dmem.Runtime(backend="host", device_limit=limit, spill_dir=str(spill_dir),
+                          **kw) as rt:
+            s = rt.stats()
+            return s["spill_ahead_high"], s["spill_ahead_low"]
+
+    def frac(f):
+        return int(limit * f)
+
+    assert marks() == (0, 0)
+    for off in (False, "off", "0", 0, 0.0):
+        assert marks(spill_ahead=off) == (0, 0), off
+    for on in (True, "on", 0.95, "95%"):
+        assert marks(spill_ahead=on) == (frac(0.95), frac(0.90)), on
+    assert marks(spill_ahead=(0.8, 0.5)) == (frac(0.8), frac(0.5))
+    assert marks(spill_ahead=[0.8, 0]) == (frac(0.8), frac(0.75))
+    assert marks(spill_ahead="80%,50%") == (frac(0.8), frac(0.5))
+    # the keyword wins over the variable
+    monkeypatch.setenv("DMEM_SPILL_AHEAD", "60%")
+    assert marks() == (frac(0.6), frac(0.55))
+    assert marks(spill_ahead=False) == (0, 0)
+    monkeypatch.delenv("DMEM_SPILL_AHEAD")
+    for bad in (1.5, -0.1, (0.5, 0.6), "50%,60%", "8G", "sometimes"):
+        with pytest.raises(ValueError):
+            dmem.Runtime(backend="host", spill_ahead=bad)
+    for bad in ((0.5,), (0.5, 0.4, 0.3), object(), b"on"):
+        with pytest.raises(TypeError):
+            dmem.Runtime(backend="host", spill_ahead=bad)
+    with pytest.raises(ValueError, match="'always' or 'demand'"):
+        dmem.Runtime(backend="host", spill_ahead_trigger="sometimes")
+    with pytest.raises(TypeError):
+        dmem.Runtime(backend="host", spill_ahead_trigger=1)
+    # above the mark with no wait for room: 'always' spills down to the low
+    # mark, 'demand' (the default) spills nothing
+    evictions = {}
+    for trigger in ("always", "demand"):
+        with dmem.Runtime(backend="host", device_limit=limit, spill_dir=str(spill_dir),
+                          spill_ahead=(0.5, 0.25), spill_ahead_trigger=trigger) as rt:
+            bufs = [rt.alloc(MiB) for _ in range(6)]
+            for i, b in enumerate(bufs):
+                b.write(bytes([i]) * 16)
+            t0 = time.monotonic()
+            while (trigger == "always" and rt.stats()["device_used"] > 2 * MiB
+                   and time.monotonic() - t0 < 10):
+                time.sleep(0.01)
+            time.sleep(0.15)
+            evictions[trigger] = rt.stats()["ahead_evictions"]
+            for i, b in enumerate(bufs):
+                assert bytes(b.peek(16)) == bytes([i]) * 16
+                b.free()
+    assert evictions["always"] >= 4 and evictions["demand"] == 0, evictions
+
+
 def test_host_burst_bounds_the_pinned_pool(spill_dir):
     """host_burst: how far past host_limit the host tier may grow; with 0 a
     spill past the limit goes to disk itself, with 0.5 the tier takes it."""
