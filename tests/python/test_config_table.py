@@ -232,3 +232,32 @@ def test_dask_passes_host_staging_through(tmp_path, monkeypatch):
         gc.collect()
         if d._owned:
             d.runtime.close()
+
+
+def test_dask_passes_spill_ahead_through(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    from dmem.dask.cluster import worker_options
+    from dmem.dask.data import RUNTIME_OPTIONS, DmemWorkerData
+    from dmem.dask.worker import _parser
+
+    monkeypatch.delenv("DMEM_SPILL_AHEAD", raising=False)
+    monkeypatch.delenv("DMEM_SPILL_AHEAD_TRIGGER", raising=False)
+    assert {"spill_ahead", "spill_ahead_trigger"} <= set(RUNTIME_OPTIONS)
+    data = worker_options("host", spill_ahead=False, spill_ahead_trigger="always")["data"][1]
+    assert data["spill_ahead"] is False and data["spill_ahead_trigger"] == "always"
+    args = _parser().parse_args(["tcp://127.0.0.1:1", "--spill-ahead", "80%,50%",
+                                 "--spill-ahead-trigger", "always"])
+    assert args.rt_spill_ahead == "80%,50%" and args.rt_spill_ahead_trigger == "always"
+    with pytest.raises(SystemExit):  # not a choice
+        _parser().parse_args(["tcp://127.0.0.1:1", "--spill-ahead-trigger", "never"])
+    d = DmemWorkerData(backend="host", device_memory_limit=8 * MiB, spill_dir=str(tmp_path),
+                       spill_ahead=args.rt_spill_ahead, worker_local_directory=str(tmp_path / "w"))
+    try:
+        s = d.runtime.stats()
+        assert (s["spill_ahead_high"], s["spill_ahead_low"]) == (int(8 * MiB * 0.8),
+                                                                 int(8 * MiB * 0.5))
+    finally:
+        d.close()
+        gc.collect()
+        if d._owned:
+            d.runtime.close()
