@@ -276,8 +276,9 @@ typedef struct dmem_config {
    *  DMEM_SPILL_AHEAD_ARM_WAIT_US or longer for room (it waited for a
    *  spill: what the thread is there to hide), and since then no wait was
    *  shorter, no wait began (one that does shows the thread is not ahead:
-   *  it disarms, and when long holds it off for DMEM_SPILL_AHEAD_ARM_MS),
-   *  and DMEM_SPILL_AHEAD_ARM_MS did not pass.
+   *  it disarms, and when long holds it off for DMEM_SPILL_AHEAD_ARM_MS,
+   *  twice as long each time in a row, up to 64 s), and
+   *  DMEM_SPILL_AHEAD_ARM_MS did not pass.
    *  Where on-demand evictions cost the caller nothing (stream-ordered,
    *  as a prefetching loop's are), spilling ahead only shrinks the device's
    *  share: 1.75 GiB more each way for examples/cupy_loop.py, 5 % of its
