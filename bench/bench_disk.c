@@ -27,18 +27,22 @@
  * seconds_host_to_disk, seconds_disk_to_device), which tells the I/O from
  * the bookkeeping and the host -> device copies (a CPU memcpy competing for
  * the cores on the host backend; DMA under CUDA). Each repetition is a
- * pair, dmem and raw back to back, and a ratio is the median of the pairs'
- * own ratios (their range is printed under the row); the throughputs are
- * medians. The best of each side, taken apart, let one lucky raw run set
- * the bar: on an H100 machine's disk raw writes alone read 1.91-2.64 GB/s
- * in three runs of the same binary, and the worst row of the same tree
- * 0.78-0.90. Both sides meet the filesystem alike: each timed
- * phase starts after a syncfs of the directory's filesystem (the journal
- * and the discards of the blocks the previous phase or file freed are
- * done, not charged to the next phase), and the repetitions alternate
- * which side runs first (--reps: pairs, default 5, at most 31). Backend: DMEM_BACKEND (auto: CUDA when a device is
- * present), so the same binary runs in CI on the host backend (--quick) and
- * on the GPU machine.
+ * pair: a new runtime (so a new spill file) and a new raw file, set up
+ * untimed, then the writes in batches of about 32 MiB, dmem's batch and
+ * raw's batch of the same buffers in turn, then the reads alike; each
+ * side's time is the sum of its batches, and which side goes first
+ * alternates from batch to batch and from pair to pair. A ratio is the
+ * median of the pairs' own ratios (their range is printed under the row);
+ * the throughputs are medians. Before, each side ran its whole phase (a
+ * GiB, about half a second) in turn, and the disk's own swings of a second
+ * or so went to one side: one pair's ratio read 0.6-1.9 on an H100
+ * machine's virtio disk, and the worst row of a median of 3 pairs
+ * 0.60-0.90 in four runs. Each phase starts after a syncfs of the
+ * directory's filesystem (the journal and the discards of the blocks the
+ * setup or an earlier file freed are done, not charged to the phase).
+ * --reps: pairs, default 5, at most 31. Backend: DMEM_BACKEND (auto: CUDA
+ * when a device is present), so the same binary runs in CI on the host
+ * backend (--quick) and on the GPU machine.
  *
  *   bench_disk [--quick] [--dir DIR] [--total BYTES] [--reps N] [--size BYTES]
  *
@@ -74,6 +78,7 @@
 #define RAW_PIECE ((size_t)1 << 30)
 #define HUGE ((size_t)2 << 20)
 #define MAX_REPS 31
+#define BATCH ((size_t)32 << 20) /* bytes a side moves before the other's turn */
 
 static const char *g_dir;
 
@@ -126,96 +131,121 @@ static void raw_io(int fd, bool write, char *buf, size_t len, off_t off) {
   }
 }
 
-/* Seconds to write n buffers of `size` bytes, each from its own memory,
- * then read them back into one buffer (as a retrieve reads into staging
- * it reuses). */
-static void raw_run(size_t size, size_t n, bool direct, bool huge, double *write_s,
-                    double *read_s) {
-  size_t stride = round_up(size, ALIGN); /* O_DIRECT wants aligned offsets and lengths */
-  size_t len = direct ? stride : size;
-  char *buf = NULL, *src = NULL;
-  if (posix_memalign((void **)&buf, ALIGN, stride) != 0) die_errno("raw buffer");
-  if (posix_memalign((void **)&src, HUGE, n * stride) != 0) die_errno("raw buffers");
-  if (huge) (void)madvise(src, n * stride, MADV_HUGEPAGE); /* a hint, as the pinned pool's */
-  for (size_t i = 0; i < stride; i++) buf[i] = (char)(i * 131u);
-  for (size_t b = 0; b < n; b++) memcpy(src + b * stride, buf, stride);
-  int fd = raw_open(direct);
-  settle();
+/* n buffers of `size` bytes, each from its own memory, written to one new
+ * file and read back into one buffer (as a retrieve reads into staging it
+ * reuses). */
+typedef struct {
+  int fd;
+  char *src, *buf;
+  size_t stride, len;
+} raw_side_t;
+
+static void raw_setup(raw_side_t *r, size_t size, size_t n, bool direct, bool huge) {
+  r->stride = round_up(size, ALIGN); /* O_DIRECT wants aligned offsets and lengths */
+  r->len = direct ? r->stride : size;
+  if (posix_memalign((void **)&r->buf, ALIGN, r->stride) != 0) die_errno("raw buffer");
+  if (posix_memalign((void **)&r->src, HUGE, n * r->stride) != 0) die_errno("raw buffers");
+  if (huge) (void)madvise(r->src, n * r->stride, MADV_HUGEPAGE); /* a hint, as the pinned pool's */
+  for (size_t i = 0; i < r->stride; i++) r->buf[i] = (char)(i * 131u);
+  for (size_t b = 0; b < n; b++) memcpy(r->src + b * r->stride, r->buf, r->stride);
+  r->fd = raw_open(direct);
+}
+
+/* Seconds to write (read) buffers [i0, i1). */
+static double raw_batch(raw_side_t *r, bool write, size_t i0, size_t i1) {
   uint64_t t0 = now_ns();
-  for (size_t i = 0; i < n; i++) raw_io(fd, true, src + i * stride, len, (off_t)(i * stride));
-  uint64_t t1 = now_ns();
-  settle();
-  uint64_t t2 = now_ns();
-  for (size_t i = 0; i < n; i++) raw_io(fd, false, buf, len, (off_t)(i * stride));
-  uint64_t t3 = now_ns();
-  close(fd);
-  free(buf);
-  free(src);
-  *write_s = (double)(t1 - t0) * 1e-9;
-  *read_s = (double)(t3 - t2) * 1e-9;
+  for (size_t i = i0; i < i1; i++)
+    raw_io(r->fd, write, write ? r->src + i * r->stride : r->buf, r->len, (off_t)(i * r->stride));
+  return (double)(now_ns() - t0) * 1e-9;
+}
+
+static void raw_finish(raw_side_t *r) {
+  close(r->fd);
+  free(r->buf);
+  free(r->src);
 }
 
 /* ---- dmem: host tier -> disk, disk -> device ---------------------------------------- */
 
 typedef struct {
-  double write_s, read_s;       /* wall time of the moves */
-  double write_io_s, read_io_s; /* of which in the disk tier's I/O (dmem_stats) */
-  bool direct;
+  dmem_runtime_t *rt;
+  dmem_stream_t s;
+  dmem_handle_t *h;
+  char *pattern;
+  size_t size, n;
+} dmem_side_t;
+
+typedef struct {
+  double write_io_s, read_io_s; /* seconds in the disk tier's I/O (dmem_stats) */
 } dmem_result_t;
 
-static dmem_result_t dmem_run(size_t size, size_t n, size_t total) {
+/* A runtime (so a new disk file) with n buffers of `size` bytes in the host
+ * tier. Returns whether the disk tier's file took O_DIRECT. */
+static bool dmem_setup(dmem_side_t *d, size_t size, size_t n) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
   cfg.spill_dir = g_dir;
   cfg.host_limit = 0; /* the moves are explicit */
+  size_t total = n * size;
   cfg.device_limit = total + 64 * MiB;
   if (cfg.host_backend_capacity < total + 128 * MiB) cfg.host_backend_capacity = total + 128 * MiB;
-  dmem_runtime_t *rt;
-  TRY(dmem_runtime_create(&cfg, &rt));
-  dmem_stream_t s;
-  TRY(dmem_stream_create(rt, &s));
-  dmem_handle_t *h = calloc(n, sizeof *h);
-  char *pattern = malloc(size);
-  if (!h || !pattern) die_errno("malloc");
-  for (size_t i = 0; i < size; i++) pattern[i] = (char)(i * 131u);
+  d->size = size;
+  d->n = n;
+  TRY(dmem_runtime_create(&cfg, &d->rt));
+  TRY(dmem_stream_create(d->rt, &d->s));
+  d->h = calloc(n, sizeof *d->h);
+  d->pattern = malloc(size);
+  if (!d->h || !d->pattern) die_errno("malloc");
+  for (size_t i = 0; i < size; i++) d->pattern[i] = (char)(i * 131u);
   for (size_t i = 0; i < n; i++) {
     void *p;
-    TRY(dmem_buffer_alloc(rt, size, 0, &h[i]));
-    TRY(dmem_buffer_lock(rt, h[i], s, &p));
-    TRY(dmem_stream_copy(rt, p, pattern, size, s));
-    TRY(dmem_stream_synchronize(rt, s));
-    TRY(dmem_buffer_unlock(rt, h[i]));
+    TRY(dmem_buffer_alloc(d->rt, size, 0, &d->h[i]));
+    TRY(dmem_buffer_lock(d->rt, d->h[i], d->s, &p));
+    TRY(dmem_stream_copy(d->rt, p, d->pattern, size, d->s));
+    TRY(dmem_stream_synchronize(d->rt, d->s));
+    TRY(dmem_buffer_unlock(d->rt, d->h[i]));
   }
   /* into the host tier (not timed: this also grows the pinned pool that
-   * the reads below take their staging from). Those device -> host copies
-   * run asynchronously on the runtime's one spill stream; a last small
-   * buffer spilled after them and moved to disk waits for its own copy,
-   * and so for theirs: the timed writes start with the bytes on the host. */
-  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_HOST));
+   * the reads take their staging from). Those device -> host copies run
+   * asynchronously on the runtime's one spill stream; a last small buffer
+   * spilled after them and moved to disk waits for its own copy, and so
+   * for theirs: the timed writes start with the bytes on the host, and the
+   * file has been written once (which tells whether it took O_DIRECT). */
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_spill(d->rt, d->h[i], DMEM_TIER_HOST));
   dmem_handle_t last;
-  TRY(dmem_buffer_alloc(rt, 4096, 0, &last));
-  TRY(dmem_buffer_spill(rt, last, DMEM_TIER_HOST));
-  TRY(dmem_buffer_spill(rt, last, DMEM_TIER_DISK));
-  TRY(dmem_buffer_free(rt, last));
-  dmem_result_t r;
-  settle();
-  uint64_t t0 = now_ns();
-  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_spill(rt, h[i], DMEM_TIER_DISK));
-  uint64_t t1 = now_ns();
-  settle();
-  uint64_t t2 = now_ns();
-  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_unspill(rt, h[i], s));
-  TRY(dmem_stream_synchronize(rt, s));
-  uint64_t t3 = now_ns();
-  r.write_s = (double)(t1 - t0) * 1e-9;
-  r.read_s = (double)(t3 - t2) * 1e-9;
+  TRY(dmem_buffer_alloc(d->rt, 4096, 0, &last));
+  TRY(dmem_buffer_spill(d->rt, last, DMEM_TIER_HOST));
+  TRY(dmem_buffer_spill(d->rt, last, DMEM_TIER_DISK));
+  TRY(dmem_buffer_free(d->rt, last));
   dmem_stats_t st;
-  TRY(dmem_stats(rt, &st));
+  TRY(dmem_stats(d->rt, &st));
+  return st.disk_direct_io != 0;
+}
+
+/* Seconds to move buffers [i0, i1) to disk (write), or back to the device
+ * (read: each unspilled, then one dmem_stream_synchronize). */
+static double dmem_batch(dmem_side_t *d, bool write, size_t i0, size_t i1) {
+  uint64_t t0 = now_ns();
+  if (write) {
+    for (size_t i = i0; i < i1; i++) TRY(dmem_buffer_spill(d->rt, d->h[i], DMEM_TIER_DISK));
+  } else {
+    for (size_t i = i0; i < i1; i++) TRY(dmem_buffer_unspill(d->rt, d->h[i], d->s));
+    TRY(dmem_stream_synchronize(d->rt, d->s));
+  }
+  return (double)(now_ns() - t0) * 1e-9;
+}
+
+/* dmem's own count of the bytes and seconds, the bytes checked, the
+ * runtime destroyed. */
+static dmem_result_t dmem_finish(dmem_side_t *d) {
+  size_t n = d->n, size = d->size;
+  dmem_stats_t st;
+  TRY(dmem_stats(d->rt, &st));
+  dmem_result_t r;
   /* the disk I/O alone, from dmem's own statistics (the sentinel's write
    * is in there too: 4 KiB, a few microseconds) */
   r.write_io_s = st.seconds_host_to_disk;
   r.read_io_s = st.seconds_disk_to_device;
-  r.direct = st.disk_direct_io != 0;
   if (st.host_to_disk_bytes != (uint64_t)(n * size) + 4096 ||
       st.disk_to_device_bytes != (uint64_t)(n * size)) {
     fprintf(stderr, "bench_disk: stats say %llu bytes written and %llu read, expected %zu\n",
@@ -228,22 +258,68 @@ static dmem_result_t dmem_run(size_t size, size_t n, size_t total) {
   char *back = malloc(size);
   if (!back) die_errno("malloc");
   for (size_t i = 0; i < n; i += n > 4 ? n / 4 : 1) {
-    TRY(dmem_buffer_lock(rt, h[i], s, &p));
-    TRY(dmem_stream_copy(rt, back, p, size, s));
-    TRY(dmem_stream_synchronize(rt, s));
-    TRY(dmem_buffer_unlock(rt, h[i]));
-    if (memcmp(back, pattern, size) != 0) {
+    TRY(dmem_buffer_lock(d->rt, d->h[i], d->s, &p));
+    TRY(dmem_stream_copy(d->rt, back, p, size, d->s));
+    TRY(dmem_stream_synchronize(d->rt, d->s));
+    TRY(dmem_buffer_unlock(d->rt, d->h[i]));
+    if (memcmp(back, d->pattern, size) != 0) {
       fprintf(stderr, "bench_disk: buffer %zu of %zu bytes came back wrong\n", i, size);
       exit(1);
     }
   }
   free(back);
-  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_free(rt, h[i]));
-  TRY(dmem_stream_destroy(rt, s));
-  dmem_runtime_destroy(rt);
-  free(h);
-  free(pattern);
+  for (size_t i = 0; i < n; i++) TRY(dmem_buffer_free(d->rt, d->h[i]));
+  TRY(dmem_stream_destroy(d->rt, d->s));
+  dmem_runtime_destroy(d->rt);
+  free(d->h);
+  free(d->pattern);
   return r;
+}
+
+/* ---- one pair: dmem and raw interleaved in batches --------------------------------- */
+
+typedef struct {
+  double raw_write_s, raw_read_s, dmem_write_s, dmem_read_s;
+  dmem_result_t io;
+  bool direct;
+} pair_t;
+
+/* Both sides set up (untimed), then the writes in batches of about BATCH
+ * bytes, dmem's and raw's in turn, the side that goes first alternating
+ * from batch to batch (and from pair to pair); then the reads alike. Each
+ * side's time is the sum of its batches. */
+static pair_t pair_run(size_t size, size_t n, bool huge, int rep) {
+  pair_t q;
+  dmem_side_t d;
+  raw_side_t r;
+  q.direct = dmem_setup(&d, size, n);
+  raw_setup(&r, size, n, q.direct, huge);
+  size_t per = BATCH / size ? BATCH / size : 1;
+  for (int phase = 0; phase < 2; phase++) {
+    bool write = phase == 0;
+    double dt = 0, rt = 0;
+    settle();
+    for (size_t i0 = 0, b = 0; i0 < n; i0 += per, b++) {
+      size_t i1 = n - i0 < per ? n : i0 + per;
+      if ((b + (size_t)rep) % 2 == 0) {
+        dt += dmem_batch(&d, write, i0, i1);
+        rt += raw_batch(&r, write, i0, i1);
+      } else {
+        rt += raw_batch(&r, write, i0, i1);
+        dt += dmem_batch(&d, write, i0, i1);
+      }
+    }
+    if (write) {
+      q.dmem_write_s = dt;
+      q.raw_write_s = rt;
+    } else {
+      q.dmem_read_s = dt;
+      q.raw_read_s = rt;
+    }
+  }
+  raw_finish(&r);
+  q.io = dmem_finish(&d);
+  return q;
 }
 
 static double gbps(size_t bytes, double s) { return s > 0 ? (double)bytes / s * 1e-9 : 0; }
@@ -310,26 +386,16 @@ int main(int argc, char **argv) {
         drio[MAX_REPS], qw[MAX_REPS], qr[MAX_REPS];
     bool direct = false;
     for (int rep = 0; rep < reps; rep++) {
-      /* dmem first in even repetitions, raw first in odd ones (dmem's
-       * first run finds out the I/O mode the raw file is to use) */
-      dmem_result_t d;
-      double w, r;
-      if (rep % 2 == 0) {
-        d = dmem_run(size, n, n * size);
-        direct = d.direct;
-        raw_run(size, n, direct, huge, &w, &r);
-      } else {
-        raw_run(size, n, direct, huge, &w, &r);
-        d = dmem_run(size, n, n * size);
-      }
-      rw[rep] = w;
-      rr[rep] = r;
-      dw[rep] = d.write_s;
-      dr[rep] = d.read_s;
-      dwio[rep] = d.write_io_s;
-      drio[rep] = d.read_io_s;
-      qw[rep] = w / d.write_s; /* dmem / raw throughput, this pair */
-      qr[rep] = r / d.read_s;
+      pair_t q = pair_run(size, n, huge, rep);
+      direct = q.direct;
+      rw[rep] = q.raw_write_s;
+      rr[rep] = q.raw_read_s;
+      dw[rep] = q.dmem_write_s;
+      dr[rep] = q.dmem_read_s;
+      dwio[rep] = q.io.write_io_s;
+      drio[rep] = q.io.read_io_s;
+      qw[rep] = q.raw_write_s / q.dmem_write_s; /* dmem / raw throughput, this pair */
+      qr[rep] = q.raw_read_s / q.dmem_read_s;
     }
     size_t bytes = n * size;
     double wr = median(qw, reps), rr_ = median(qr, reps); /* (sorts qw, qr) */

@@ -61,6 +61,18 @@ def parse_size(s):
     return int(s)
 
 
+def anon_huge_gib():
+    """(anonymous, in transparent huge pages) GiB of this process, or None
+    off Linux: the pinned pool asks for huge pages (a hint); DMA from 4 KiB
+    pages may run slower."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.split()[-1:] == ["kB"]}
+        return kb["Anonymous"] / 2**20, kb["AnonHugePages"] / 2**20
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
 def raw_bandwidth(nbytes, reps=5):
     """Pinned cudaMemcpyAsync GB/s: device->host, host->device, both at once."""
     dev = [cp.empty(nbytes, dtype=cp.uint8) for _ in range(2)]
@@ -204,6 +216,10 @@ def main():
                  s1["seconds_waiting_for_room"] - s0["seconds_waiting_for_room"]))
         per = sorted(steps)
         worst = max(range(len(steps)), key=steps.__getitem__)
+        huge = anon_huge_gib()
+        if huge:
+            print("cupy_loop: process memory %.2f GiB anonymous, %.2f GiB of it in huge pages"
+                  % huge)
         print("cupy_loop: passes %s s; a lock's median %.2f ms, slowest %.2f ms (pass %d, buffer "
               "%d); pinned pool grew %d times, pageable blocks %d"
               % (" ".join("%.3f" % sum(steps[k * nbuf:(k + 1) * nbuf]) for k in range(a.passes)),

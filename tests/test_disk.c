@@ -969,7 +969,7 @@ static int op_gate_fn(void *user, dmem__disk_op_t op, uint64_t off, size_t len) 
  * goes whole. One request at a time, 8 MiB buffers read at 0.87-0.95 of a
  * plain loop of preads on an H100 machine's disk (bench_disk); 1 MiB
  * buffers in 4 pieces wrote at 0.80 where whole they wrote at 0.95. */
-static void small_writes(const size_t *sizes, const int *deep, int n) {
+static void small_io(const size_t *sizes, const int *deep, const int *deep_read, int n) {
   char parent[64];
   make_parent(parent, sizeof parent);
   dmem_runtime_t *rt = runtime_with(32 * MiB, 0, parent);
@@ -988,7 +988,7 @@ static void small_writes(const size_t *sizes, const int *deep, int n) {
       dmem__disk_hook_set(op_gate_fn, &o);
       CHECK_OK(w ? dmem_buffer_spill(rt, h, DMEM_TIER_DISK) : dmem_buffer_unspill(rt, h, NULL));
       dmem__disk_hook_set(NULL, NULL);
-      if (!w || deep[i])
+      if (w ? deep[i] : (deep_read ? deep_read[i] : 1))
         CHECK_GE(o.g.most, 2);
       else
         CHECK_EQ(o.g.most, 1);
@@ -1001,8 +1001,13 @@ static void small_writes(const size_t *sizes, const int *deep, int n) {
   rm_tree(parent);
 }
 
+static void small_writes(const size_t *sizes, const int *deep, int n) {
+  small_io(sizes, deep, NULL, n);
+}
+
 TEST_CASE(small_buffers_go_to_the_file_several_requests_deep) {
   unsetenv("DMEM_DISK_WRITE_PIECE");
+  unsetenv("DMEM_DISK_READ_PIECE");
   const size_t sizes[3] = {MiB, 2 * MiB, 8 * MiB};
   const int deep[3] = {0, 1, 1};
   small_writes(sizes, deep, 3);
@@ -1020,6 +1025,16 @@ TEST_CASE(write_piece_knob_sets_the_pieces) {
   const int deep_b[1] = {0};
   small_writes(b, deep_b, 1);
   unsetenv("DMEM_DISK_WRITE_PIECE");
+}
+
+/* DMEM_DISK_READ_PIECE (testing only) likewise for reads: 8M reads an
+ * 8 MiB buffer back whole, in one request from the calling thread. */
+TEST_CASE(read_piece_knob_sets_the_pieces) {
+  setenv("DMEM_DISK_READ_PIECE", "8M", 1);
+  const size_t b[1] = {8 * MiB};
+  const int deep_w[1] = {1}, deep_r[1] = {0};
+  small_io(b, deep_w, deep_r, 1);
+  unsetenv("DMEM_DISK_READ_PIECE");
 }
 
 /* An extent starts at a multiple of its length's largest power of two, up

@@ -125,6 +125,7 @@ struct dmem__disk {
   _Atomic uint64_t io_end_ns;
   _Atomic uint64_t quiet_ns; /* DISK_QUIET_NS; tests change it */
   size_t write_piece_min;    /* DISK_WRITE_PIECE_MIN, or DMEM_DISK_WRITE_PIECE */
+  size_t read_piece_min;     /* DISK_READ_PIECE_MIN, or DMEM_DISK_READ_PIECE */
 };
 
 /* ---- the test hook ----------------------------------------------------------------- */
@@ -198,20 +199,20 @@ static int open_file(dmem__disk_t *d) {
   return 0;
 }
 
-/* DMEM_DISK_WRITE_PIECE (testing only: a power of two from 4 KiB to
- * DISK_CHUNK, with an optional K or M): the smallest piece a write is cut
- * in (job_piece); DISK_CHUNK writes a buffer of up to one chunk in one
- * request from the calling thread. Anything else: DISK_WRITE_PIECE_MIN. So
- * that one binary on the GPU machine's disk compares the two. */
-static size_t write_piece_min(void) {
-  const char *s = getenv("DMEM_DISK_WRITE_PIECE");
-  if (!s || !*s) return DISK_WRITE_PIECE_MIN;
+/* DMEM_DISK_WRITE_PIECE, DMEM_DISK_READ_PIECE (testing only: a power of
+ * two from 4 KiB to DISK_CHUNK, with an optional K or M): the smallest
+ * piece a write (read) is cut in (job_piece); DISK_CHUNK moves a buffer of
+ * up to one chunk in one request from the calling thread. Anything else:
+ * the default, dflt. So that one binary on the GPU machine's disk
+ * compares them. */
+static size_t piece_min(const char *name, size_t dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
   char *end = NULL;
   unsigned long long v = strtoull(s, &end, 10);
   if (end && (*end == 'K' || *end == 'k')) v <<= 10, end++;
   else if (end && (*end == 'M' || *end == 'm')) v <<= 20, end++;
-  if (!end || *end || v < DISK_ALIGN || v > DISK_CHUNK || (v & (v - 1)))
-    return DISK_WRITE_PIECE_MIN;
+  if (!end || *end || v < DISK_ALIGN || v > DISK_CHUNK || (v & (v - 1))) return dflt;
   return (size_t)v;
 }
 
@@ -223,7 +224,8 @@ dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t
   d->fd = -1;
   d->io = io;
   dmem_atomic_store_relaxed(&d->quiet_ns, DISK_QUIET_NS);
-  d->write_piece_min = write_piece_min();
+  d->write_piece_min = piece_min("DMEM_DISK_WRITE_PIECE", DISK_WRITE_PIECE_MIN);
+  d->read_piece_min = piece_min("DMEM_DISK_READ_PIECE", DISK_READ_PIECE_MIN);
   /* DMEM_DISK_FALLOCATE=off (testing only): reserve no blocks ahead of a
    * write, as on a filesystem without fallocate (writes into unwritten
    * extents cost the filesystem a conversion each; this tells that cost
@@ -827,7 +829,7 @@ static void helper_run(dmem__io_task_t *t) {
  * fallocate of its own and sat 4 KiB off a 1 MiB boundary; with the file's
  * tail reserved ahead and extents aligned, 0.95 against 0.80 in 4 pieces. */
 static size_t job_piece(const dmem__disk_t *d, size_t n, bool helpers, bool write) {
-  size_t p = write ? d->write_piece_min : DISK_READ_PIECE_MIN;
+  size_t p = write ? d->write_piece_min : d->read_piece_min;
   if (!helpers) return DISK_CHUNK;
   while (p < DISK_CHUNK && (n + p - 1) / p > 1 + DMEM__IO_THREADS) p *= 2;
   return p;

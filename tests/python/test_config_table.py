@@ -24,7 +24,8 @@ ROWS = dmem._dmem._config_options()
 # simulated link, for tests and bench_policy), and by the disk tier (testing
 # knobs for the GPU machine's disk).
 NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC", "DMEM_HOST_COPY_GBPS",
-               "DMEM_DISK_WRITE_PIECE", "DMEM_DISK_FALLOCATE"}
+               "DMEM_DISK_WRITE_PIECE", "DMEM_DISK_FALLOCATE",
+               "DMEM_DISK_READ_PIECE"}
 
 
 def readme_variables():
