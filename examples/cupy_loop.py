@@ -221,11 +221,15 @@ def main():
             print("cupy_loop: process memory %.2f GiB anonymous, %.2f GiB of it in huge pages"
                   % huge)
         print("cupy_loop: passes %s s; a lock's median %.2f ms, slowest %.2f ms (pass %d, buffer "
-              "%d); pinned pool grew %d times, pageable blocks %d"
+              "%d); pinned pool grew %d times (%d by its thread), pageable blocks %d"
               % (" ".join("%.3f" % sum(steps[k * nbuf:(k + 1) * nbuf]) for k in range(a.passes)),
                  per[len(per) // 2] * 1e3, steps[worst] * 1e3, worst // nbuf + 1, worst % nbuf,
                  s1["host_pool_grows"] - s0["host_pool_grows"],
+                 s1["host_pool_background_grows"] - s0["host_pool_background_grows"],
                  s1["host_pageable_allocs"] - s0["host_pageable_allocs"]))
+        print("cupy_loop: pinned pool held %.2f GiB (%.2f free) before the loop, %.2f GiB after"
+              % (s0["host_pool_reserved"] / 2**30, s0["host_pool_free"] / 2**30,
+                 s1["host_pool_reserved"] / 2**30))
         print("cupy_loop: minimum %.2f GiB out, %.2f GiB in (Belady MIN: %d loads with room for "
               "%d of %d buffers); dmem moved %.2fx the minimum"
               % (min_out / 2**30, min_in / 2**30, loads, slots, nbuf, moved_over_min))
