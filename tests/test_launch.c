@@ -624,6 +624,129 @@ TEST_CASE(finished_release_seen_by_buffer_info) { finished_release_seen_by(TELL_
 TEST_CASE(finished_release_seen_by_stats) { finished_release_seen_by(TELL_STATS); }
 TEST_CASE(finished_release_seen_by_free) { finished_release_seen_by(TELL_FREE); }
 
+/* Another thread's poll that has taken a finished release (from the list
+ * of recorded events, or an idle stream's open group) has dropped its
+ * locks by the time it lets go of the list or the record: the stream's
+ * owner, synchronising meanwhile, finds nothing left to unlock and must
+ * still see the buffer unlocked. Before, such a poll dropped the locks
+ * after, with no lock held: python.threads once saw a lock count of 1
+ * right after dmem_sync_and_unlock. The hook holds the other poll there
+ * (the first poll that takes something: this test's other thread). */
+typedef struct {
+  gate_t gate;
+  atomic_int held;
+} poll_hold_t;
+
+static void hold_first_poll(void *user) {
+  poll_hold_t *h = user;
+  int was = 0;
+  if (atomic_compare_exchange_strong(&h->held, &was, 1)) gate_wait(&h->gate);
+}
+
+static void *poll_thread(void *rt) {
+  (void)dmem_runtime_poll(rt);
+  return NULL;
+}
+
+static void batch_held_by_another_poll(bool group, tell_t how) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  if (group) rt->release_gap_ns = rt->release_age_ns = 3600ull * 1000000000u;
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a, z;
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
+  if (group) { /* the stream's first release records an event: then the group */
+    REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
+    REQUIRE_OK(dmem_stream_release(rt, s));
+  }
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r)); /* busy till the gate opens */
+  REQUIRE_OK(dmem_stream_release(rt, s));
+  REQUIRE_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), group ? 1 : 0);
+  CHECK_EQ(lock_count(rt, a), 1);
+  gate_open(&g);
+  while (rt->be->stream_query(rt->be, s) == DMEM_ERR_BUSY) usleep(100);
+  poll_hold_t h = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}, 0};
+  dmem__pending_hook_set(hold_first_poll, &h);
+  pthread_t t;
+  REQUIRE_EQ(pthread_create(&t, NULL, poll_thread, rt), 0);
+  while (!atomic_load(&h.held)) usleep(100);
+  /* the other poll holds a's release, taken */
+  CHECK_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), 0);
+  if (how == TELL_SYNC_UNLOCK)
+    CHECK_OK(dmem_sync_and_unlock(rt, s));
+  else
+    CHECK_OK(dmem_stream_synchronize(rt, s));
+  CHECK_EQ(lock_count(rt, a), 0);
+  CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
+  gate_open(&h.gate);
+  pthread_join(t, NULL);
+  dmem__pending_hook_set(NULL, NULL);
+  CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+  CHECK_OK(dmem_buffer_free(rt, a));
+  CHECK_OK(dmem_buffer_free(rt, z));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(release_taken_by_another_poll_seen_by_sync_and_unlock) {
+  batch_held_by_another_poll(false, TELL_SYNC_UNLOCK);
+}
+TEST_CASE(release_taken_by_another_poll_seen_by_stream_synchronize) {
+  batch_held_by_another_poll(false, TELL_SYNC);
+}
+TEST_CASE(group_taken_by_another_poll_seen_by_sync_and_unlock) {
+  batch_held_by_another_poll(true, TELL_SYNC_UNLOCK);
+}
+TEST_CASE(group_taken_by_another_poll_seen_by_stream_synchronize) {
+  batch_held_by_another_poll(true, TELL_SYNC);
+}
+
+/* A buffer freed while a release still holds it is reclaimed by the poll
+ * that finds the release finished (its lock dropped under the poll's lock,
+ * the reclaim after it): from the list of recorded events, or from an
+ * idle stream's open group. */
+static void freed_while_released(bool group) {
+  dmem_runtime_t *rt = check_runtime(4 * MiB);
+  if (group) rt->release_gap_ns = rt->release_age_ns = 3600ull * 1000000000u;
+  dmem_stream_t s;
+  REQUIRE_OK(dmem_stream_create(rt, &s));
+  dmem_handle_t a, z;
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
+  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
+  if (group) {
+    REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
+    REQUIRE_OK(dmem_stream_release(rt, s));
+  }
+  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  launch_rec_t r = {0};
+  r.rt = rt;
+  r.ptrs[7] = &g;
+  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
+  REQUIRE_OK(dmem_stream_release(rt, s));
+  CHECK_OK(dmem_buffer_free(rt, a)); /* locked: reclaimed by the last unlock */
+  dmem_stats_t st;
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.buffer_count, 2);
+  gate_open(&g);
+  while (rt->be->stream_query(rt->be, s) == DMEM_ERR_BUSY) usleep(100);
+  CHECK_OK(dmem_runtime_poll(rt));
+  CHECK_OK(dmem_stats(rt, &st));
+  CHECK_UEQ(st.buffer_count, 1);
+  CHECK_UEQ(st.device_used, MiB);
+  CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
+  CHECK_OK(dmem_buffer_free(rt, z));
+  CHECK_OK(dmem_stream_destroy(rt, s));
+  dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(release_of_freed_buffer_reclaims_it_when_polled) { freed_while_released(false); }
+TEST_CASE(group_of_freed_buffer_reclaims_it_when_polled) { freed_while_released(true); }
+
 TEST_CASE(allocation_waits_for_pending_release) {
   /* Memory is full of buffers locked by a running "kernel" whose stream was
    * released: the allocation waits for it rather than failing. The gate

@@ -67,6 +67,41 @@ static void unlock_entries(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
   for (size_t i = 0; i < n; i++) (void)dmem__unlock_buffer(rt, v[i].b, v[i].h);
 }
 
+/* A poll's batch in two halves. First, under the lock through which the
+ * batch left the list or record (pending_mu, a record's lock), one lock
+ * of each entry is dropped: whoever takes that lock next sees the
+ * buffers unlocked (dmem_sync_and_unlock, dmem_buffer_info: a poll that
+ * finds the list empty because another thread's poll took the batch must
+ * not return before the counts are down; the python.threads test once
+ * saw a lock count of 1 right after dmem_sync_and_unlock). An entry whose
+ * buffer was freed while locked keeps b, its h replaced by the word to
+ * reclaim with; the others' b becomes NULL. Then, with no lock held
+ * (a tier's drop may call the controller), the reclaims. */
+static void unlock_counts(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t w;
+    (void)dmem__unlock_count(rt, v[i].b, v[i].h, &w);
+    if (w)
+      v[i].h = (dmem_handle_t)w;
+    else
+      v[i].b = NULL;
+  }
+}
+
+static _Atomic(dmem__pending_hook_fn) pending_hook;
+static void *_Atomic pending_hook_user;
+
+void dmem__pending_hook_set(dmem__pending_hook_fn fn, void *user) {
+  dmem_atomic_store_relaxed(&pending_hook_user, user);
+  /* release: publishes user; partner is the acquire in poll_events */
+  dmem_atomic_store_release(&pending_hook, fn);
+}
+
+static void reclaim_rest(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (v[i].b) dmem__reclaim(rt, v[i].b, (uint64_t)v[i].h);
+}
+
 dmem_status_t dmem__pending_add(dmem_runtime_t *rt, void *event, dmem__reg_entry_t *v,
                                 size_t n) {
   dmem__pending_t *p = malloc(sizeof *p);
@@ -233,7 +268,7 @@ typedef struct lost_group {
   void *stream;
   dmem__reg_entry_t *v;
   size_t n;
-  bool idle;
+  bool idle; /* unlock_counts ran under the record's lock: reclaims are left */
 } lost_group_t;
 
 /* Unlock what `lost` holds: unless its stream was idle, after waiting for
@@ -243,9 +278,13 @@ static size_t lost_unlock(dmem_runtime_t *rt, lost_group_t *lost) {
   while (lost) {
     lost_group_t *g = lost;
     lost = g->next;
-    if (!g->idle && dmem_atomic_load_relaxed(&rt->fatal) == DMEM__LIVE)
-      (void)rt->be->stream_synchronize(rt->be, g->stream);
-    unlock_entries(rt, g->v, g->n);
+    if (g->idle) {
+      reclaim_rest(rt, g->v, g->n);
+    } else {
+      if (dmem_atomic_load_relaxed(&rt->fatal) == DMEM__LIVE)
+        (void)rt->be->stream_synchronize(rt->be, g->stream);
+      unlock_entries(rt, g->v, g->n);
+    }
     free(g->v);
     free(g);
     npending_done(rt);
@@ -288,6 +327,7 @@ static void record_open_groups(dmem_runtime_t *rt, bool force, lost_group_t **lo
     if (g && group_detach(rt, s, &g->v, &g->n)) {
       g->stream = key_stream(key);
       g->idle = idle;
+      if (idle) unlock_counts(rt, g->v, g->n);
       g->next = *lost;
       *lost = g;
     } else {
@@ -316,13 +356,19 @@ static size_t poll_events(dmem_runtime_t *rt, bool wait_all, bool record) {
     *pp = p->next;
     p->next = done;
     done = p;
+    unlock_counts(rt, p->v, p->n);
   }
   dmem__mutex_unlock(&rt->pending_mu, DMEM__RANK_PENDING);
+  if (done || lost) {
+    /* acquire: partner is dmem__pending_hook_set's release */
+    dmem__pending_hook_fn hook = dmem_atomic_load_acquire(&pending_hook);
+    if (__builtin_expect(hook != NULL, 0)) hook(dmem_atomic_load_relaxed(&pending_hook_user));
+  }
   size_t count = lost_unlock(rt, lost);
   while (done) {
     dmem__pending_t *p = done;
     done = p->next;
-    unlock_entries(rt, p->v, p->n);
+    reclaim_rest(rt, p->v, p->n);
     dmem__event_put(rt, p->event);
     free(p->v);
     free(p);

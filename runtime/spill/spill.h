@@ -299,6 +299,13 @@ uint64_t dmem__move_end(dmem_runtime_t *rt, dmem__buffer_t *b, dmem__transit_exi
 /* Drop one lock of h; the last unlock of a freed buffer reclaims it.
  * DMEM_ERR_STALE_HANDLE, DMEM_ERR_NOT_LOCKED. */
 dmem_status_t dmem__unlock_buffer(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h);
+/* dmem__unlock_buffer without the reclaim: when the lock dropped was the
+ * last of a freed buffer, *reclaim_w_out is the new word and the caller
+ * must call dmem__reclaim(rt, b, *reclaim_w_out) (with no lock held that
+ * a tier's drop may need); else it is 0. So that a poll can make a batch's
+ * unlocks visible under its lock and reclaim after it (spill/pending.c). */
+dmem_status_t dmem__unlock_count(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h,
+                                 uint64_t *reclaim_w_out);
 
 /* ---- copies in flight (staging.c) ----------------------------------------------- */
 
@@ -368,6 +375,12 @@ size_t dmem__pending_poll(dmem_runtime_t *rt, bool wait_all);
 /* As dmem__pending_poll(rt, false) without recording: only the events
  * recorded already (dmem_stream_release's own look). */
 size_t dmem__pending_poll_recorded(dmem_runtime_t *rt);
+/* Test hook (internal; tests only): called by a poll that took finished
+ * releases, once their locks are dropped and before their reclaims, with
+ * no lock held, so that a test can hold a poll there. fn NULL removes it.
+ * Process-wide. */
+typedef void (*dmem__pending_hook_fn)(void *user);
+void dmem__pending_hook_set(dmem__pending_hook_fn fn, void *user);
 /* A synchronisation of `stream` covers its open group: take it before the
  * synchronisation begins, and with_registered, the launches registered on
  * the stream's record too (dmem_sync_and_unlock), as one array from malloc
