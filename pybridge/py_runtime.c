@@ -507,7 +507,7 @@ static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
   PyObject *dir = PyUnicode_DecodeFSDefault(info.spill_dir);
   if (!dir) return NULL;
   PyObject *d = Py_BuildValue(
-      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N,s:n,s:s}", "backend",
+      "{s:s,s:s,s:i,s:s,s:n,s:n,s:n,s:n,s:O,s:I,s:N,s:n,s:s,s:s}", "backend",
       info.backend == DMEM_BACKEND_CUDA ? "cuda" : "host", "backend_reason", info.backend_reason,
       "device", info.device, "log_level",
       (unsigned)info.log_level <= 4u ? pyd_log_names[info.log_level] : "?", "device_capacity",
@@ -516,7 +516,8 @@ static PyObject *pyd_runtime_info(pyd_runtime_t *self, PyObject *unused) {
       (Py_ssize_t)info.host_limit, "print_stats", info.print_stats ? Py_True : Py_False,
       "stats_interval_s", info.stats_interval_s, "spill_dir", dir, "host_headroom",
       (Py_ssize_t)info.host_headroom, "eviction_policy",
-      info.eviction_policy == DMEM_EVICTION_LRU ? "lru" : "reuse");
+      info.eviction_policy == DMEM_EVICTION_LRU ? "lru" : "reuse", "spill_ahead_trigger",
+      info.spill_ahead_trigger == DMEM_SPILL_AHEAD_ALWAYS ? "always" : "demand");
   return d;
 }
 
@@ -733,7 +734,8 @@ static PyMethodDef pyd_runtime_methods[] = {
     {"info", (PyCFunction)pyd_runtime_info, METH_NOARGS,
      "info() -> dict: dmem_runtime_info: backend, backend_reason, device, log_level,\n"
      "device_capacity, device_limit (in effect), device_limit_asked, host_limit,\n"
-     "print_stats, stats_interval_s, spill_dir, host_headroom, eviction_policy."},
+     "print_stats, stats_interval_s, spill_dir, host_headroom, eviction_policy,\n"
+     "spill_ahead_trigger ('demand' or 'always')."},
     {"device_malloc", (PyCFunction)(void (*)(void))pyd_runtime_device_malloc,
      METH_VARARGS | METH_KEYWORDS,
      "device_malloc(nbytes, stream=None, *, dedicated=False) -> DeviceMemory\n\n"

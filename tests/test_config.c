@@ -620,6 +620,31 @@ TEST_CASE(env_spill_ahead_marks) {
   clear_env();
 }
 
+/* dmem_runtime_info reports the spill-ahead trigger in effect: demand by
+ * default, always from DMEM_SPILL_AHEAD_TRIGGER or the config. */
+TEST_CASE(runtime_info_reports_the_spill_ahead_trigger) {
+  dmem_runtime_t *rt = NULL;
+  dmem_runtime_info_t info;
+  info.struct_size = sizeof info;
+  REQUIRE_OK(create_with_env("DMEM_SPILL_AHEAD", "80%", &rt));
+  CHECK_OK(dmem_runtime_info(rt, &info));
+  CHECK_EQ(info.spill_ahead_trigger, DMEM_SPILL_AHEAD_DEMAND);
+  dmem_runtime_destroy(rt);
+  REQUIRE_OK(create_with_env("DMEM_SPILL_AHEAD_TRIGGER", "always", &rt));
+  CHECK_OK(dmem_runtime_info(rt, &info));
+  CHECK_EQ(info.spill_ahead_trigger, DMEM_SPILL_AHEAD_ALWAYS);
+  dmem_runtime_destroy(rt);
+  clear_env();
+  dmem_config_t cfg;
+  dmem_config_init(&cfg);
+  cfg.backend = DMEM_BACKEND_HOST;
+  cfg.spill_ahead_trigger = DMEM_SPILL_AHEAD_ALWAYS;
+  REQUIRE_OK(dmem_runtime_create(&cfg, &rt));
+  CHECK_OK(dmem_runtime_info(rt, &info));
+  CHECK_EQ(info.spill_ahead_trigger, DMEM_SPILL_AHEAD_ALWAYS);
+  dmem_runtime_destroy(rt);
+}
+
 /* device_limit_fraction of a capacity near SIZE_MAX: f * capacity rounds
  * up to 2^64 as a double, and its conversion to size_t gave 0 (a limit of
  * 0: every allocation failed), the spill-ahead marks too. They saturate

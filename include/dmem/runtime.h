@@ -128,6 +128,10 @@ typedef struct dmem_runtime_info {
   /** The eviction policy in effect (DMEM_EVICTION_REUSE or
    *  DMEM_EVICTION_LRU; dmem_config_t.eviction_policy). */
   dmem_eviction_policy_t eviction_policy;
+  /** The spill-ahead thread's trigger in effect: DMEM_SPILL_AHEAD_DEMAND or
+   *  DMEM_SPILL_AHEAD_ALWAYS (dmem_config_t.spill_ahead_trigger); whether
+   *  the thread runs at all is dmem_stats_t.spill_ahead_high (0: off). */
+  int spill_ahead_trigger;
 } dmem_runtime_info_t;
 
 /**

@@ -16,7 +16,8 @@ from . import _dmem
 # option's field name.
 _INFO_KEYS = {"host_backend_capacity": "device_capacity"}
 _INFO = {"backend", "device", "device_limit", "host_limit", "spill_dir", "eviction_policy",
-         "log_level", "print_stats", "host_headroom", "device_capacity", "spill_ahead"}
+         "log_level", "print_stats", "host_headroom", "device_capacity", "spill_ahead",
+         "spill_ahead_trigger"}
 # Variables that are no option of a runtime: (variable, what it sets).
 _OTHERS = [("DMEM_TRACE", "trace file"), ("DMEM_FAULT_INJECT", "fault injection (testing)")]
 

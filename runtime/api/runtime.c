@@ -467,6 +467,7 @@ dmem_status_t dmem_runtime_info(const dmem_runtime_t *rt, dmem_runtime_info_t *i
   info.print_stats = rt->cfg.print_stats;
   info.host_headroom = rt->cfg.host_headroom;
   info.eviction_policy = rt->pol_lru ? DMEM_EVICTION_LRU : DMEM_EVICTION_REUSE;
+  info.spill_ahead_trigger = rt->ahead_demand ? DMEM_SPILL_AHEAD_DEMAND : DMEM_SPILL_AHEAD_ALWAYS;
   snprintf(info.backend_reason, sizeof info.backend_reason, "%s", rt->backend_reason);
   snprintf(info.spill_dir, sizeof info.spill_dir, "%s", spill_parent(rt->cfg.spill_dir));
   memcpy(info_out, &info, n < sizeof info ? n : sizeof info);

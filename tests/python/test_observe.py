@@ -216,6 +216,15 @@ def test_python_m_dmem():
     line = next(l for l in r.stdout.splitlines() if l.startswith("  spill-ahead"))
     assert "on: above 80% of the limit, down to 50%" in line
     assert "environment (DMEM_SPILL_AHEAD=80%,50%)" in line
+    # and the trigger in effect (dmem_runtime_info)
+    trigger = next(l for l in r.stdout.splitlines() if l.startswith("  spill-ahead trigger"))
+    assert trigger.split()[2] == "demand" and trigger.rstrip().endswith("default"), trigger
+    r = _python_m_dmem({"DMEM_BACKEND": "host", "DMEM_SPILL_AHEAD_TRIGGER": "always",
+                        "DMEM_HOST_CAPACITY": "64Mi"})
+    assert r.returncode == 0, r.stderr
+    trigger = next(l for l in r.stdout.splitlines() if l.startswith("  spill-ahead trigger"))
+    assert trigger.split()[2] == "always", trigger
+    assert "environment (DMEM_SPILL_AHEAD_TRIGGER=always)" in trigger
     # auto: the reason names what CUDA said (or the device)
     r = _python_m_dmem({"DMEM_HOST_CAPACITY": "64Mi"})
     assert r.returncode == 0, r.stderr

@@ -374,6 +374,7 @@ def test_spill_ahead_keywords_set_the_marks_and_the_trigger(spill_dir, monkeypat
                 time.sleep(0.01)
             time.sleep(0.15)
             evictions[trigger] = rt.stats()["ahead_evictions"]
+            assert rt.info()["spill_ahead_trigger"] == trigger
             for i, b in enumerate(bufs):
                 assert bytes(b.peek(16)) == bytes([i]) * 16
                 b.free()
