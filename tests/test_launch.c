@@ -624,6 +624,51 @@ TEST_CASE(finished_release_seen_by_buffer_info) { finished_release_seen_by(TELL_
 TEST_CASE(finished_release_seen_by_stats) { finished_release_seen_by(TELL_STATS); }
 TEST_CASE(finished_release_seen_by_free) { finished_release_seen_by(TELL_FREE); }
 
+/* A stream whose buffer a is locked by a launch behind a shut gate, and
+ * released: in the stream's open group (group: the stream's first release,
+ * of z's launch, recorded an event of its own and is done), or with an
+ * event of its own. gated_end opens nothing: the caller opens t->g. */
+typedef struct {
+  dmem_runtime_t *rt;
+  dmem_stream_t s;
+  dmem_handle_t a, z;
+  gate_t g;
+  launch_rec_t r;
+} gated_t;
+
+static void gated_release(gated_t *t, bool group) {
+  t->rt = check_runtime(4 * MiB);
+  if (group) t->rt->release_gap_ns = t->rt->release_age_ns = 3600ull * 1000000000u;
+  REQUIRE_OK(dmem_stream_create(t->rt, &t->s));
+  REQUIRE_OK(dmem_buffer_alloc(t->rt, MiB, 0, &t->a));
+  REQUIRE_OK(dmem_buffer_alloc(t->rt, MiB, 0, &t->z));
+  if (group) {
+    REQUIRE_OK(dmem_launch_async(t->rt, t->s, &t->z, 1, noop_fn, NULL));
+    REQUIRE_OK(dmem_stream_release(t->rt, t->s));
+  }
+  pthread_mutex_init(&t->g.mu, NULL);
+  pthread_cond_init(&t->g.cv, NULL);
+  t->g.open = 0;
+  memset(&t->r, 0, sizeof t->r);
+  t->r.rt = t->rt;
+  t->r.ptrs[7] = &t->g;
+  REQUIRE_OK(dmem_launch_async(t->rt, t->s, &t->a, 1, enqueue_gate, &t->r));
+  REQUIRE_OK(dmem_stream_release(t->rt, t->s));
+}
+
+/* Open the gate and wait until the stream has run everything (the
+ * backend's own look, not a dmem call). */
+static void gated_run(gated_t *t) {
+  gate_open(&t->g);
+  while (t->rt->be->stream_query(t->rt->be, t->s) == DMEM_ERR_BUSY) usleep(100);
+}
+
+static void gated_end(gated_t *t) {
+  CHECK_OK(dmem_buffer_free(t->rt, t->z));
+  CHECK_OK(dmem_stream_destroy(t->rt, t->s));
+  dmem_runtime_destroy(t->rt);
+}
+
 /* Another thread's poll that has taken a finished release (from the list
  * of recorded events, or an idle stream's open group) has dropped its
  * locks by the time it lets go of the list or the record: the stream's
@@ -649,48 +694,31 @@ static void *poll_thread(void *rt) {
 }
 
 static void batch_held_by_another_poll(bool group, tell_t how) {
-  dmem_runtime_t *rt = check_runtime(4 * MiB);
-  if (group) rt->release_gap_ns = rt->release_age_ns = 3600ull * 1000000000u;
-  dmem_stream_t s;
-  REQUIRE_OK(dmem_stream_create(rt, &s));
-  dmem_handle_t a, z;
-  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
-  if (group) { /* the stream's first release records an event: then the group */
-    REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
-    REQUIRE_OK(dmem_stream_release(rt, s));
-  }
-  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-  launch_rec_t r = {0};
-  r.rt = rt;
-  r.ptrs[7] = &g;
-  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r)); /* busy till the gate opens */
-  REQUIRE_OK(dmem_stream_release(rt, s));
+  gated_t t;
+  gated_release(&t, group);
+  dmem_runtime_t *rt = t.rt;
   REQUIRE_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), group ? 1 : 0);
-  CHECK_EQ(lock_count(rt, a), 1);
-  gate_open(&g);
-  while (rt->be->stream_query(rt->be, s) == DMEM_ERR_BUSY) usleep(100);
+  CHECK_EQ(lock_count(rt, t.a), 1);
+  gated_run(&t);
   poll_hold_t h = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}, 0};
   dmem__pending_hook_set(hold_first_poll, &h);
-  pthread_t t;
-  REQUIRE_EQ(pthread_create(&t, NULL, poll_thread, rt), 0);
+  pthread_t th;
+  REQUIRE_EQ(pthread_create(&th, NULL, poll_thread, rt), 0);
   while (!atomic_load(&h.held)) usleep(100);
   /* the other poll holds a's release, taken */
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->ndeferred), 0);
   if (how == TELL_SYNC_UNLOCK)
-    CHECK_OK(dmem_sync_and_unlock(rt, s));
+    CHECK_OK(dmem_sync_and_unlock(rt, t.s));
   else
-    CHECK_OK(dmem_stream_synchronize(rt, s));
-  CHECK_EQ(lock_count(rt, a), 0);
-  CHECK_OK(dmem_buffer_spill(rt, a, DMEM_TIER_HOST)); /* not BUSY */
+    CHECK_OK(dmem_stream_synchronize(rt, t.s));
+  CHECK_EQ(lock_count(rt, t.a), 0);
+  CHECK_OK(dmem_buffer_spill(rt, t.a, DMEM_TIER_HOST)); /* not BUSY */
   gate_open(&h.gate);
-  pthread_join(t, NULL);
+  pthread_join(th, NULL);
   dmem__pending_hook_set(NULL, NULL);
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
-  CHECK_OK(dmem_buffer_free(rt, a));
-  CHECK_OK(dmem_buffer_free(rt, z));
-  CHECK_OK(dmem_stream_destroy(rt, s));
-  dmem_runtime_destroy(rt);
+  CHECK_OK(dmem_buffer_free(rt, t.a));
+  gated_end(&t);
 }
 
 TEST_CASE(release_taken_by_another_poll_seen_by_sync_and_unlock) {
@@ -711,37 +739,20 @@ TEST_CASE(group_taken_by_another_poll_seen_by_stream_synchronize) {
  * the reclaim after it): from the list of recorded events, or from an
  * idle stream's open group. */
 static void freed_while_released(bool group) {
-  dmem_runtime_t *rt = check_runtime(4 * MiB);
-  if (group) rt->release_gap_ns = rt->release_age_ns = 3600ull * 1000000000u;
-  dmem_stream_t s;
-  REQUIRE_OK(dmem_stream_create(rt, &s));
-  dmem_handle_t a, z;
-  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &a));
-  REQUIRE_OK(dmem_buffer_alloc(rt, MiB, 0, &z));
-  if (group) {
-    REQUIRE_OK(dmem_launch_async(rt, s, &z, 1, noop_fn, NULL));
-    REQUIRE_OK(dmem_stream_release(rt, s));
-  }
-  gate_t g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-  launch_rec_t r = {0};
-  r.rt = rt;
-  r.ptrs[7] = &g;
-  REQUIRE_OK(dmem_launch_async(rt, s, &a, 1, enqueue_gate, &r));
-  REQUIRE_OK(dmem_stream_release(rt, s));
-  CHECK_OK(dmem_buffer_free(rt, a)); /* locked: reclaimed by the last unlock */
+  gated_t t;
+  gated_release(&t, group);
+  dmem_runtime_t *rt = t.rt;
+  CHECK_OK(dmem_buffer_free(rt, t.a)); /* locked: reclaimed by the last unlock */
   dmem_stats_t st;
   CHECK_OK(dmem_stats(rt, &st));
   CHECK_UEQ(st.buffer_count, 2);
-  gate_open(&g);
-  while (rt->be->stream_query(rt->be, s) == DMEM_ERR_BUSY) usleep(100);
+  gated_run(&t);
   CHECK_OK(dmem_runtime_poll(rt));
   CHECK_OK(dmem_stats(rt, &st));
   CHECK_UEQ(st.buffer_count, 1);
   CHECK_UEQ(st.device_used, MiB);
   CHECK_UEQ(dmem_atomic_load_relaxed(&rt->npending), 0);
-  CHECK_OK(dmem_buffer_free(rt, z));
-  CHECK_OK(dmem_stream_destroy(rt, s));
-  dmem_runtime_destroy(rt);
+  gated_end(&t);
 }
 
 TEST_CASE(release_of_freed_buffer_reclaims_it_when_polled) { freed_while_released(false); }
