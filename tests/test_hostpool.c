@@ -613,6 +613,22 @@ TEST_CASE(headroom_paced_by_demand) {
   dmem__hostpool_destroy(p);
 }
 
+/* Wait until the background thread has settled: its grows and the free
+ * bytes unchanged for 200 ms (a loaded machine may start it late; up to
+ * 10 s). *out: the statistics then. */
+static void wait_settled(dmem__hostpool_t *p, dmem__hostpool_stats_t *out) {
+  struct timespec tick = {0, 50 * 1000 * 1000};
+  dmem__hostpool_stats_t prev = {0};
+  dmem__hostpool_stats(p, &prev);
+  for (int quiet = 0, waited = 0; quiet < 4 && waited < 200; waited++) {
+    nanosleep(&tick, NULL);
+    dmem__hostpool_stats(p, out);
+    quiet = out->background_grows == prev.background_grows && out->free == prev.free ? quiet + 1 : 0;
+    prev = *out;
+  }
+  dmem__hostpool_stats(p, out);
+}
+
 /* The headroom is net of frees: a loop that gives back as much as it takes
  * (a cyclic spill + unspill loop) drains nothing, and the thread adds no
  * chunk for it however fast it runs (the gross rate, 1 MiB a millisecond
@@ -631,20 +647,13 @@ TEST_CASE(headroom_net_of_frees) {
   REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)4 << 20, &spare), DMEM_OK);
   dmem__hostpool_free(p, spare);
   /* the first blocks' demand is forgotten after 200 ms, and the thread's
-   * growth for them done: no growth for 100 ms (on a loaded machine one
-   * came after the 300 ms once, and counted as the loop's) */
-  struct timespec settle = {0, 300 * 1000 * 1000}, tick = {0, 1000 * 1000},
-                  still = {0, 100 * 1000 * 1000};
+   * growth for them done (on a loaded machine one came after a fixed
+   * 300 ms once, and counted as the loop's) */
+  struct timespec settle = {0, 300 * 1000 * 1000}, tick = {0, 1000 * 1000};
   nanosleep(&settle, NULL);
   dmem__hostpool_stats_t s;
-  dmem__hostpool_stats(p, &s);
+  wait_settled(p, &s);
   uint64_t grows = s.grows;
-  for (int i = 0; i < 50; i++) {
-    nanosleep(&still, NULL);
-    dmem__hostpool_stats(p, &s);
-    if (s.grows == grows) break;
-    grows = s.grows;
-  }
   CHECK_GE(s.free, (size_t)4 << 20);
   /* 300 ms of taking one block and giving one back */
   for (int i = 0; i < 300; i++) {
@@ -719,18 +728,7 @@ static void small_headroom_burst(size_t headroom, dmem__hostpool_stats_t *out) {
   enum { N = 256 };
   void *v[N];
   for (int i = 0; i < N; i++) REQUIRE_EQ(dmem__hostpool_alloc(p, (size_t)60 << 10, &v[i]), DMEM_OK);
-  /* Settled: the background thread's grows stopped changing for 200 ms
-   * (a loaded machine may start it late; up to 10 s). */
-  struct timespec tick = {0, 50 * 1000 * 1000};
-  dmem__hostpool_stats_t prev = {0};
-  dmem__hostpool_stats(p, &prev);
-  for (int quiet = 0, waited = 0; quiet < 4 && waited < 200; waited++) {
-    nanosleep(&tick, NULL);
-    dmem__hostpool_stats(p, out);
-    quiet = out->background_grows == prev.background_grows && out->free == prev.free ? quiet + 1 : 0;
-    prev = *out;
-  }
-  dmem__hostpool_stats(p, out);
+  wait_settled(p, out);
   for (int i = 0; i < N; i++) dmem__hostpool_free(p, v[i]);
   dmem__hostpool_destroy(p);
 }
