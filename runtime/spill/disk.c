@@ -130,13 +130,29 @@ struct dmem__disk {
 
 /* ---- the test hook ----------------------------------------------------------------- */
 
-static _Atomic(dmem__disk_hook_fn) disk_hook;
-static void *_Atomic disk_hook_user;
+/* The hook and its user, read as one pair: a thread that read the hook
+ * just before a test removed or changed it still calls it with its own
+ * user (a separate user variable let a push-down thread call the old hook
+ * with the NULL user of its removal: asan in CI). A pair is rewritten
+ * only DISK_HOOK_SLOTS sets later. Sets come from one test thread. */
+#define DISK_HOOK_SLOTS 16
+typedef struct {
+  dmem__disk_hook_fn fn;
+  void *user;
+} disk_hook_t;
+static disk_hook_t disk_hooks[DISK_HOOK_SLOTS];
+static unsigned disk_hook_next;
+static _Atomic(disk_hook_t *) disk_hook;
 
 void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user) {
-  dmem_atomic_store_relaxed(&disk_hook_user, user);
-  /* release: publishes user; partner is the acquire in hook() */
-  dmem_atomic_store_release(&disk_hook, fn);
+  disk_hook_t *h = NULL;
+  if (fn) {
+    h = &disk_hooks[disk_hook_next++ % DISK_HOOK_SLOTS];
+    h->fn = fn;
+    h->user = user;
+  }
+  /* release: publishes the pair; partner is the acquire in hook() */
+  dmem_atomic_store_release(&disk_hook, h);
 }
 
 /* The fault injector's name for a disk operation (DIRECT is no failure:
@@ -159,9 +175,9 @@ static int hook(dmem__disk_op_t op, uint64_t off, size_t len) {
   dmem__fault_call_t call = fault_call(op);
   int e = call != DMEM__FAULT_ANY ? dmem__fault_errno(call) : 0;
   if (e != 0) return e;
-  dmem__disk_hook_fn fn = dmem_atomic_load_acquire(&disk_hook); /* partner: hook_set */
-  if (!fn) return 0;
-  return fn(dmem_atomic_load_relaxed(&disk_hook_user), op, off, len);
+  const disk_hook_t *h = dmem_atomic_load_acquire(&disk_hook); /* partner: hook_set */
+  if (!h) return 0;
+  return h->fn(h->user, op, off, len);
 }
 
 /* ---- the directory and the file ------------------------------------------------------- */

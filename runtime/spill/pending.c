@@ -88,13 +88,27 @@ static void unlock_counts(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
   }
 }
 
-static _Atomic(dmem__pending_hook_fn) pending_hook;
-static void *_Atomic pending_hook_user;
+/* The test hook and its user, read as one pair (as spill/disk.c's: a poll
+ * that read the hook just before a test removed it still calls it with
+ * its own user). Sets come from one test thread. */
+#define PENDING_HOOK_SLOTS 16
+typedef struct {
+  dmem__pending_hook_fn fn;
+  void *user;
+} pending_hook_t;
+static pending_hook_t pending_hooks[PENDING_HOOK_SLOTS];
+static unsigned pending_hook_next;
+static _Atomic(pending_hook_t *) pending_hook;
 
 void dmem__pending_hook_set(dmem__pending_hook_fn fn, void *user) {
-  dmem_atomic_store_relaxed(&pending_hook_user, user);
-  /* release: publishes user; partner is the acquire in poll_events */
-  dmem_atomic_store_release(&pending_hook, fn);
+  pending_hook_t *h = NULL;
+  if (fn) {
+    h = &pending_hooks[pending_hook_next++ % PENDING_HOOK_SLOTS];
+    h->fn = fn;
+    h->user = user;
+  }
+  /* release: publishes the pair; partner is the acquire in poll_events */
+  dmem_atomic_store_release(&pending_hook, h);
 }
 
 static void reclaim_rest(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
@@ -361,8 +375,8 @@ static size_t poll_events(dmem_runtime_t *rt, bool wait_all, bool record) {
   dmem__mutex_unlock(&rt->pending_mu, DMEM__RANK_PENDING);
   if (done || lost) {
     /* acquire: partner is dmem__pending_hook_set's release */
-    dmem__pending_hook_fn hook = dmem_atomic_load_acquire(&pending_hook);
-    if (__builtin_expect(hook != NULL, 0)) hook(dmem_atomic_load_relaxed(&pending_hook_user));
+    const pending_hook_t *hook = dmem_atomic_load_acquire(&pending_hook);
+    if (__builtin_expect(hook != NULL, 0)) hook->fn(hook->user);
   }
   size_t count = lost_unlock(rt, lost);
   while (done) {
