@@ -12,7 +12,7 @@ buffer back: the minimum is that many bytes each way.
 
     min_transfers(trace, slots)            -> loads, evictions (MIN)
     cyclic_trace(nbuf, passes)             -> the cupy_loop trace
-    prefetch_trace(nbuf, passes, depth)    -> the same, each prefetch an access
+    prefetch_trace(nbuf, passes, depth, wrap) -> the same, each prefetch an access
     link_bound_seconds(out, in, d2h, h2d, both) -> seconds at the link
 
 Pure Python, no CuPy: tests/python/test_linkbound.py checks it on the host.
@@ -69,15 +69,19 @@ def cyclic_trace(nbuf, passes):
     return [i for _ in range(passes) for i in range(nbuf)]
 
 
-def prefetch_trace(nbuf, passes, depth):
+def prefetch_trace(nbuf, passes, depth, wrap=True):
     """cupy_loop's trace with its prefetches honoured: before the use of
     buffer i, an access to each of the next `depth` (a prefetch brings the
     buffer in and keeps it until its use). MIN over it is the fewest loads
     of any schedule that honours every prefetch: with `slots` places it
     keeps about slots - depth - 1 buffers for the whole loop, where MIN
-    over the uses alone keeps slots - 1."""
-    return [b for _ in range(passes) for i in range(nbuf)
-            for b in [(i + k) % nbuf for k in range(1, depth + 1)] + [i]]
+    over the uses alone keeps slots - 1. `wrap`: the last pass prefetches
+    the next pass's first buffers too (a loop that goes on); False: no
+    prefetch past the loop's last use (cupy_loop's timed loop)."""
+    n = passes * nbuf
+    return [b for p in range(passes) for i in range(nbuf)
+            for b in [(i + k) % nbuf for k in range(1, depth + 1)
+                      if wrap or p * nbuf + i + k < n] + [i]]
 
 
 def link_bound_seconds(out_bytes, in_bytes, d2h_gbps, h2d_gbps, both_gbps):

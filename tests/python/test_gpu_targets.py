@@ -103,6 +103,12 @@ def test_cupy_loop_link_and_bytes():
                                                 "cupy_loop.moved_over_pf": 1.15}))
     assert v["cupy_loop link"].status == "MISSED"
     assert v["cupy_loop bytes"].status == "PASS"
+    # the median is judged; the first loop (the pinned pool's growth) is shown
+    v = by_name(gpu_targets.judge("cupy_loop", {"cupy_loop.ratio_moved": 0.97,
+                                                "cupy_loop.ratio_moved_first": 0.88,
+                                                "cupy_loop.moved_over_pf": 1.05}))
+    assert v["cupy_loop link"].status == "PASS"
+    assert "the first loop 0.88" in v["cupy_loop link"].detail
 
 
 def test_cublas_both_ratios():

@@ -67,6 +67,9 @@ def test_min_is_below_lru_on_the_cupy_loop():
 
 def test_prefetch_trace():
     assert linkbound.prefetch_trace(3, 1, 1) == [1, 0, 2, 1, 0, 2]
+    # no wrap: the last use is not preceded by a prefetch of the next pass
+    assert linkbound.prefetch_trace(3, 1, 1, wrap=False) == [1, 0, 2, 1, 2]
+    assert linkbound.prefetch_trace(3, 2, 1, wrap=False) == [1, 0, 2, 1, 0, 2, 1, 0, 2, 1, 2]
     assert linkbound.prefetch_trace(4, 1, 0) == linkbound.cyclic_trace(4, 1)
 
 
@@ -79,12 +82,17 @@ def test_prefetches_honoured_cost_about_depth_places():
     got = [linkbound.min_transfers(linkbound.prefetch_trace(32, 3, d), 16, resident=fill)[0]
            for d in (1, 2, 4)]
     assert got == [55, 59, 64]
+    # cupy_loop's timed loop prefetches nothing past its last lock
+    got = [linkbound.min_transfers(linkbound.prefetch_trace(32, 3, d, wrap=False), 16,
+                                   resident=fill)[0] for d in (1, 2, 4)]
+    assert got == [54, 57, 63]
 
 
 @pytest.mark.parametrize("nbuf,slots,passes,depth", [(4, 3, 2, 1), (5, 3, 2, 1), (6, 4, 2, 2)])
 def test_prefetch_min_matches_exhaustive_search(nbuf, slots, passes, depth):
-    trace = linkbound.prefetch_trace(nbuf, passes, depth)
-    assert linkbound.min_transfers(trace, slots)[0] == exhaustive_min_loads(trace, slots)
+    for wrap in (True, False):
+        trace = linkbound.prefetch_trace(nbuf, passes, depth, wrap=wrap)
+        assert linkbound.min_transfers(trace, slots)[0] == exhaustive_min_loads(trace, slots)
 
 
 def test_everything_fits_moves_nothing():
