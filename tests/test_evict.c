@@ -551,6 +551,8 @@ TEST_CASE(first_spills_from_many_threads) {
 #define SWAP_N 16    /* buffers, twice what the limit holds */
 #define SWAP_HOLD 8
 
+/* swap: 0 off (spill first), 1 on (trade places through the bounce), 2
+ * pieces (the victim's block taken, out and in piece by piece) */
 static dmem_runtime_t *swap_runtime(size_t size, int swap) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
@@ -558,7 +560,7 @@ static dmem_runtime_t *swap_runtime(size_t size, int swap) {
   if (!getenv("DMEM_SPILL_AHEAD")) cfg.spill_ahead = 0;
   cfg.device_limit = SWAP_HOLD * size;
   cfg.host_headroom = 0;
-  cfg.retrieve_swap = swap ? 0 : 1;
+  cfg.retrieve_swap = swap == 1 ? 0 : swap == 2 ? 2 : 1;
   return check_runtime_cfg(&cfg);
 }
 
@@ -613,10 +615,13 @@ static void swap_cycle(int swap, size_t size) {
   REQUIRE_OK(dmem_stats(rt, &s1));
   uint64_t retrieves = s1.unspill_count - s0.unspill_count;
   CHECK_GT(retrieves, SWAP_N); /* the policy keeps some resident; most come back */
-  if (swap) {
+  if (swap == 1) {
     CHECK_EQ(s1.swaps - s0.swaps, retrieves);
     CHECK_EQ(s1.host_pool_grows, s0.host_pool_grows);
     CHECK_LE(s1.host_pool_reserved, s0.host_pool_reserved);
+  } else if (swap == 2) {
+    /* every retrieve takes its victim's block, staging or not */
+    CHECK_EQ(s1.swaps - s0.swaps, retrieves);
   } else {
     CHECK_EQ(s1.swaps, 0);
     CHECK_GT(s1.host_pool_grows, s0.host_pool_grows); /* what the swap saves */
@@ -636,6 +641,19 @@ TEST_CASE(retrieve_swaps_places_and_pins_nothing) {
   swap_cycle(0, 6 * MiB + 4096);
   swap_cycle(1, 2000128);
   swap_cycle(1, 17 * MiB); /* pieces: two whole and a tail */
+}
+
+/* DMEM_RETRIEVE_SWAP=pieces: each retrieve into the full device takes its
+ * victim's block; the victim's bytes leave it and the retrieved ones come
+ * in piece by piece (DMEM_SWAP_PIECE, 1 MiB here: pieces, whole and a
+ * tail), every byte checked after every move. */
+TEST_CASE(retrieve_pieces_take_the_victims_block) {
+  setenv("DMEM_SWAP_PIECE", "1M", 1);
+  swap_cycle(2, 6 * MiB + 4096);
+  swap_cycle(2, 2000128);
+  swap_cycle(2, 64 << 10); /* smaller than one piece */
+  unsetenv("DMEM_SWAP_PIECE");
+  swap_cycle(2, 3 * MiB); /* the default piece: one */
 }
 
 /* Four threads each cycle through buffers of their own while the victims
@@ -671,8 +689,8 @@ static void *swapper_main(void *arg) {
   return NULL;
 }
 
-TEST_CASE(retrieve_swaps_race_locks_of_their_victims) {
-  dmem_runtime_t *rt = swap_runtime(MiB, 1); /* 8 MiB: a third of what the threads hold */
+static void swap_race(int swap) {
+  dmem_runtime_t *rt = swap_runtime(MiB, swap); /* 8 MiB: a third of what the threads hold */
   pthread_t t[SWAP_THREADS];
   swapper_t s[SWAP_THREADS];
   for (int i = 0; i < SWAP_THREADS; i++) {
@@ -690,6 +708,14 @@ TEST_CASE(retrieve_swaps_race_locks_of_their_victims) {
   CHECK_GT(st.swaps, 0);
   CHECK_EQ(st.device_used, 0);
   dmem_runtime_destroy(rt);
+}
+
+TEST_CASE(retrieve_swaps_race_locks_of_their_victims) { swap_race(1); }
+
+TEST_CASE(retrieve_pieces_race_locks_of_their_victims) {
+  setenv("DMEM_SWAP_PIECE", "256K", 1);
+  swap_race(2);
+  unsetenv("DMEM_SWAP_PIECE");
 }
 
 /* Right after a prefetch of n small buffers (all on the policy's window,

@@ -303,6 +303,10 @@ static void ctl_free_all(fx_t *f) {
 
 /* ---- setup helpers (no fault armed: failures abort) ------------------------------------ */
 
+/* dmem_config_t.retrieve_swap of the runtimes made: pieces (the default),
+ * or on (the swap case: the bounce's failure paths) */
+static int g_retrieve_swap = 2;
+
 static dmem_status_t create_runtime(fx_t *f, dmem_runtime_t **rt_out) {
   dmem_config_t cfg;
   dmem_config_init(&cfg);
@@ -311,7 +315,7 @@ static dmem_status_t create_runtime(fx_t *f, dmem_runtime_t **rt_out) {
   cfg.device_limit = f->limit;
   cfg.host_limit = f->host_limit;
   cfg.oom_wait_ms = 0; /* nothing runs in the background to wait for */
-  cfg.retrieve_swap = 0; /* on (off by default): its failure paths too */
+  cfg.retrieve_swap = g_retrieve_swap;
   cfg.log_level = DMEM_LOG_ERROR; /* warnings of injected failures are expected here */
   return dmem_runtime_create(&cfg, rt_out);
 }
@@ -1257,8 +1261,22 @@ TEST_CASE(evict_batch) {
 }
 
 TEST_CASE(swap) {
+  g_retrieve_swap = 0; /* on: through the device bounce */
   scenario_t sc = {"swap", LIMIT, 0, false, false, true, swap_setup, swap_run};
   run_scenario(&sc);
+  g_retrieve_swap = 2;
+}
+
+/* The same with DMEM_RETRIEVE_SWAP=pieces (the default): each retrieve
+ * takes its victim's block and the copies out and in run in 64 KiB pieces
+ * (eight a buffer). A failure while the copies out are enqueued leaves the
+ * victim resident; one while the copies in are, leaves it spilled (its
+ * copy out is whole) and the retrieved buffer where it was. */
+TEST_CASE(swap_pieces) {
+  setenv("DMEM_SWAP_PIECE", "64K", 1);
+  scenario_t sc = {"swap_pieces", LIMIT, 0, false, false, true, swap_setup, swap_run};
+  run_scenario(&sc);
+  unsetenv("DMEM_SWAP_PIECE");
 }
 
 TEST_CASE(launch) {

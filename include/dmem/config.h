@@ -263,9 +263,14 @@ typedef struct dmem_config {
    *  one victim of its size (spill/swap.c): the victim's bytes go into the
    *  retrieved buffer's pinned memory, through a small device bounce
    *  buffer, rather than into newly pinned memory. 0 (DMEM_RETRIEVE_SWAP
-   *  on) or 1 (off, the default: the victim is spilled first, as any
-   *  eviction). On, no retrieve pins memory anew; off, a loop bound by the
-   *  link ran 3-5 % faster on an H100 (examples/cupy_loop.py). Worth it
+   *  on), 1 (off: the victim is spilled first, as any eviction) or 2
+   *  (pieces, the default: the retrieve takes the victim's device block;
+   *  the victim's copy out, into pinned memory of its own as off, and the
+   *  retrieved buffer's copy in run piece by piece, each piece in once it
+   *  is out, so that both directions of the link start at once). On, no
+   *  retrieve pins memory anew, and a loop bound by the link ran 3-5 %
+   *  slower than off on an H100 (examples/cupy_loop.py); pieces ran its
+   *  passes 8 % faster than off (docs/benchmarks.md). On is worth it
    *  where pinned memory, not the link, is what runs short.
    *  DMEM_RETRIEVE_SWAP; no Python keyword. */
   int retrieve_swap;
@@ -380,7 +385,7 @@ typedef struct dmem_config {
     NULL, "statistics")                                                                         \
   X(host_staging, host_staging, size, 0, "DMEM_HOST_STAGING", "host_staging", 0, 0, NULL,       \
     "pinned staging")                                                                           \
-  X(retrieve_swap, retrieve_swap, choice, 1, "DMEM_RETRIEVE_SWAP", NULL, 0, 0, "on|off",        \
+  X(retrieve_swap, retrieve_swap, choice, 2, "DMEM_RETRIEVE_SWAP", NULL, 0, 0, "on|off|pieces", \
     "retrieve swap")                                                                            \
   X(spill_ahead, spill_ahead_low, ahead, DMEM_SPILL_AHEAD_DEFAULT, "DMEM_SPILL_AHEAD",          \
     "spill_ahead", 0, 0, NULL, "spill-ahead")                                                   \

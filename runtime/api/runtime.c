@@ -232,7 +232,9 @@ dmem_status_t dmem_runtime_create(const dmem_config_t *cfg_in, dmem_runtime_t **
   pthread_mutex_init(&rt->ahead_mu, NULL);
   pthread_cond_init(&rt->ahead_cv, NULL);
   pthread_mutex_init(&rt->swap_mu, NULL);
-  rt->swap_off = rt->cfg.retrieve_swap != 0;
+  rt->swap_off = rt->cfg.retrieve_swap == 1;
+  rt->swap_pieces = rt->cfg.retrieve_swap == 2;
+  rt->swap_piece = dmem__swap_piece_size();
   /* before the first thread starts: a fork from now on marks it */
   st = dmem__fork_track(rt);
   if (st != DMEM_OK) goto fail_mutexes;

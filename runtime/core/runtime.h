@@ -211,14 +211,16 @@ struct dmem_runtime {
   /* A retrieve's swap with a victim (spill/swap.c): the device bounce
    * buffer (two pieces of DMEM__SWAP_PIECE bytes, outside the limit, made
    * at the first swap) with its events, and the mutex that keeps one
-   * swap's copies through it together. swap_off:
-   * dmem_config_t.retrieve_swap. */
+   * swap's copies through it together. swap_off, swap_pieces:
+   * dmem_config_t.retrieve_swap (pieces: no bounce; swap.c). */
   pthread_mutex_t swap_mu;
   void *swap_bounce;
   _Atomic int swap_ready;     /* the bounce and its events are made */
   _Atomic int swap_no_bounce; /* the bounce could not be made: swaps stay off */
   void *swap_ev[4]; /* per half of the bounce: filled (0, 1), emptied (2, 3) */
   bool swap_off;
+  bool swap_pieces;
+  size_t swap_piece; /* a pieces swap's piece (dmem__swap_piece_size) */
   /* Buffers allocated without a stream (dmem_buffer_alloc) get pool blocks in this
    * stream's order; it carries nothing but the waits the pool enqueues. */
   void *order_stream;

@@ -75,6 +75,14 @@ static bool swap_take(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, pa
   dmem__swap_t *sw = ps->swap;
   if (!sw || sw->b || b == sw->self || dmem__bsize(b) != sw->size) return false;
   if (dmem__bflags(b) & (DMEM_BUFFER_STABLE_ADDRESS | DMEM_ALLOC_PINNED)) return false;
+  /* pieces: the victim's bytes go to the host tier as a spill's do; with
+   * that tier at its limit the victim spills the usual way (down the
+   * chain), rather than being taken and given back (swap.c: the host tier
+   * would refuse it, and a victim given back at every retrieve reorders
+   * the policy's lists) */
+  if (rt->swap_pieces && rt->host_limit &&
+      dmem_atomic_load_relaxed(&rt->host_used) + sw->size > rt->host_limit)
+    return false;
   /* acquire: partner is the release of the last mover / dmem_buffer_alloc */
   uint64_t w = dmem_atomic_load_acquire(&b->word);
   for (;;) {
@@ -86,9 +94,10 @@ static bool swap_take(dmem_runtime_t *rt, dmem__buffer_t *b, dmem_handle_t h, pa
     if (dmem__transit_take(b, &w, DMEM_STATE_SPILLING, 0)) break;
     dmem_atomic_sub_relaxed(&rt->spills_in_flight, 1);
   }
-  if (b->host) {
+  if (b->host && !rt->swap_pieces) {
     /* staging of its own (b->host is stable while we own TRANSIT): its
-     * spill reuses that and pins nothing; spilled the usual way */
+     * spill reuses that and pins nothing; spilled the usual way (a pieces
+     * swap spills into it too: swap.c) */
     dmem__move_end(rt, b, (dmem__transit_exit_t){.to = DMEM__TO(DMEM_STATE_RESIDENT)});
     dmem__move_finished(rt);
     return false;

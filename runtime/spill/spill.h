@@ -556,9 +556,10 @@ dmem_status_t dmem__evict(dmem_runtime_t *rt, size_t need, size_t contig,
                           dmem_status_t *first_error_out);
 /* A retrieve's offer to trade places (spill/swap.c): an on-demand pass
  * given one takes, instead of spilling it, the first victim it would spill
- * that has `size` bytes, an ordinary pool block and no staging of its own
- * (b->host NULL: a victim with staging spills into it, pinning nothing),
- * and is not `self`. Taken: b, h and w (the word after the take) are set,
+ * that has `size` bytes, an ordinary pool block and, in `on` mode, no
+ * staging of its own (b->host NULL: a victim with staging spills into it,
+ * pinning nothing; in pieces mode the swap spills into it), and is not
+ * `self`; in pieces mode, only while the host tier has room for it. Taken: b, h and w (the word after the take) are set,
  * the victim's TRANSIT is the caller's (state SPILLING), spills_in_flight
  * is raised for it, and the pass counts its bytes as freed. */
 typedef struct dmem__swap {
@@ -592,13 +593,23 @@ dmem_status_t dmem__pressure_retrieve(dmem_runtime_t *rt, size_t size, void *str
  * and its move is over. On failure both are as they were (copies already
  * made are swapped back) and the victim is resident again; statuses:
  * DMEM_ERR_HOST_OUT_OF_MEMORY (the host tier refused the victim's bytes),
- * backend errors. Needs dmem__swap_ready first. */
+ * backend errors. Pieces mode (rt->swap_pieces): the victim's bytes go
+ * into pinned memory of their own (its staging, else new) and r keeps
+ * r->host (staging once its copy is done, as any retrieve's); a failure
+ * while the copies out are enqueued leaves both as they were (HOST OOM:
+ * no staging, or the host tier refused), one while the copies in are
+ * leaves the victim spilled (DEFERRED_HOST, its copy complete), its block
+ * given back, and r as it was. Needs dmem__swap_ready first. */
 dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
                             dmem__swap_t *sw, void *after, void **dev_out);
 /* Whether retrieves may offer swaps: on (dmem_config_t.retrieve_swap), and
  * the device bounce buffer made (at the first call: when it cannot be,
- * swaps stay off for the runtime). Thread-safe. */
+ * swaps stay off for the runtime); pieces: always (no bounce). Thread-safe. */
 bool dmem__swap_ready(dmem_runtime_t *rt);
+/* The piece of a pieces swap (rt->swap_piece): 32 MiB, or DMEM_SWAP_PIECE
+ * (testing only: a power of two from 64K to 1G, with an optional K or M;
+ * anything else: the default). Read once, at runtime create. */
+size_t dmem__swap_piece_size(void);
 /* Give a taken swap victim back unswapped: resident again, its move over. */
 void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw);
 /* Device memory for size bytes in stream order on `stream`, spilling (and

@@ -1,5 +1,6 @@
 /*
- * spill/swap.c - a retrieve that trades places with its victim.
+ * spill/swap.c - a retrieve that trades places with its victim, or takes
+ * its victim's block piece by piece.
  *
  * A buffer brought back from the host tier into a full device needs one
  * victim spilled first. Spilled the usual way, the victim's bytes go into
@@ -38,9 +39,19 @@
  * A swap that fails part way (a backend error enqueueing a copy) swaps the
  * pieces already traded back (the three copies are their own inverse) and
  * leaves both buffers as they were; the caller then retrieves the usual way.
+ *
+ * That is DMEM_RETRIEVE_SWAP=on. The default, pieces, takes the victim the
+ * same way but trades no memory and needs no bounce: the victim's bytes go
+ * out into pinned memory of their own (its staging, else new staging) on
+ * the spill stream, and the returning buffer's come in from its own pinned
+ * copy on the unspill stream, piece by piece, each piece in once it is out
+ * (swap_in_pieces). Spilled first, the victim's whole copy would have to
+ * end before any byte came in: one direction of the link idle for a whole
+ * buffer's copy at each start of a loop's pipeline.
  */
 #include "spill/spill.h"
 #include "spill/summary.h"
+#include <stdlib.h>
 
 /* The size of each piece traded; the bounce buffer holds two. */
 #define DMEM__SWAP_PIECE ((size_t)8 << 20)
@@ -145,6 +156,7 @@ static dmem_status_t bounce_get(dmem_runtime_t *rt) {
 }
 
 bool dmem__swap_ready(dmem_runtime_t *rt) {
+  if (rt->swap_pieces) return true; /* no bounce buffer */
   if (rt->swap_off || dmem_atomic_load_acquire(&rt->swap_no_bounce)) return false;
   if (dmem_atomic_load_acquire(&rt->swap_ready)) return true; /* partner: the release below */
   dmem__mutex_lock(&rt->swap_mu, DMEM__RANK_SWAP);
@@ -171,6 +183,161 @@ void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw) {
   sw->b = NULL;
 }
 
+/* Commit a swap's victim: DEFERRED_HOST at v->host, its copy in flight
+ * until `ev` completes (NULL: the copies are done). No lock could cancel
+ * this spill (SPILL_COPY was never set before now: lockers waited for the
+ * move); a free may have come (FREED), which dmem__move_after completes
+ * as for any spill. The victim's move is over and sw->b cleared. */
+static void commit_victim(dmem_runtime_t *rt, dmem__swap_t *sw, void *ev, uint64_t t0) {
+  dmem__buffer_t *v = sw->b;
+  dmem_handle_t hv = sw->h;
+  size_t size = sw->size;
+  dmem_atomic_store_relaxed(&v->spill_event, ev);
+  /* acquire: partner is lockers' and freers' CAS */
+  uint64_t w = dmem_atomic_load_acquire(&v->word), nw;
+  do {
+    DMEM_ASSERT(dmem__w_state(w) == DMEM_STATE_SPILLING && (w & DMEM__F_TRANSIT) &&
+                dmem__w_count(w) == 0);
+    nw = (dmem__w_with_state(w, DMEM_STATE_DEFERRED_HOST) &
+          ~(DMEM__F_TRANSIT | DMEM__F_UNSPILL_COPY | DMEM__F_SPILL_COPY)) |
+         (ev ? DMEM__F_SPILL_COPY : 0);
+    /* release: publishes v->host and v->spill_event; partner is the next
+     * mover's acquire */
+  } while (!dmem_atomic_cas_acq_rel(&v->word, &w, nw));
+  DMEM_SCHED_POINT(); /* the next mover may own the victim from here */
+  dmem__spill_counted(v);
+  if (ev) dmem__staging_push(rt, v, hv); /* gives ev back once it completes */
+  dmem__move_after(rt, v, nw);
+  dmem__move_finished(rt);
+  sw->b = NULL;
+  dmem_atomic_add_relaxed(&rt->xs.swaps, 1);
+  if (DMEM__TRACE_ON())
+    dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_HOST, "spill (swap)", t0, dmem__now_ns() - t0,
+                      size, 1, hv);
+  dmem__stats_spill(rt, DMEM_TIER_HOST, size, dmem__now_ns() - t0);
+  if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_SPILL, hv, size, DMEM_TIER_HOST, 0);
+}
+
+/* ---- pieces (DMEM_RETRIEVE_SWAP=pieces): no bounce, no trade of memory --------------- */
+
+/* The size of each piece of a pieces swap: 32 MiB leaves the link one
+ * direction short for about 0.6 ms at its start (a whole 256 MiB victim
+ * spilled first: 5 ms on an H100), at four backend calls a piece. */
+#define DMEM__SWAP_PIECES_PIECE ((size_t)32 << 20)
+
+size_t dmem__swap_piece_size(void) {
+  const char *s = getenv("DMEM_SWAP_PIECE");
+  if (!s || !*s) return DMEM__SWAP_PIECES_PIECE;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end && (*end == 'K' || *end == 'k')) v <<= 10, end++;
+  else if (end && (*end == 'M' || *end == 'm')) v <<= 20, end++;
+  if (!end || *end || v < ((size_t)64 << 10) || v > ((size_t)1 << 30) || (v & (v - 1)))
+    return DMEM__SWAP_PIECES_PIECE;
+  return (size_t)v;
+}
+
+/* The most pieces a swap is cut in: larger buffers get larger pieces. */
+#define DMEM__SWAP_PIECES_MAX 64
+
+/* dmem__swap_in in pieces mode. The victim's bytes go into pinned memory
+ * of its own, as a spill's do: the staging its last retrieve left (b->host,
+ * charged to no tier), else new staging; the retrieved buffer keeps its
+ * pinned copy, which copy_back recycles as any retrieve's staging.
+ *
+ * Two phases, so that a failure never leaves bytes to put back: first
+ * every piece's copy out on the spill stream, each followed by an event of
+ * its own, then on the unspill stream each piece's wait for its event and
+ * its copy in (each piece comes in once it is out). A failure in the first
+ * phase leaves the victim resident, untouched (its pinned copy is thrown
+ * away); in the second, the victim's copy out is whole: the victim is
+ * committed as spilled, its device block goes back to the pool once the
+ * copies are done, and the retrieve fails with the retrieved buffer where
+ * it was. */
+static dmem_status_t swap_in_pieces(dmem_runtime_t *rt, dmem__buffer_t *r, dmem__swap_t *sw,
+                                    void *after, void **dev_out) {
+  dmem__buffer_t *v = sw->b;
+  dmem_handle_t hv = sw->h;
+  size_t size = sw->size;
+  char *dev = dmem__bdev(v);
+  const char *host = r->host;
+  void *cs = rt->unspill_stream, *ss = rt->spill_stream;
+  dmem__backend_t *be = rt->be;
+  void *ev = NULL, *pe[DMEM__SWAP_PIECES_MAX] = {NULL};
+  uint64_t t0 = dmem__now_ns();
+  DMEM_ASSERT(v && host && dmem__bsize(r) == size && dmem__bsize(v) == size);
+  size_t piece = rt->swap_piece;
+  if (piece < (size + DMEM__SWAP_PIECES_MAX - 1) / DMEM__SWAP_PIECES_MAX)
+    piece = (size + DMEM__SWAP_PIECES_MAX - 1) / DMEM__SWAP_PIECES_MAX;
+  size_t n = size ? (size + piece - 1) / piece : 0;
+
+  void *stage = v->host;
+  const bool reused = stage != NULL;
+  bool charged = false, out = false;
+  v->host = NULL;
+  dmem_status_t st = reused ? DMEM_OK : dmem__staging_alloc(rt, size, &stage);
+  /* the host tier takes the victim's bytes before any is copied */
+  if (st == DMEM_OK) {
+    st = dmem__tier_host.store(rt, v, hv, stage);
+    charged = st == DMEM_OK;
+  }
+  if (st == DMEM_OK) st = dmem__event_get(rt, &ev);
+  for (size_t k = 0; k < n && st == DMEM_OK; k++) st = dmem__event_get(rt, &pe[k]);
+  /* the victim's retrieve copy may still write its device range and read
+   * its staging */
+  if (st == DMEM_OK && (sw->w & DMEM__F_UNSPILL_COPY))
+    st = dmem__fatal_keep(rt, be->stream_wait_event(be, ss, v->unspill_event));
+  /* phase 1: out */
+  out = st == DMEM_OK;
+  for (size_t k = 0; k < n && st == DMEM_OK; k++) {
+    size_t off = k * piece, m = size - off < piece ? size - off : piece;
+    st = be->memcpy_async(be, (char *)stage + off, dev + off, m, ss);
+    if (st == DMEM_OK) st = be->event_record(be, pe[k], ss);
+    st = dmem__fatal_keep(rt, st);
+  }
+  /* the victim's bytes are in `stage` once the spill stream gets here */
+  if (st == DMEM_OK) st = dmem__fatal_keep(rt, be->event_record(be, ev, ss));
+  if (st != DMEM_OK) goto undo;
+
+  /* phase 2: in; r's own spill copy may still write `host` */
+  if (after) st = dmem__fatal_keep(rt, be->stream_wait_event(be, cs, after));
+  for (size_t k = 0; k < n && st == DMEM_OK; k++) {
+    size_t off = k * piece, m = size - off < piece ? size - off : piece;
+    st = be->stream_wait_event(be, cs, pe[k]);
+    if (st == DMEM_OK) st = be->memcpy_async(be, dev + off, host + off, m, cs);
+    st = dmem__fatal_keep(rt, st);
+  }
+  /* every wait on the piece events is enqueued (or failed): they may go
+   * back (a wait takes the record current when it is enqueued) */
+  for (size_t k = 0; k < n; k++) dmem__event_put(rt, pe[k]);
+  if (st != DMEM_OK) {
+    /* the victim's copy out is whole: spilled; its block back to the pool
+     * once what was enqueued on it is done */
+    (void)be->stream_synchronize(be, cs);
+    (void)be->stream_synchronize(be, ss);
+    commit_victim(rt, sw, NULL, t0);
+    dmem__event_put(rt, ev);
+    dmem__device_release_after(rt, dev, size, NULL);
+    return st;
+  }
+  commit_victim(rt, sw, ev, t0);
+  *dev_out = dev;
+  return DMEM_OK;
+
+undo:
+  /* nothing was copied in: the victim's device bytes are untouched; its
+   * pinned copy may still be written (wait, then throw it away) */
+  if (out) (void)be->stream_synchronize(be, ss);
+  if (charged) dmem__tier_host.drop(rt, v, hv);
+  v->host = reused ? stage : NULL;
+  if (!reused && stage) dmem__hostpool_free(rt->hostpool, stage);
+  if (ev) dmem__event_put(rt, ev);
+  for (size_t k = 0; k < n; k++)
+    if (pe[k]) dmem__event_put(rt, pe[k]);
+  dmem__swap_cancel(rt, sw);
+  return st;
+}
+
 dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
                             dmem__swap_t *sw, void *after, void **dev_out) {
   dmem__buffer_t *v = sw->b;
@@ -180,6 +347,7 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
   void *cs = rt->unspill_stream;
   void *ev = NULL;
   uint64_t t0 = dmem__now_ns();
+  if (rt->swap_pieces) return swap_in_pieces(rt, r, sw, after, dev_out);
   DMEM_ASSERT(v && host && dmem__bsize(r) == size && dmem__bsize(v) == size && !v->host);
 
   /* the host tier takes the victim's bytes before any is copied */
@@ -213,38 +381,10 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
     (void)rt->be->stream_synchronize(rt->be, rt->spill_stream);
   }
 
-  /* Commit the victim: DEFERRED_HOST at `host`, its copy in flight. No lock
-   * could cancel this spill (SPILL_COPY was never set before now: lockers
-   * waited for the move); a free may have come (FREED), which
-   * dmem__move_after completes as for any spill. */
+  /* the victim is DEFERRED_HOST at `host` (the host tier took it above) */
   r->host = NULL;
-  dmem_atomic_store_relaxed(&v->spill_event, copied ? NULL : ev);
-  /* acquire: partner is lockers' and freers' CAS */
-  uint64_t w = dmem_atomic_load_acquire(&v->word), nw;
-  do {
-    DMEM_ASSERT(dmem__w_state(w) == DMEM_STATE_SPILLING && (w & DMEM__F_TRANSIT) &&
-                dmem__w_count(w) == 0);
-    nw = (dmem__w_with_state(w, DMEM_STATE_DEFERRED_HOST) &
-          ~(DMEM__F_TRANSIT | DMEM__F_UNSPILL_COPY | DMEM__F_SPILL_COPY)) |
-         (copied ? 0 : DMEM__F_SPILL_COPY);
-    /* release: publishes v->host and v->spill_event; partner is the next
-     * mover's acquire */
-  } while (!dmem_atomic_cas_acq_rel(&v->word, &w, nw));
-  DMEM_SCHED_POINT(); /* the next mover may own the victim from here */
-  dmem__spill_counted(v);
-  if (copied)
-    dmem__event_put(rt, ev);
-  else
-    dmem__staging_push(rt, v, hv); /* gives ev back once it completes */
-  dmem__move_after(rt, v, nw);
-  dmem__move_finished(rt);
-  sw->b = NULL;
-  dmem_atomic_add_relaxed(&rt->xs.swaps, 1);
-  if (DMEM__TRACE_ON())
-    dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_HOST, "spill (swap)", t0, dmem__now_ns() - t0,
-                      size, 1, hv);
-  dmem__stats_spill(rt, DMEM_TIER_HOST, size, dmem__now_ns() - t0);
-  if (!(nw & DMEM__F_FREED)) dmem__emit(rt, DMEM_EVENT_SPILL, hv, size, DMEM_TIER_HOST, 0);
+  commit_victim(rt, sw, copied ? NULL : ev, t0);
+  if (copied) dmem__event_put(rt, ev);
   *dev_out = dev;
   return DMEM_OK;
 

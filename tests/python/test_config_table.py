@@ -21,11 +21,12 @@ ROWS = dmem._dmem._config_options()
 # Variables of the README's table that are not options of a runtime: read
 # by the trace recorder (every runtime of the process), by the fault
 # injection of the tests, by dmem.dask's workers, by the host backend (a
-# simulated link, for tests and bench_policy), and by the disk tier (testing
-# knobs for the GPU machine's disk).
+# simulated link, for tests and bench_policy), by the disk tier (testing
+# knobs for the GPU machine's disk), and by a runtime's pieces retrieves
+# (DMEM_SWAP_PIECE, testing only).
 NOT_OPTIONS = {"DMEM_TRACE", "DMEM_FAULT_INJECT", "DMEM_DASK_IPC", "DMEM_HOST_COPY_GBPS",
                "DMEM_DISK_WRITE_PIECE", "DMEM_DISK_FALLOCATE",
-               "DMEM_DISK_READ_PIECE"}
+               "DMEM_DISK_READ_PIECE", "DMEM_SWAP_PIECE"}
 
 
 def readme_variables():
