@@ -269,8 +269,8 @@ typedef struct dmem_config {
    *  retrieved buffer's copy in run piece by piece, each piece in once it
    *  is out, so that both directions of the link start at once). On, no
    *  retrieve pins memory anew, and a loop bound by the link ran 3-5 %
-   *  slower than off on an H100 (examples/cupy_loop.py); pieces ran its
-   *  passes 8 % faster than off (docs/benchmarks.md). On is worth it
+   *  slower than off on an H100 (examples/cupy_loop.py); pieces ran it
+   *  4-7 % faster than off (docs/benchmarks.md). On is worth it
    *  where pinned memory, not the link, is what runs short.
    *  DMEM_RETRIEVE_SWAP; no Python keyword. */
   int retrieve_swap;

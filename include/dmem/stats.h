@@ -133,8 +133,9 @@ typedef struct dmem_stats {
   size_t host_used_peak;     /**< host_used at its highest */
   size_t disk_used_peak;     /**< disk_used at its highest */
   size_t raw_used_peak;      /**< raw_used at its highest */
-  /** Retrieves from the host tier that traded places with their victim
-   *  (dmem_config_t.retrieve_swap): each is also counted as one spill (its
+  /** Retrieves from the host tier that traded places with their victim,
+   *  or took its device block in pieces (dmem_config_t.retrieve_swap: on,
+   *  or pieces, the default): each is also counted as one spill (its
    *  victim's, to the host tier) and one unspill. */
   uint64_t swaps;
   /** Waits for room that armed the spill-ahead thread (its demand
