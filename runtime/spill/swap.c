@@ -187,8 +187,10 @@ void dmem__swap_cancel(dmem_runtime_t *rt, dmem__swap_t *sw) {
  * until `ev` completes (NULL: the copies are done). No lock could cancel
  * this spill (SPILL_COPY was never set before now: lockers waited for the
  * move); a free may have come (FREED), which dmem__move_after completes
- * as for any spill. The victim's move is over and sw->b cleared. */
-static void commit_victim(dmem_runtime_t *rt, dmem__swap_t *sw, void *ev, uint64_t t0) {
+ * as for any spill. The victim's move is over and sw->b cleared. `traded`:
+ * the retrieve took the victim's block (counted in dmem_stats.swaps). */
+static void commit_victim(dmem_runtime_t *rt, dmem__swap_t *sw, void *ev, uint64_t t0,
+                          bool traded) {
   dmem__buffer_t *v = sw->b;
   dmem_handle_t hv = sw->h;
   size_t size = sw->size;
@@ -210,7 +212,7 @@ static void commit_victim(dmem_runtime_t *rt, dmem__swap_t *sw, void *ev, uint64
   dmem__move_after(rt, v, nw);
   dmem__move_finished(rt);
   sw->b = NULL;
-  dmem_atomic_add_relaxed(&rt->xs.swaps, 1);
+  if (traded) dmem_atomic_add_relaxed(&rt->xs.swaps, 1);
   if (DMEM__TRACE_ON())
     dmem__trace_event(DMEM__TRACK_TIER, DMEM_TIER_HOST, "spill (swap)", t0, dmem__now_ns() - t0,
                       size, 1, hv);
@@ -315,12 +317,12 @@ static dmem_status_t swap_in_pieces(dmem_runtime_t *rt, dmem__buffer_t *r, dmem_
      * once what was enqueued on it is done */
     (void)be->stream_synchronize(be, cs);
     (void)be->stream_synchronize(be, ss);
-    commit_victim(rt, sw, NULL, t0);
+    commit_victim(rt, sw, NULL, t0, false);
     dmem__event_put(rt, ev);
     dmem__device_release_after(rt, dev, size, NULL);
     return st;
   }
-  commit_victim(rt, sw, ev, t0);
+  commit_victim(rt, sw, ev, t0, true);
   *dev_out = dev;
   return DMEM_OK;
 
@@ -383,7 +385,7 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
 
   /* the victim is DEFERRED_HOST at `host` (the host tier took it above) */
   r->host = NULL;
-  commit_victim(rt, sw, copied ? NULL : ev, t0);
+  commit_victim(rt, sw, copied ? NULL : ev, t0, true);
   if (copied) dmem__event_put(rt, ev);
   *dev_out = dev;
   return DMEM_OK;
