@@ -225,8 +225,7 @@ def main():
     pf_bytes = (pf_loads + pf_evictions) * size
 
     link = RawLink(min(size, 256 << 20))
-    measure_link = link.measure
-    raws = [measure_link()]
+    raws = [link.measure()]
     print("cupy_loop: raw pinned copies %.1f GB/s D2H, %.1f GB/s H2D, %.1f GB/s both at once"
           % raws[0])
 
@@ -299,7 +298,7 @@ def main():
                 pass_t = [sum(steps[k * nbuf:(k + 1) * nbuf]) for k in range(a.passes)]
             rt.poll()
             s1 = rt.stats()
-            raws.append(measure_link())
+            raws.append(link.measure())
             both_bw = raw_bytes / raw_s * 1e-9  # the passes' stretches of raw copies
             spilled = s1["bytes_spilled"] - s0["bytes_spilled"]
             unspilled = s1["bytes_unspilled"] - s0["bytes_unspilled"]

@@ -405,3 +405,14 @@ void dmem_config_init(dmem_config_t *cfg) {
 }
 
 dmem_status_t dmem__config_check_env(const dmem_config_t *cfg) { return apply_env(NULL, cfg); }
+
+size_t dmem__config_env_pow2(const char *name, size_t lo, size_t hi, size_t dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end && (*end == 'K' || *end == 'k')) v <<= 10, end++;
+  else if (end && (*end == 'M' || *end == 'm')) v <<= 20, end++;
+  if (!end || *end || v < lo || v > hi || (v & (v - 1))) return dflt;
+  return (size_t)v;
+}

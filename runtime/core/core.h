@@ -520,6 +520,10 @@ dmem_status_t dmem__config_check(const dmem_config_t *cfg);
  * variable whose field cfg holds at its default; a malformed variable whose
  * field cfg sets is logged (warn, at cfg->log_level) and ignored. */
 dmem_status_t dmem__config_check_env(const dmem_config_t *cfg);
+/* A testing knob's size from the environment variable `name`: a power of
+ * two from lo to hi, with an optional K or M; unset or anything else:
+ * dflt. Thread-safe (reads the environment). */
+size_t dmem__config_env_pow2(const char *name, size_t lo, size_t hi, size_t dflt);
 
 /* ---- time (core/transit.c) ----------------------------------------------------- */
 

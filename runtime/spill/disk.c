@@ -39,6 +39,7 @@
  * (dmem__disk_read_chunks: the retrieve's pipelined copy to the device).
  */
 #include "spill/spill.h"
+#include "base/hook.h"
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
@@ -130,29 +131,11 @@ struct dmem__disk {
 
 /* ---- the test hook ----------------------------------------------------------------- */
 
-/* The hook and its user, read as one pair: a thread that read the hook
- * just before a test removed or changed it still calls it with its own
- * user (a separate user variable let a push-down thread call the old hook
- * with the NULL user of its removal: asan in CI). A pair is rewritten
- * only DISK_HOOK_SLOTS sets later. Sets come from one test thread. */
-#define DISK_HOOK_SLOTS 16
-typedef struct {
-  dmem__disk_hook_fn fn;
-  void *user;
-} disk_hook_t;
-static disk_hook_t disk_hooks[DISK_HOOK_SLOTS];
-static unsigned disk_hook_next;
-static _Atomic(disk_hook_t *) disk_hook;
+/* The hook and its user, read as one pair (base/hook.h). */
+static dmem__hook_t disk_hook;
 
 void dmem__disk_hook_set(dmem__disk_hook_fn fn, void *user) {
-  disk_hook_t *h = NULL;
-  if (fn) {
-    h = &disk_hooks[disk_hook_next++ % DISK_HOOK_SLOTS];
-    h->fn = fn;
-    h->user = user;
-  }
-  /* release: publishes the pair; partner is the acquire in hook() */
-  dmem_atomic_store_release(&disk_hook, h);
+  dmem__hook_set(&disk_hook, (void (*)(void))fn, user);
 }
 
 /* The fault injector's name for a disk operation (DIRECT is no failure:
@@ -175,9 +158,9 @@ static int hook(dmem__disk_op_t op, uint64_t off, size_t len) {
   dmem__fault_call_t call = fault_call(op);
   int e = call != DMEM__FAULT_ANY ? dmem__fault_errno(call) : 0;
   if (e != 0) return e;
-  const disk_hook_t *h = dmem_atomic_load_acquire(&disk_hook); /* partner: hook_set */
+  const dmem__hook_pair_t *h = dmem__hook_get(&disk_hook);
   if (!h) return 0;
-  return h->fn(h->user, op, off, len);
+  return ((dmem__disk_hook_fn)h->fn)(h->user, op, off, len);
 }
 
 /* ---- the directory and the file ------------------------------------------------------- */
@@ -222,14 +205,7 @@ static int open_file(dmem__disk_t *d) {
  * the default, dflt. So that one binary on the GPU machine's disk
  * compares them. */
 static size_t piece_min(const char *name, size_t dflt) {
-  const char *s = getenv(name);
-  if (!s || !*s) return dflt;
-  char *end = NULL;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (end && (*end == 'K' || *end == 'k')) v <<= 10, end++;
-  else if (end && (*end == 'M' || *end == 'm')) v <<= 20, end++;
-  if (!end || *end || v < DISK_ALIGN || v > DISK_CHUNK || (v & (v - 1))) return dflt;
-  return (size_t)v;
+  return dmem__config_env_pow2(name, DISK_ALIGN, DISK_CHUNK, dflt);
 }
 
 dmem_status_t dmem__disk_create(const char *parent, dmem__io_t *io, dmem__disk_t **disk_out) {

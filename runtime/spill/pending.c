@@ -51,6 +51,7 @@
  * releases (rt->pending) are under pending_mu.
  */
 #include "spill/spill.h"
+#include "base/hook.h"
 #include <sched.h>
 #include <string.h>
 
@@ -88,27 +89,13 @@ static void unlock_counts(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
   }
 }
 
-/* The test hook and its user, read as one pair (as spill/disk.c's: a poll
- * that read the hook just before a test removed it still calls it with
- * its own user). Sets come from one test thread. */
-#define PENDING_HOOK_SLOTS 16
-typedef struct {
-  dmem__pending_hook_fn fn;
-  void *user;
-} pending_hook_t;
-static pending_hook_t pending_hooks[PENDING_HOOK_SLOTS];
-static unsigned pending_hook_next;
-static _Atomic(pending_hook_t *) pending_hook;
+/* The test hook and its user, read as one pair (base/hook.h): a poll that
+ * read the hook just before a test removed it still calls it with its own
+ * user. */
+static dmem__hook_t pending_hook;
 
 void dmem__pending_hook_set(dmem__pending_hook_fn fn, void *user) {
-  pending_hook_t *h = NULL;
-  if (fn) {
-    h = &pending_hooks[pending_hook_next++ % PENDING_HOOK_SLOTS];
-    h->fn = fn;
-    h->user = user;
-  }
-  /* release: publishes the pair; partner is the acquire in poll_events */
-  dmem_atomic_store_release(&pending_hook, h);
+  dmem__hook_set(&pending_hook, (void (*)(void))fn, user);
 }
 
 static void reclaim_rest(dmem_runtime_t *rt, dmem__reg_entry_t *v, size_t n) {
@@ -374,9 +361,8 @@ static size_t poll_events(dmem_runtime_t *rt, bool wait_all, bool record) {
   }
   dmem__mutex_unlock(&rt->pending_mu, DMEM__RANK_PENDING);
   if (done || lost) {
-    /* acquire: partner is dmem__pending_hook_set's release */
-    const pending_hook_t *hook = dmem_atomic_load_acquire(&pending_hook);
-    if (__builtin_expect(hook != NULL, 0)) hook->fn(hook->user);
+    const dmem__hook_pair_t *hook = dmem__hook_get(&pending_hook);
+    if (__builtin_expect(hook != NULL, 0)) ((dmem__pending_hook_fn)hook->fn)(hook->user);
   }
   size_t count = lost_unlock(rt, lost);
   while (done) {

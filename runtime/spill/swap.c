@@ -51,7 +51,6 @@
  */
 #include "spill/spill.h"
 #include "spill/summary.h"
-#include <stdlib.h>
 
 /* The size of each piece traded; the bounce buffer holds two. */
 #define DMEM__SWAP_PIECE ((size_t)8 << 20)
@@ -228,15 +227,8 @@ static void commit_victim(dmem_runtime_t *rt, dmem__swap_t *sw, void *ev, uint64
 #define DMEM__SWAP_PIECES_PIECE ((size_t)32 << 20)
 
 size_t dmem__swap_piece_size(void) {
-  const char *s = getenv("DMEM_SWAP_PIECE");
-  if (!s || !*s) return DMEM__SWAP_PIECES_PIECE;
-  char *end = NULL;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (end && (*end == 'K' || *end == 'k')) v <<= 10, end++;
-  else if (end && (*end == 'M' || *end == 'm')) v <<= 20, end++;
-  if (!end || *end || v < ((size_t)64 << 10) || v > ((size_t)1 << 30) || (v & (v - 1)))
-    return DMEM__SWAP_PIECES_PIECE;
-  return (size_t)v;
+  return dmem__config_env_pow2("DMEM_SWAP_PIECE", (size_t)64 << 10, (size_t)1 << 30,
+                               DMEM__SWAP_PIECES_PIECE);
 }
 
 /* The most pieces a swap is cut in: larger buffers get larger pieces. */
@@ -342,6 +334,7 @@ undo:
 
 dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
                             dmem__swap_t *sw, void *after, void **dev_out) {
+  if (rt->swap_pieces) return swap_in_pieces(rt, r, sw, after, dev_out);
   dmem__buffer_t *v = sw->b;
   dmem_handle_t hv = sw->h;
   size_t size = sw->size;
@@ -349,7 +342,6 @@ dmem_status_t dmem__swap_in(dmem_runtime_t *rt, dmem__buffer_t *r,
   void *cs = rt->unspill_stream;
   void *ev = NULL;
   uint64_t t0 = dmem__now_ns();
-  if (rt->swap_pieces) return swap_in_pieces(rt, r, sw, after, dev_out);
   DMEM_ASSERT(v && host && dmem__bsize(r) == size && dmem__bsize(v) == size && !v->host);
 
   /* the host tier takes the victim's bytes before any is copied */
